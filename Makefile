@@ -1,0 +1,22 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   - install, then run the main job
+#   make test   - install what the tests need, then run them
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+install: $(PY)
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q -e .
+
+demo: install
+	$(VENV)/bin/hyperparallel simulate recipes/mllm_encoder_heavy.yaml --schedule 1f1b --schedule transpose
+
+test: install
+	$(PY) -m pytest -q tests
+
+.PHONY: install demo test

@@ -1,0 +1,267 @@
+"""Checker: is a plan complete, dependency-ordered, FIFO-paired and deadlock-free?
+
+Every finding names the device, the action index and what is awaited. The
+deadlock test executes the programs with unit compute time and free
+communication (sends buffered; receives and collectives blocking).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Dict, List, Optional, Tuple
+
+from .errors import PlanError
+from .execute import coll_key, execute, msg_key
+from .ir import (ACT, ALL_KINDS, B, BW, COLLECTIVE_KINDS, DP_GROUP, F, GRAD, P2P_KINDS, R, RECV, SEND, W, Action,
+                 Plan)
+
+
+class _Structure:
+    """Region order and chunk counts of a plan (from its chunks, or inferred from its actions)."""
+
+    def __init__(self, plan: Plan):
+        if plan.chunks:
+            self.regions = plan.regions()
+            self.nchunks = Counter(c.region for c in plan.chunks)
+            self.holders = {(c.region, c.index): set(c.devices) for c in plan.chunks}
+        else:
+            self.regions, self.nchunks, self.holders = [], Counter(), None
+            seen = defaultdict(set)
+            for d in sorted(plan.programs):
+                for a in plan.programs[d]:
+                    if a.kind == F and a.region is not None:
+                        if a.region not in self.regions:
+                            self.regions.append(a.region)
+                        seen[a.region].add(a.chunk)
+            for r, cs in seen.items():
+                self.nchunks[r] = max(cs) + 1
+        self.trainable = dict(plan.trainable)
+        for r in self.regions:
+            if r not in self.trainable:
+                self.trainable[r] = any(a.kind in (W, BW) and a.region == r
+                                        for p in plan.programs.values() for a in p)
+        self.needs_bwd = {r: any(self.trainable[u] for u in self.regions[: i + 1])
+                          for i, r in enumerate(self.regions)}
+
+    def prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
+        if chunk > 0:
+            return region, chunk - 1
+        i = self.regions.index(region)
+        return None if i == 0 else (self.regions[i - 1], self.nchunks[self.regions[i - 1]] - 1)
+
+    def next(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
+        if chunk < self.nchunks[region] - 1:
+            return region, chunk + 1
+        i = self.regions.index(region)
+        return None if i == len(self.regions) - 1 else (self.regions[i + 1], 0)
+
+
+def _where(d: int, i: int, a: Action) -> str:
+    return f"device {d} action {i} ({a.label()})"
+
+
+def check_structure(plan: Plan, st: _Structure) -> List[str]:
+    errs = []
+    P = plan.num_devices
+    for d, prog in plan.programs.items():
+        if not 0 <= d < P:
+            errs.append(f"device {d}: program for a device outside 0..{P - 1}")
+        for i, a in enumerate(prog):
+            if a.kind not in ALL_KINDS:
+                errs.append(f"{_where(d, i, a)}: unknown kind")
+            if a.is_compute:
+                if a.region not in st.nchunks or a.chunk is None or not 0 <= a.chunk < st.nchunks[a.region]:
+                    errs.append(f"{_where(d, i, a)}: unknown region/chunk")
+                elif st.holders is not None and d not in st.holders[(a.region, a.chunk)]:
+                    errs.append(f"{_where(d, i, a)}: chunk is not held by device {d} "
+                                f"(holders {sorted(st.holders[(a.region, a.chunk)])})")
+                if a.micro is None or not 0 <= a.micro < plan.num_micro:
+                    errs.append(f"{_where(d, i, a)}: micro-batch outside 0..{plan.num_micro - 1}")
+            if a.kind in P2P_KINDS and (a.peer is None or not 0 <= a.peer < P or a.peer == d):
+                errs.append(f"{_where(d, i, a)}: peer must be another device in 0..{P - 1}")
+            if a.kind in P2P_KINDS and a.tensor not in (ACT, GRAD):
+                errs.append(f"{_where(d, i, a)}: tensor must be 'act' or 'grad'")
+    return errs
+
+
+def check_completeness(plan: Plan, st: _Structure) -> List[str]:
+    """Each forward once; one weight-grad per trainable task; an input-grad only where needed."""
+    count = Counter()
+    for d, prog in plan.programs.items():
+        for a in prog:
+            if a.is_compute:
+                count[(a.kind, a.region, a.chunk, a.micro)] += 1
+    errs = []
+    for r in st.regions:
+        for c in range(st.nchunks[r]):
+            for m in range(plan.num_micro):
+                f = count[(F, r, c, m)]
+                if f != 1:
+                    errs.append(f"F {r} c{c} m{m} runs {f} times, expected once")
+                bw, b, w = count[(BW, r, c, m)], count[(B, r, c, m)], count[(W, r, c, m)]
+                if st.trainable[r]:
+                    if bw + w != 1 or b != w:
+                        errs.append(f"backward of {r} c{c} m{m}: {bw} BW, {b} B, {w} W; expected one BW, "
+                                    "or one B and one W (trainable)")
+                elif st.needs_bwd[r]:
+                    if b != 1 or bw or w:
+                        errs.append(f"backward of {r} c{c} m{m}: {bw} BW, {b} B, {w} W; expected one B "
+                                    "(frozen, input grad only)")
+                elif bw or b or w or count[(R, r, c, m)]:
+                    errs.append(f"backward of {r} c{c} m{m} scheduled, but {r} and everything before it is frozen")
+                if count[(R, r, c, m)] > 1:
+                    errs.append(f"R {r} c{c} m{m} runs {count[(R, r, c, m)]} times, expected at most once")
+    return errs
+
+
+def check_dependencies(plan: Plan, st: _Structure) -> List[str]:
+    """Walk each program: every input is computed or received earlier on the same device."""
+    last = (st.regions[-1], st.nchunks[st.regions[-1]] - 1) if st.regions else None
+    errs = []
+    for d, prog in sorted(plan.programs.items()):
+        # outputs of next-step (spilled) forwards were produced by the previous step
+        have = {(ACT, a.region, a.chunk, a.micro, 0) for a in prog if a.kind == F and a.step}
+        for i, a in enumerate(prog):
+            key = (a.region, a.chunk, a.micro)
+            need = []
+            if a.kind in (F, R):
+                prev = st.prev(a.region, a.chunk)
+                if prev is not None:
+                    src = ("ract" if a.kind == R else "act",) + prev + (a.micro, a.step)
+                    if a.kind == R and src not in have:
+                        src = ("act",) + prev + (a.micro, 0)
+                    need.append(src)
+            elif a.kind in (B, BW):
+                need.append(("stash",) + key)
+                if (a.region, a.chunk) != last:
+                    need.append((GRAD,) + key)
+            elif a.kind == W:
+                need.append(("bdone",) + key)
+            elif a.kind == SEND:
+                need.append((a.tensor,) + key + ((a.step,) if a.tensor == ACT else ()))
+            missing = [n for n in need if n not in have]
+            if missing:
+                what = missing[0]
+                errs.append(f"{_where(d, i, a)}: needs {what[0]} of {what[1]} c{what[2]} m{what[3]}, which is "
+                            f"neither computed nor received earlier on device {d}")
+                if len(errs) > 20:
+                    return errs
+            if a.kind == F:
+                have.add((ACT,) + key + (a.step,))
+                have.add(("stash",) + key)
+            elif a.kind == R:
+                have.add(("ract",) + key + (0,))
+                have.add(("stash",) + key)
+            elif a.kind == RECV:
+                have.add((a.tensor,) + key + ((0,) if a.tensor == ACT else ()))
+            elif a.kind in (B, BW):
+                have.add(("bdone",) + key)
+                prev = st.prev(a.region, a.chunk)
+                if prev is not None:
+                    have.add((GRAD,) + prev + (a.micro,))
+    return errs
+
+
+def _channels(plan: Plan):
+    """Per ordered pair: the sender's and the receiver's message sequences (collectives as markers)."""
+    out, inn = defaultdict(list), defaultdict(list)
+    spill_out = defaultdict(list)
+    ncoll = Counter()
+    for d, prog in sorted(plan.programs.items()):
+        for i, a in enumerate(prog):
+            if a.kind == SEND:
+                (spill_out if a.step else out)[(d, a.peer)].append((msg_key(a), i))
+            elif a.kind == RECV:
+                inn[(a.peer, d)].append((msg_key(a), i))
+            elif a.kind in COLLECTIVE_KINDS and isinstance(a.group, tuple):
+                k = ncoll[(d, coll_key(a))]
+                ncoll[(d, coll_key(a))] += 1
+                for m in a.group:
+                    if m != d:
+                        out[(d, m)].append((("collective",) + coll_key(a) + (k,), i))
+                        inn[(m, d)].append((("collective",) + coll_key(a) + (k,), i))
+    for pair, msgs in spill_out.items():
+        out[pair] = msgs + out[pair]  # next-step spill: the first messages of the next step
+    return out, inn
+
+
+def check_fifo(plan: Plan) -> List[str]:
+    out, inn = _channels(plan)
+    errs = []
+    for pair in sorted(set(out) | set(inn)):
+        a, b = pair
+        sent, got = out.get(pair, []), inn.get(pair, [])
+        sent_keys, got_keys = {x[0] for x in sent}, {x[0] for x in got}
+        for k in range(max(len(sent), len(got))):
+            s = sent[k] if k < len(sent) else None
+            g = got[k] if k < len(got) else None
+            if s is not None and g is not None and s[0] == g[0]:
+                continue
+            if g is not None and g[0] not in sent_keys:
+                errs.append(f"device {b} action {g[1]} ({plan.programs[b][g[1]].label()}): awaits {g[0]} from "
+                            f"device {a}, which never sends it")
+            elif s is not None and s[0] not in got_keys:
+                errs.append(f"device {a} action {s[1]} ({plan.programs[a][s[1]].label()}): sends {s[0]} to "
+                            f"device {b}, which never receives it")
+            else:
+                errs.append(f"device {b} action {g[1]} ({plan.programs[b][g[1]].label()}): FIFO order broken on "
+                            f"channel {a}->{b}: awaits {g[0]} as message #{k}, but device {a} action {s[1]} "
+                            f"({plan.programs[a][s[1]].label()}) sends {s[0]} in that place")
+            break
+    return errs
+
+
+def check_collectives(plan: Plan) -> List[str]:
+    """Each group's collectives appear in the same order on every member."""
+    seqs = defaultdict(lambda: defaultdict(list))
+    errs = []
+    for d, prog in sorted(plan.programs.items()):
+        for i, a in enumerate(prog):
+            if a.kind in COLLECTIVE_KINDS:
+                if a.group == DP_GROUP:
+                    continue
+                if not isinstance(a.group, tuple) or d not in a.group:
+                    errs.append(f"{_where(d, i, a)}: device {d} is not a member of group {a.group}")
+                    continue
+                seqs[a.group][d].append((coll_key(a), i))
+    for group, per in seqs.items():
+        for m in group:
+            if m not in per:
+                errs.append(f"device {m}: never joins the collectives of group {list(group)}")
+        ref_dev = min(per)
+        ref = per[ref_dev]
+        for m, seq in per.items():
+            for k in range(max(len(seq), len(ref))):
+                x = seq[k] if k < len(seq) else None
+                y = ref[k] if k < len(ref) else None
+                if x is None or y is None or x[0] != y[0]:
+                    at = f"device {m} action {x[1]}" if x else f"device {m} (end of program)"
+                    errs.append(f"{at}: collective #{k} of group {list(group)} differs from device {ref_dev}'s")
+                    break
+    return errs
+
+
+def check_deadlock(plan: Plan) -> List[str]:
+    try:
+        execute(plan, lambda a: 1.0, lambda a: 0.0)
+    except PlanError as e:
+        return [str(e)]
+    return []
+
+
+def check(plan: Plan) -> List[str]:
+    """All findings, most basic first; an empty list means the plan is valid."""
+    st = _Structure(plan)
+    for stage in (lambda: check_structure(plan, st), lambda: check_completeness(plan, st),
+                  lambda: check_dependencies(plan, st), lambda: check_fifo(plan),
+                  lambda: check_collectives(plan), lambda: check_deadlock(plan)):
+        errs = stage()
+        if errs:
+            return errs
+    return []
+
+
+def assert_valid(plan: Plan) -> Plan:
+    errs = check(plan)
+    if errs:
+        raise PlanError(errs[0] + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""))
+    return plan

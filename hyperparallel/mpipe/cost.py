@@ -1,0 +1,133 @@
+"""Cost model: execute the derived programs with the profile's durations and a link model.
+
+Returns the makespan, bubble ratio, per-device busy time and per-device peak
+memory. The numbers come from executing exactly the programs that the
+runtime executes (see :mod:`execute`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from .execute import Execution, execute
+from .ir import ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
+from .profile import ModelProfile
+
+
+@dataclass
+class DeviceCost:
+    device: int
+    busy_ms: float
+    peak_activation_mb: float
+    peak_memory_mb: float
+    static_memory_mb: float
+
+
+@dataclass
+class CostReport:
+    makespan_ms: float
+    step_ms: float
+    bubble_ratio: float
+    devices: List[DeviceCost]
+    execution: Execution = field(repr=False, default=None)
+
+    def to_json(self) -> dict:
+        return {"makespan_ms": round(self.makespan_ms, 6), "step_ms": round(self.step_ms, 6),
+                "bubble_ratio": round(self.bubble_ratio, 6),
+                "devices": [{"device": d.device, "busy_ms": round(d.busy_ms, 6),
+                             "peak_activation_mb": round(d.peak_activation_mb, 6),
+                             "peak_memory_mb": round(d.peak_memory_mb, 6)} for d in self.devices]}
+
+
+class Durations:
+    """Per-action durations in ms from a model profile (per-layer costs summed per chunk)."""
+
+    def __init__(self, plan: Plan, profile: ModelProfile):
+        self.plan, self.profile = plan, profile
+        self.layers = {(c.region, c.index): c.layers for c in plan.chunks}
+
+    def compute(self, a: Action) -> float:
+        r, n = self.profile.region(a.region), self.layers[(a.region, a.chunk)]
+        per = {F: r.forward_ms, R: r.forward_ms, B: r.backward_ms, W: r.weight_ms,
+               BW: r.backward_ms + r.weight_ms}[a.kind]
+        return per * n
+
+    def chunk_mb(self, region: str, chunk: int, per_layer: float) -> float:
+        return per_layer * self.layers[(region, chunk)]
+
+    def held_param_mb(self, device: int, trainable_only: bool = False) -> float:
+        return sum(self.chunk_mb(c.region, c.index, self.profile.region(c.region).param_mb)
+                   for c in self.plan.chunks if device in c.devices
+                   and (not trainable_only or self.plan.trainable.get(c.region, True)))
+
+    def comm(self, a: Action, device: int = 0) -> float:
+        link = self.profile.link
+        if a.kind == SEND:
+            return link.transfer_ms(self.profile.region(a.region).output_mb)
+        if a.kind not in (ALLREDUCE, BROADCAST) or link.bandwidth_gb_s <= 0:
+            return 0.0
+        if a.group == DP_GROUP:
+            g, mb = self.plan.data_parallel, self.held_param_mb(device, trainable_only=True)
+        else:
+            r = self.profile.region(a.region)
+            g, mb = len(a.group), r.param_mb * r.layers
+        if g <= 1:
+            return 0.0
+        bw_ms = link.transfer_ms(mb) - link.latency_ms
+        if a.kind == ALLREDUCE:  # ring: reduce-scatter then all-gather, 2(g-1) steps of mb/g
+            return 2 * (g - 1) * link.latency_ms + 2 * (g - 1) / g * bw_ms
+        return (g - 1) * link.latency_ms + bw_ms  # pipelined ring broadcast
+
+
+def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) -> Dict[int, tuple]:
+    """Peak stashed activations (F to end of the last backward task) and peak total memory per device."""
+    central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
+    out = {}
+    for d in range(plan.num_devices):
+        events = []
+        last_bwd = {}
+        for t in ex.timeline[d]:
+            a = t.action
+            if a.kind in (B, W, BW):
+                key = (t.step, a.region, a.chunk, a.micro)
+                last_bwd[key] = max(last_bwd.get(key, 0.0), t.end)
+        for t in ex.timeline[d]:
+            a = t.action
+            if a.kind in (F, R):
+                key = (t.step + a.step, a.region, a.chunk, a.micro)
+                mb = dur.chunk_mb(a.region, a.chunk, profile.region(a.region).activation_mb)
+                end = last_bwd.get(key)
+                if end is None and a.kind == F:
+                    end = t.end  # no backward here: activations are freed when the forward ends
+                events.append((t.start, 1, mb))
+                events.append((end if end is not None else t.end, 0, -mb))
+        live = peak = 0.0
+        for _, _, mb in sorted(events):
+            live += mb
+            peak = max(peak, live)
+        static = 0.0
+        for c in plan.chunks:
+            if d not in c.devices:
+                continue
+            r = profile.region(c.region)
+            p = dur.chunk_mb(c.region, c.index, r.param_mb)
+            holds_state = plan.trainable.get(c.region, r.trainable) and not (
+                central.get(c.region) and d != min(c.devices))
+            static += p * (1 + (1 + profile.optimizer_factor if holds_state else 0))
+        out[d] = (peak, peak + static, static)
+    return out
+
+
+def simulate(plan: Plan, profile: ModelProfile, steps: int = 1) -> CostReport:
+    """Execute ``steps`` optimizer steps; per-step figures come from the last step (steady state)."""
+    dur = Durations(plan, profile)
+    ex = execute(plan, dur.compute, lambda a: dur.comm(a), steps=steps)
+    step_ms = ex.step_ends[-1] - (ex.step_ends[-2] if steps > 1 else 0.0)
+    mem = _memory(plan, profile, dur, ex)
+    devices = []
+    for d in range(plan.num_devices):
+        busy = sum(t.end - t.start for t in ex.timeline[d] if t.lane == "compute" and t.step == steps - 1)
+        devices.append(DeviceCost(d, busy, mem[d][0], mem[d][1], mem[d][2]))
+    span = step_ms if step_ms > 0 else 1.0
+    bubble = 1.0 - sum(x.busy_ms for x in devices) / (plan.num_devices * span)
+    return CostReport(makespan_ms=step_ms, step_ms=step_ms, bubble_ratio=bubble, devices=devices, execution=ex)

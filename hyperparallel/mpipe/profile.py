@@ -1,0 +1,113 @@
+"""Model profile: the ordered regions of a model with per-layer costs.
+
+Costs are per layer and per micro-batch: forward time, input-grad time (B),
+weight-grad time (W), activation memory kept for backward, bytes of the output
+passed to the next layer, and parameter memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+from .errors import SpecError
+
+COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb")
+REGION_KEYS = ("name", "layers", "trainable") + COST_KEYS
+
+
+@dataclass(frozen=True)
+class RegionProfile:
+    name: str
+    layers: int
+    trainable: bool = True
+    forward_ms: float = 1.0
+    backward_ms: float = 1.0
+    weight_ms: float = 0.0
+    activation_mb: float = 0.0
+    output_mb: float = 0.0
+    param_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """Point-to-point link: latency plus bytes / bandwidth. bandwidth 0 = free communication."""
+
+    latency_ms: float = 0.0
+    bandwidth_gb_s: float = 0.0
+
+    def transfer_ms(self, mb: float) -> float:
+        if self.bandwidth_gb_s <= 0:
+            return 0.0
+        return self.latency_ms + mb / 1024.0 / self.bandwidth_gb_s * 1000.0
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    regions: Tuple[RegionProfile, ...]
+    link: LinkProfile = LinkProfile()
+    optimizer_factor: float = 2.0  # optimizer state bytes per parameter byte (Adam: m and v)
+
+    def region(self, name: str) -> RegionProfile:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise SpecError("region", f"unknown region {name!r}; allowed: {', '.join(self.names())}")
+
+    def names(self) -> Tuple[str, ...]:
+        return tuple(r.name for r in self.regions)
+
+    def index(self, name: str) -> int:
+        return self.names().index(self.region(name).name)
+
+
+def _number(where: str, value, integer: bool = False, minimum: float = 0.0):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(where, f"must be a {'whole ' if integer else ''}number, got {value!r}")
+    if integer and int(value) != value:
+        raise SpecError(where, f"must be a whole number, got {value!r}")
+    if value < minimum:
+        raise SpecError(where, f"must be >= {minimum:g}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
+    """Build a ModelProfile from the recipe's ``mpipe.profile`` mapping, refusing bad input."""
+    if not isinstance(obj, dict):
+        raise SpecError(where, "must be a mapping with 'regions' (and optional 'link')")
+    unknown = set(obj) - {"regions", "link", "optimizer_factor"}
+    if unknown:
+        raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown key; allowed: regions, link, optimizer_factor")
+    regions_obj = obj.get("regions")
+    if not isinstance(regions_obj, list) or not regions_obj:
+        raise SpecError(f"{where}.regions", "missing or empty; give a list of regions in data-flow order")
+    regions = []
+    for i, r in enumerate(regions_obj):
+        w = f"{where}.regions[{i}]"
+        if not isinstance(r, dict):
+            raise SpecError(w, "must be a mapping with keys " + ", ".join(REGION_KEYS))
+        unknown = set(r) - set(REGION_KEYS)
+        if unknown:
+            raise SpecError(f"{w}.{sorted(unknown)[0]}", "unknown key; allowed: " + ", ".join(REGION_KEYS))
+        for k in ("name", "layers"):
+            if k not in r:
+                raise SpecError(f"{w}.{k}", "missing")
+        name = r["name"]
+        if not isinstance(name, str) or not name:
+            raise SpecError(f"{w}.name", f"must be a non-empty string, got {name!r}")
+        if name in [x.name for x in regions]:
+            raise SpecError(f"{w}.name", f"duplicate region name {name!r}")
+        trainable = r.get("trainable", True)
+        if not isinstance(trainable, bool):
+            raise SpecError(f"{w}.trainable", f"must be true or false, got {trainable!r}")
+        kw = {k: _number(f"{w}.{k}", r[k]) for k in COST_KEYS if k in r}
+        regions.append(RegionProfile(name=name, layers=_number(f"{w}.layers", r["layers"], True, 1),
+                                     trainable=trainable, **kw))
+    link_obj = obj.get("link", {}) or {}
+    if not isinstance(link_obj, dict):
+        raise SpecError(f"{where}.link", "must be a mapping with latency_ms, bandwidth_gb_s")
+    unknown = set(link_obj) - {"latency_ms", "bandwidth_gb_s"}
+    if unknown:
+        raise SpecError(f"{where}.link.{sorted(unknown)[0]}", "unknown key; allowed: latency_ms, bandwidth_gb_s")
+    link = LinkProfile(**{k: _number(f"{where}.link.{k}", v) for k, v in link_obj.items()})
+    opt = _number(f"{where}.optimizer_factor", obj.get("optimizer_factor", 2.0))
+    return ModelProfile(regions=tuple(regions), link=link, optimizer_factor=opt)

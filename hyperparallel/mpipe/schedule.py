@@ -1,0 +1,206 @@
+"""Schedule algebra: per-region skeletons and the short names that expand to them.
+
+A schedule is a list of ``(region, skeleton)`` in data-flow order. The last
+region is the body (``pipe``); regions before it are layered into the body by
+their skeleton (``place`` or ``transpose``).
+
+Short names (``1f1b``, ``transpose``, ...) may carry options in call syntax,
+e.g. ``transpose(owners=balanced, backward=central, order=interleaved)``.
+A list form (from YAML/JSON) names each region's skeleton explicitly.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import List, Tuple, Union
+
+from .errors import SpecError
+from .profile import ModelProfile
+
+ORDERS = ("gpipe", "1f1b", "interleaved", "zb_h1")
+SKELETONS = ("pipe", "place", "transpose")
+OWNERS = ("round_robin", "min", "balanced")
+BACKWARDS = ("owner", "central")
+SPILLS = ("none", "next_step")
+SHORT_NAMES = ORDERS + ("transpose",)
+
+
+@dataclass(frozen=True)
+class Pipe:
+    """Chunks of the region on devices ``c mod P``, ordered per device by ``order``."""
+
+    order: str = "1f1b"
+    skeleton: str = "pipe"
+
+
+@dataclass(frozen=True)
+class Place:
+    """The whole region on one device, each task just before its consumer where possible."""
+
+    device: int = 0
+    skeleton: str = "place"
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """Region replicated on every device; the owner of micro-batch m runs its forward in the prefix."""
+
+    owners: str = "round_robin"
+    backward: str = "owner"
+    spill: str = "none"
+    skeleton: str = "transpose"
+
+
+Skeleton = Union[Pipe, Place, Transpose]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-region skeletons in data-flow order; the last one is the pipelined body."""
+
+    parts: Tuple[Tuple[str, Skeleton], ...]
+
+    @property
+    def body(self) -> Tuple[str, Pipe]:
+        return self.parts[-1]  # type: ignore[return-value]
+
+    def skeleton(self, region: str) -> Skeleton:
+        return dict(self.parts)[region]
+
+    def to_list(self) -> List[dict]:
+        return [dict(region=r, **asdict(s)) for r, s in self.parts]
+
+    def name(self) -> str:
+        """Compact name, e.g. ``transpose`` or ``transpose(order=interleaved)``."""
+        body_order = self.body[1].order
+        ups = [s for _, s in self.parts[:-1]]
+        if ups and all(isinstance(s, Transpose) for s in ups):
+            t = ups[0]
+            opts = [f"{k}={v}" for k, v, d in (("owners", t.owners, "round_robin"),
+                                                ("backward", t.backward, "owner"),
+                                                ("spill", t.spill, "none"),
+                                                ("order", body_order, "1f1b")) if v != d]
+            return "transpose" + (f"({', '.join(opts)})" if opts else "")
+        if all(isinstance(s, Place) and s.device == 0 for s in ups):
+            return body_order
+        return "; ".join(f"{r}:{s.skeleton}" for r, s in self.parts)
+
+
+_CALL = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(?:\((.*)\))?\s*$")
+
+
+def _parse_call(text: str, field: str):
+    m = _CALL.match(text)
+    if not m:
+        raise SpecError(field, f"cannot parse {text!r}; write a short name ({', '.join(SHORT_NAMES)}) "
+                               "optionally with options, e.g. transpose(backward=central)")
+    name, args = m.group(1), m.group(2)
+    opts = {}
+    if args and args.strip():
+        for item in args.split(","):
+            if "=" not in item:
+                raise SpecError(field, f"option {item.strip()!r} must be key=value")
+            k, v = (s.strip() for s in item.split("=", 1))
+            opts[k] = v
+    return name, opts
+
+
+def _choice(field: str, value, allowed) -> str:
+    if value not in allowed:
+        raise SpecError(field, f"{value!r} unknown; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _transpose(field: str, opts: dict) -> Transpose:
+    return Transpose(owners=_choice(f"{field}.owners", opts.get("owners", "round_robin"), OWNERS),
+                     backward=_choice(f"{field}.backward", opts.get("backward", "owner"), BACKWARDS),
+                     spill=_choice(f"{field}.spill", opts.get("spill", "none"), SPILLS))
+
+
+def _check_opts(field: str, opts: dict, allowed) -> None:
+    for k in opts:
+        if k not in allowed:
+            raise SpecError(f"{field}.{k}", f"unknown option; allowed: {', '.join(allowed) or '(none)'}")
+
+
+def expand_short(text: str, profile: ModelProfile, field: str = "schedule") -> Schedule:
+    """Expand a short name (with optional call options) to the list form for ``profile``."""
+    name, opts = _parse_call(text, field)
+    regions = profile.names()
+    body, ups = regions[-1], regions[:-1]
+    if name in ORDERS:
+        _check_opts(field, opts, ("device",))
+        dev = opts.get("device", "0")
+        if not str(dev).isdigit():
+            raise SpecError(f"{field}.device", f"must be a device index, got {dev!r}")
+        parts = [(r, Place(device=int(dev))) for r in ups] + [(body, Pipe(order=name))]
+        return Schedule(tuple(parts))
+    if name == "transpose":
+        _check_opts(field, opts, ("owners", "backward", "spill", "order"))
+        if not ups:
+            raise SpecError(field, f"'transpose' needs an encoder region before the pipelined region; "
+                                   f"the profile has only {body!r} (use one of: {', '.join(ORDERS)})")
+        t = _transpose(field, opts)
+        order = _choice(f"{field}.order", opts.get("order", "1f1b"), ORDERS)
+        return Schedule(tuple([(r, t) for r in ups] + [(body, Pipe(order=order))]))
+    raise SpecError(field, f"{name!r} unknown; allowed: {', '.join(SHORT_NAMES)}")
+
+
+_ITEM_KEYS = {"pipe": ("region", "skeleton", "order"),
+              "place": ("region", "skeleton", "device"),
+              "transpose": ("region", "skeleton", "owners", "backward", "spill")}
+
+
+def parse_list(items, profile: ModelProfile, field: str = "schedule") -> Schedule:
+    """Parse the list form ``[{region, skeleton, ...}, ...]``."""
+    if not isinstance(items, list) or not items:
+        raise SpecError(field, "must be a short name or a non-empty list of {region, skeleton, ...}")
+    parts = []
+    for i, it in enumerate(items):
+        w = f"{field}[{i}]"
+        if not isinstance(it, dict):
+            raise SpecError(w, "must be a mapping with region and skeleton")
+        for k in ("region", "skeleton"):
+            if k not in it:
+                raise SpecError(f"{w}.{k}", "missing")
+        region = it["region"]
+        if region not in profile.names():
+            raise SpecError(f"{w}.region", f"{region!r} unknown; allowed: {', '.join(profile.names())}")
+        sk = _choice(f"{w}.skeleton", it["skeleton"], SKELETONS)
+        _check_opts(w, {k: v for k, v in it.items()}, _ITEM_KEYS[sk])
+        if sk == "pipe":
+            s = Pipe(order=_choice(f"{w}.order", it.get("order", "1f1b"), ORDERS))
+        elif sk == "place":
+            dev = it.get("device", 0)
+            if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
+                raise SpecError(f"{w}.device", f"must be a device index >= 0, got {dev!r}")
+            s = Place(device=dev)
+        else:
+            s = _transpose(w, {k: v for k, v in it.items() if k not in ("region", "skeleton")})
+        parts.append((region, s))
+    names = [r for r, _ in parts]
+    if names != list(profile.names()):
+        raise SpecError(field, f"must name every region once in data-flow order: {', '.join(profile.names())}; "
+                               f"got {', '.join(map(str, names))}")
+    if not isinstance(parts[-1][1], Pipe) or any(isinstance(s, Pipe) for _, s in parts[:-1]):
+        raise SpecError(f"{field}.skeleton", f"the last region ({names[-1]!r}) must use skeleton 'pipe' and the "
+                                             "regions before it 'place' or 'transpose'")
+    return Schedule(tuple(parts))
+
+
+def parse_schedule(spec, profile: ModelProfile, field: str = "schedule") -> Schedule:
+    """A short name, a call-syntax string, a YAML/JSON list string, or a list of mappings."""
+    if isinstance(spec, Schedule):
+        return spec
+    if isinstance(spec, str) and spec.strip().startswith("["):
+        import yaml
+        try:
+            spec = yaml.safe_load(spec)
+        except yaml.YAMLError as e:
+            raise SpecError(field, f"list form is not valid YAML: {str(e).splitlines()[0]}") from None
+    if isinstance(spec, str):
+        return expand_short(spec, profile, field)
+    if isinstance(spec, list):
+        return parse_list(spec, profile, field)
+    raise SpecError(field, f"missing or invalid ({spec!r}); allowed short names: {', '.join(SHORT_NAMES)}, "
+                           "or a list of {region, skeleton, ...}")

@@ -1,0 +1,48 @@
+"""``hyperparallel simulate``: compare schedules with the cost model (table or JSON)."""
+from __future__ import annotations
+
+import json
+
+from .check import assert_valid
+from .cost import simulate
+from .derive import derive_recipe
+from .errors import SpecError
+from .recipe import load_recipe
+from .table import text_table
+
+
+def run_simulate(args) -> int:
+    recipe = load_recipe(args.recipe, args.overrides)
+    schedules = args.schedule or [None]
+    if args.steps is not None and args.steps < 1:
+        raise SpecError("--steps", f"must be >= 1, got {args.steps}")
+    results = []
+    for s in schedules:
+        plan = assert_valid(derive_recipe(recipe, s))
+        spill = any(x.get("spill") == "next_step" for x in plan.schedule)
+        steps = args.steps or (3 if spill else 1)
+        rep = simulate(plan, recipe.profile, steps=steps)
+        results.append((plan, rep))
+    base = results[0][1].makespan_ms
+    objs = []
+    for plan, rep in results:
+        o = {"schedule": plan.meta["schedule_name"], **rep.to_json()}
+        o["speedup"] = round(base / rep.makespan_ms, 6) if rep.makespan_ms > 0 else None
+        objs.append(o)
+    if args.trace or args.png:
+        from . import draw
+        if args.trace:
+            draw.write_trace(results, args.trace)
+        if args.png:
+            draw.write_png(results, args.png)
+    if args.json:
+        print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=1))
+        return 0
+    P, M = results[0][0].num_devices, results[0][0].num_micro
+    print(f"recipe {args.recipe}: P={P} M={M} V={recipe.pp_interleave_num} D={recipe.data_parallel}")
+    rows = []
+    for o in objs:
+        rows.append([o["schedule"], f"{o['makespan_ms']:.2f}", f"{o['bubble_ratio']:.3f}",
+                     f"{max(d['peak_memory_mb'] for d in o['devices']):.1f}", f"{o['speedup']:.2f}x"])
+    print(text_table(["schedule", "step_ms", "bubble", "peak_mem_mb", "speedup"], rows))
+    return 0

@@ -1,0 +1,23 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(ROOT, "recipes")
+
+
+def run_cli(*args, timeout=120):
+    """Run ``python -m hyperparallel ARGS`` and return the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "hyperparallel", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def recipe(name: str) -> str:
+    return os.path.join(RECIPES, name)

@@ -1,0 +1,69 @@
+"""The derivation's laws (design doc section 4), each a test."""
+import pytest
+
+from hyperparallel.mpipe import check, derive
+from hyperparallel.mpipe.ir import COLLECTIVE_KINDS
+
+from helpers import mllm, profile
+
+ENCODER_SCHEDULES = ["transpose", "transpose(backward=central)", "transpose(owners=min)",
+                     "transpose(owners=balanced)", "transpose(order=interleaved)", "transpose(order=zb_h1)",
+                     "transpose(order=gpipe)", "1f1b", "gpipe", "zb_h1", "interleaved"]
+SHAPES = [(2, 4, 1), (4, 8, 1), (3, 7, 1), (4, 8, 2), (2, 2, 2), (1, 3, 1), (8, 5, 1)]
+
+
+def _cases():
+    for s in ENCODER_SCHEDULES:
+        for P, M, V in SHAPES:
+            if V > 1 and "interleaved" not in s and "gpipe" not in s:
+                continue
+            if "interleaved" in s and V > 1 and M % P:
+                continue
+            yield s, P, M, V
+
+
+def _encoder_backward(a):
+    return a.region == "vision" and (a.is_backward or a.kind in COLLECTIVE_KINDS)
+
+
+@pytest.mark.parametrize("schedule,P,M,V", list(_cases()))
+def test_schedule_invariance_frozen_is_trained_minus_encoder_backward(schedule, P, M, V):
+    trained = derive(mllm(True), schedule, P, M, V)
+    frozen = derive(mllm(False), schedule, P, M, V)
+    assert check(trained) == [] and check(frozen) == []
+    removed = 0
+    for d in range(P):
+        kept = [a for a in trained.programs[d] if not _encoder_backward(a)]
+        removed += len(trained.programs[d]) - len(kept)
+        assert kept == frozen.programs[d], f"device {d}"
+    if P > 1 or M > 0:
+        assert removed > 0, "the trained program must contain encoder backward work"
+
+
+@pytest.mark.parametrize("schedule,P,M,V", list(_cases()))
+def test_body_invariance_deleting_encoder_gives_plain_llm(schedule, P, M, V):
+    for trained in (False, True):
+        full = derive(mllm(trained), schedule, P, M, V)
+        order = full.meta["order"]
+        plain = derive(profile(("llm", 8, True)), order, P, M, V)
+        for d in range(P):
+            body = [a for a in full.programs[d] if a.region != "vision"]
+            assert body == plain.programs[d], f"device {d} trained={trained}"
+
+
+def test_transpose_moves_encoder_forwards_to_owner_prefixes():
+    plan = derive(mllm(False), "transpose", 4, 8)
+    for d in range(4):
+        prog = [a for a in plan.programs[d] if a.is_compute]
+        enc = [a.micro for a in prog if a.region == "vision"]
+        assert enc == [m for m in range(8) if m % 4 == d]
+        # the prefix: all of this owner's encoder forwards come before its first LLM task
+        first_llm = next(i for i, a in enumerate(prog) if a.region == "llm")
+        assert all(a.region == "vision" for a in prog[:first_llm]) and len(prog[:first_llm]) == 2
+
+
+def test_place_baseline_runs_every_encoder_forward_on_device_0():
+    plan = derive(mllm(True), "1f1b", 4, 8)
+    for d in range(4):
+        enc = [a for a in plan.programs[d] if a.region == "vision" and a.is_compute]
+        assert (len(enc) == 16) if d == 0 else (enc == [])
