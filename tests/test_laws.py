@@ -67,3 +67,24 @@ def test_place_baseline_runs_every_encoder_forward_on_device_0():
     for d in range(4):
         enc = [a for a in plan.programs[d] if a.region == "vision" and a.is_compute]
         assert (len(enc) == 16) if d == 0 else (enc == [])
+
+
+@pytest.mark.parametrize("schedule", ["transpose(spill=next_step)", "transpose(spill=next_step, owners=balanced)",
+                                      "transpose(spill=next_step, order=interleaved)",
+                                      "transpose(spill=next_step, order=zb_h1)"])
+@pytest.mark.parametrize("P,M,V", [(2, 4, 1), (4, 8, 1), (3, 7, 1), (4, 8, 2), (1, 3, 1)])
+def test_spill_keeps_body_invariance_and_sends_spilled_outputs_after_the_step(schedule, P, M, V):
+    if V > 1 and "interleaved" not in schedule:
+        return
+    full = derive(mllm(False, enc_ms=1.5), schedule, P, M, V)
+    assert check(full) == []
+    plain = derive(profile(("llm", 8, True)), full.meta["order"], P, M, V)
+    for d in range(P):
+        prog = full.programs[d]
+        assert [a for a in prog if a.region != "vision"] == plain.programs[d], f"device {d}"
+        enc = [a for a in prog if a.region == "vision" and a.kind == "F"]
+        assert enc and all(a.step == 1 for a in enc) if d in full.meta["owners"]["vision"] else not enc
+        # spilled sends come after all of this step's work and collectives (first messages of the next step)
+        sends = [i for i, a in enumerate(prog) if a.kind == "SEND" and a.step == 1]
+        if sends:
+            assert all(a.step == 1 for a in prog[sends[0]:])

@@ -152,7 +152,7 @@ def check_dependencies(plan: Plan, st: _Structure) -> List[str]:
                 have.add(("ract",) + key + (0,))
                 have.add(("stash",) + key)
             elif a.kind == RECV:
-                have.add((a.tensor,) + key + ((0,) if a.tensor == ACT else ()))
+                have.add((a.tensor,) + key + ((a.step,) if a.tensor == ACT else ()))
             elif a.kind in (B, BW):
                 have.add(("bdone",) + key)
                 prev = st.prev(a.region, a.chunk)

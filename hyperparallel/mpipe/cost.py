@@ -45,12 +45,17 @@ class Durations:
     def __init__(self, plan: Plan, profile: ModelProfile):
         self.plan, self.profile = plan, profile
         self.layers = {(c.region, c.index): c.layers for c in plan.chunks}
+        self._cache: Dict[tuple, float] = {}
 
     def compute(self, a: Action) -> float:
-        r, n = self.profile.region(a.region), self.layers[(a.region, a.chunk)]
-        per = {F: r.forward_ms, R: r.forward_ms, B: r.backward_ms, W: r.weight_ms,
-               BW: r.backward_ms + r.weight_ms}[a.kind]
-        return per * n
+        key = (a.kind, a.region, a.chunk)
+        ms = self._cache.get(key)
+        if ms is None:
+            r, n = self.profile.region(a.region), self.layers[(a.region, a.chunk)]
+            per = {F: r.forward_ms, R: r.forward_ms, B: r.backward_ms, W: r.weight_ms,
+                   BW: r.backward_ms + r.weight_ms}[a.kind]
+            ms = self._cache[key] = per * n
+        return ms
 
     def chunk_mb(self, region: str, chunk: int, per_layer: float) -> float:
         return per_layer * self.layers[(region, chunk)]
@@ -71,16 +76,38 @@ class Durations:
         else:
             r = self.profile.region(a.region)
             g, mb = len(a.group), r.param_mb * r.layers
-        if g <= 1:
-            return 0.0
-        bw_ms = link.transfer_ms(mb) - link.latency_ms
-        if a.kind == ALLREDUCE:  # ring: reduce-scatter then all-gather, 2(g-1) steps of mb/g
-            return 2 * (g - 1) * link.latency_ms + 2 * (g - 1) / g * bw_ms
-        return (g - 1) * link.latency_ms + bw_ms  # pipelined ring broadcast
+        return ring_ms(a.kind, g, mb, link)
+
+
+def ring_ms(kind: str, g: int, mb: float, link) -> float:
+    """Ring collective over ``g`` members moving a ``mb`` MB tensor (latency + bytes / bandwidth per hop).
+
+    all-reduce: reduce-scatter then all-gather, 2(g-1) hops of mb/g each;
+    all-gather / gather: (g-1) hops of mb/g (``mb`` is the gathered total);
+    broadcast: pipelined ring, (g-1) hop latencies plus one full transfer.
+    """
+    if g <= 1 or link.bandwidth_gb_s <= 0:
+        return 0.0
+    full = link.transfer_ms(mb) - link.latency_ms
+    if kind == ALLREDUCE:
+        return 2 * (g - 1) * link.latency_ms + 2 * (g - 1) / g * full
+    if kind in ("ALLGATHER", "GATHER"):
+        return (g - 1) * link.latency_ms + (g - 1) / g * full
+    if kind == BROADCAST:
+        return (g - 1) * link.latency_ms + full
+    raise ValueError(f"no ring formula for {kind!r}")
 
 
 def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) -> Dict[int, tuple]:
-    """Peak stashed activations (F to end of the last backward task) and peak total memory per device."""
+    """Peak stashed activations and peak total memory per device.
+
+    The activations of (region, chunk, micro-batch) live from the start of its forward (or
+    recompute) to the end of its last backward task on that device (B, W or BW); a forward
+    with no backward holds one layer's activations while it runs. Static memory: parameters of
+    every chunk the device holds (encoder replicas included), plus grads (1x) and optimizer state
+    (``optimizer_factor`` x) for trainable chunks whose optimizer runs there (not the
+    parameter-only replicas of a central backward).
+    """
     central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
     out = {}
     for d in range(plan.num_devices):
@@ -98,7 +125,9 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
                 mb = dur.chunk_mb(a.region, a.chunk, profile.region(a.region).activation_mb)
                 end = last_bwd.get(key)
                 if end is None and a.kind == F:
-                    end = t.end  # no backward here: activations are freed when the forward ends
+                    # no backward here (frozen, nothing trainable before it): nothing is stashed; the
+                    # forward only needs one layer's working set while it runs
+                    end, mb = t.end, profile.region(a.region).activation_mb
                 events.append((t.start, 1, mb))
                 events.append((end if end is not None else t.end, 0, -mb))
         live = peak = 0.0

@@ -54,6 +54,8 @@ class _Derivation:
         self.needs_bwd = {r: any(self.trainable[u] for u in self.regions[: i + 1])
                           for i, r in enumerate(self.regions)}
         self._validate_upstream()
+        self.main = self._body_sequences()
+        self._timing = None
         self.owners = self._owners()
 
     # -- validation and placement -------------------------------------------------
@@ -65,6 +67,12 @@ class _Derivation:
                 raise SpecError(f"schedule.{r}.spill",
                                 "next_step is exact only for a frozen encoder; set the region (and those before "
                                 "it) trainable: false, or use spill=none")
+            if sk.spill == "next_step":
+                for u, usk in self.schedule.parts[:i]:
+                    if not (isinstance(usk, Transpose) and usk.spill == "next_step"):
+                        raise SpecError(f"schedule.{r}.spill",
+                                        f"next_step needs every region before it transposed with spill=next_step "
+                                        f"({u!r} is not); allowed: none")
             if sk.backward == "central" and self.needs_bwd[r]:
                 for u, usk in self.schedule.parts[:i]:
                     if not (isinstance(usk, Transpose) and usk.backward == "central"):
@@ -72,13 +80,120 @@ class _Derivation:
                                         f"central needs every region before it transposed with backward=central "
                                         f"({u!r} is not); allowed: owner")
 
+    def _transposed(self) -> List[Tuple[str, Transpose]]:
+        return [(r, sk) for r, sk in self.schedule.parts[:-1] if isinstance(sk, Transpose)]
+
+    def _region_ms(self, region: str, kinds: Tuple[str, ...]) -> float:
+        r = self.profile.region(region)
+        per = {F: r.forward_ms, R: r.forward_ms, B: r.backward_ms, W: r.weight_ms, BW: r.backward_ms + r.weight_ms}
+        return sum(per[k] for k in kinds) * r.layers
+
     def _owners(self) -> Dict[str, List[int]]:
-        enc_ms = sum(self.profile.region(r).forward_ms * self.profile.region(r).layers
-                     for r, sk in self.schedule.parts[:-1] if isinstance(sk, Transpose))
-        body = self.profile.region(self.body)
-        body_f = body.forward_ms * body.layers / (self.P * self.V)
-        return {r: owner_map(sk.owners, self.P, self.M, enc_ms, body_f)
-                for r, sk in self.schedule.parts[:-1] if isinstance(sk, Transpose)}
+        """Owner map per transposed region; ``balanced`` reads the body's idle times (one estimate)."""
+        ups = self._transposed()
+        if not ups:
+            return {}
+        out = {}
+        for r, sk in ups:
+            if sk.owners != "balanced" or self.P == 1:
+                out[r] = owner_map(sk.owners, self.P, self.M)
+                continue
+            spill = sk.spill == "next_step"
+            same = [u for u, usk in ups if (usk.spill == "next_step") == spill]
+            enc_f = sum(self._region_ms(u, (F,)) for u in same)
+            enc_b = 0.0
+            for u, usk in ups:
+                if (usk.spill == "next_step") == spill and self.needs_bwd[u] and usk.backward == "owner":
+                    enc_b += self._region_ms(u, (self._bwd_kind(u),))
+            t = self.body_timing()
+            if spill:
+                slots = [self._gap_slots(d, enc_f) for d in range(self.P)]
+                out[r] = owner_map("balanced", self.P, self.M, encoder_ms=enc_f, end_slack=self._spill_room(),
+                                   gap_slots=[sum(k for _, k in s) for s in slots], spill=True)
+            else:
+                out[r] = owner_map("balanced", self.P, self.M, encoder_ms=enc_f, encoder_bwd_ms=enc_b,
+                                   start_slack=t.start_slack, end_slack=t.end_slack)
+        return out
+
+    # -- body timing estimate (free communication), read by balanced owners and spill placement ----
+    def _body_ms(self, t: "Task") -> float:
+        return self._chunk_layers[t.chunk] * self._per_layer[t.kind]
+
+    def body_timing(self) -> "BodyTiming":
+        """Start/end of every body task with the profile's compute times and free communication.
+
+        A static estimate computed once per derivation: it gives each device's idle gaps (before
+        which body task, how long), its start slack (idle before its first task) and its end
+        slack (idle after its last task until the body's makespan).
+        """
+        if self._timing is not None:
+            return self._timing
+        r = self.profile.region(self.body)
+        self._per_layer = {F: r.forward_ms, B: r.backward_ms, W: r.weight_ms, BW: r.backward_ms + r.weight_ms}
+        self._chunk_layers = {c.index: c.layers for c in self.chunks if c.region == self.body}
+        last = self.nchunks[self.body] - 1
+        done: Dict[Tuple[str, int, int], float] = {}
+        P = self.P
+        seqs = [self.main[d] for d in range(P)]
+        pc, clock = [0] * P, [0.0] * P
+        starts: List[List[float]] = [[0.0] * len(seqs[d]) for d in range(P)]
+        remaining = sum(len(s) for s in seqs)
+        while remaining:
+            moved = False
+            for d in range(P):
+                seq, i, now = seqs[d], pc[d], clock[d]
+                while i < len(seq):
+                    kind, _, c, m, _ = seq[i]
+                    if kind == F:
+                        dep = done.get(("F", c - 1, m), None) if c > 0 else 0.0
+                    elif kind == W:
+                        dep = 0.0
+                    else:
+                        dep = done.get(("G", c + 1, m), None) if c < last else 0.0
+                    if dep is None:
+                        break
+                    start = now if now > dep else dep
+                    now = start + self._chunk_layers[c] * self._per_layer[kind]
+                    starts[d][i] = start
+                    done[("F" if kind == F else "G" if kind != W else "W", c, m)] = now
+                    i += 1
+                moved = moved or i != pc[d]
+                remaining -= i - pc[d]
+                pc[d], clock[d] = i, now
+            if not moved:
+                raise AssertionError("body order deadlocks under the timing estimate")
+        span = max(clock) if clock else 0.0
+        gaps = []
+        for d in range(P):
+            g, prev = [], 0.0
+            for i, st in enumerate(starts[d]):
+                if st > prev + 1e-9:
+                    g.append((i, st - prev))
+                prev = st + self._body_ms(seqs[d][i])
+            gaps.append(g)
+        self._timing = BodyTiming(span, [starts[d][0] if seqs[d] else span for d in range(P)],
+                                  [span - clock[d] for d in range(P)], gaps)
+        return self._timing
+
+    def _gap_slots(self, d: int, unit_ms: float) -> List[Tuple[int, int]]:
+        """(body index, how many spilled encoder forwards of ``unit_ms`` fit in the idle gap before it).
+
+        Only gaps inside the body order count: the idle before the first body task joins the
+        previous step's cooldown idle (see :meth:`_spill_room`), where the suffix runs.
+        """
+        if unit_ms <= 0:
+            return []
+        out = []
+        for i, gap in self.body_timing().gaps[d]:
+            k = int(gap / unit_ms + 1e-9)
+            if k and i > 0:
+                out.append((i, k))
+        return out
+
+    def _spill_room(self) -> List[float]:
+        """Idle from a device's last body task to its first body task of the next step (steady state)."""
+        t = self.body_timing()
+        return [e + s for e, s in zip(t.end_slack, t.start_slack)]
 
     def forward_device(self, region: str, chunk: int, m: int) -> int:
         sk = self.schedule.skeleton(region)
@@ -99,8 +214,7 @@ class _Derivation:
         return BW if self.trainable[region] else B
 
     # -- compute order ----------------------------------------------------------------
-    def compute_order(self) -> Dict[int, List[Task]]:
-        split = self.pipe.order in orders.SPLIT_ORDERS
+    def _body_sequences(self) -> Dict[int, List[Task]]:
         body_needs_bwd, body_trainable = self.needs_bwd[self.body], self.trainable[self.body]
         main: Dict[int, List[Task]] = {}
         for d in range(self.P):
@@ -114,12 +228,19 @@ class _Derivation:
                     kind = B
                 seq.append(Task(kind, self.body, c, m))
             main[d] = seq
+        return main
+
+    def compute_order(self) -> Dict[int, List[Task]]:
+        split = self.pipe.order in orders.SPLIT_ORDERS
+        body_trainable = self.trainable[self.body]
+        main: Dict[int, List[Task]] = {d: list(seq) for d, seq in self.main.items()}
+        spilled: Dict[int, List[Task]] = defaultdict(list)
         prefix: Dict[int, List[Task]] = defaultdict(list)
         suffix: Dict[int, List[Task]] = defaultdict(list)
 
         def where(task: Task, d: int) -> Tuple[int, List[Task]]:
-            for lst in (main[d], prefix[d], suffix[d]):
-                if task in lst:
+            for lst in (main[d], prefix[d], suffix[d], spilled[d]):
+                if task in lst or task._replace(step=1) in lst:
                     return d, lst
             raise AssertionError(f"task {task} not placed on device {d}")
 
@@ -145,7 +266,7 @@ class _Derivation:
                     else:
                         clist.append(fwd)
                 elif step:
-                    suffix[d].append(fwd)
+                    spilled[d].append(fwd)
                 else:
                     prefix[d].append(fwd)
                 if not self.needs_bwd[r]:
@@ -162,6 +283,7 @@ class _Derivation:
                 else:
                     suffix[d].extend(bwd)
 
+        self._place_spilled(main, suffix, spilled)
         kind_rank = {R: 0, F: 1, B: 2, BW: 2, W: 3}
         out = {}
         for d in range(self.P):
@@ -171,6 +293,40 @@ class _Derivation:
                                                    kind_rank[t.kind]))
             out[d] = pre + main[d] + suf
         return out
+
+    def _place_spilled(self, main, suffix, spilled) -> None:
+        """Next-step spill: a device's spilled encoder forwards go where it would otherwise wait.
+
+        Static rule from the body timing estimate: the forwards of one micro-batch (every
+        spilled region, data-flow order) form a unit of ``E`` ms; as many units as fit go into
+        each idle gap of the device's body order (before the task that ends the gap, earliest
+        gap first, lowest micro-batch first), the rest into the suffix (the device's cooldown
+        idle and the next step's start). Device 0 in 1F1B has no cooldown idle but waits
+        (P-1)(b+w) before its first backward: its spilled forwards go there.
+        """
+        if not spilled:
+            return
+        unit = sum(self._region_ms(r, (F,)) for r, sk in self._transposed() if sk.spill == "next_step")
+        for d, tasks in spilled.items():
+            tasks.sort(key=lambda t: (t.micro, self.ridx[t.region]))
+            units: List[List[Task]] = []
+            for t in tasks:
+                if units and units[-1][0].micro == t.micro:
+                    units[-1].append(t)
+                else:
+                    units.append([t])
+            at = 0
+            inserts = []
+            for i, k in self._gap_slots(d, unit) if self.P > 1 else []:
+                take = units[at:at + k]
+                at += len(take)
+                if take:
+                    inserts.append((i, [t for u in take for t in u]))
+                if at >= len(units):
+                    break
+            for i, ts in reversed(inserts):
+                main[d][i:i] = ts
+            suffix[d].extend(t for u in units[at:] for t in u)
 
     # -- lowering -----------------------------------------------------------------------
     def _prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
@@ -211,6 +367,15 @@ class _Derivation:
                     pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
                     if pd != d:
                         messages.append((pd, d, pi, i, pstep > t.step, ACT) + prev + (t.micro,))
+                elif t.kind == R:
+                    # central backward recomputes from the shipped input: the input of the region
+                    # travels to the central device unless its own forward already runs there
+                    prev = self._prev(t.region, t.chunk)
+                    if prev is None or loc[(F, t.region, t.chunk, t.micro)][0] == d:
+                        continue
+                    pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
+                    if pd != d:
+                        messages.append((pd, d, pi, i, pstep > t.step, ACT) + prev + (t.micro,))
                 elif t.kind in (B, BW):
                     nxt = self._next(t.region, t.chunk)
                     if nxt is None:
@@ -240,8 +405,13 @@ class _Derivation:
                 recvs_at[dst][pos].append((src, k, msg))
 
         def p2p(kind: str, msg, peer: int) -> Action:
-            return Action(kind, region=msg[6], chunk=msg[7], micro=msg[8], peer=peer, tensor=msg[5],
-                          step=1 if (kind == SEND and msg[4]) else 0)
+            # step=1 on a SEND: the message crosses into the next step (spilled producer, this-step
+            # consumer); on a RECV: producer and consumer both run ahead for the next step
+            if kind == SEND:
+                step = 1 if msg[4] else 0
+            else:
+                step = 1 if (not msg[4] and seqs[msg[1]][msg[3]].step) else 0
+            return Action(kind, region=msg[6], chunk=msg[7], micro=msg[8], peer=peer, tensor=msg[5], step=step)
 
         everyone = tuple(range(self.P))
         head: List[Action] = []
@@ -261,13 +431,19 @@ class _Derivation:
         for d, seq in seqs.items():
             prog = list(head)
             spilled: List[Action] = []
+            # next-step work: forwards in the trailing block run after the collectives; spilled
+            # forwards placed earlier (in idle gaps) run in place, but every spilled SEND goes
+            # after the collectives (the first messages of the next step on its channel)
+            trailing = len(seq)
+            while trailing > 0 and seq[trailing - 1].step:
+                trailing -= 1
             for i, t in enumerate(seq):
                 for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x[0], x[1])):
                     prog.append(p2p(RECV, msg, src))
-                out = spilled if t.step else prog
+                out = spilled if (t.step and i >= trailing) else prog
                 out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step))
                 for msg in sends_after[d][i]:
-                    out.append(p2p(SEND, msg, msg[1]))
+                    (spilled if msg[4] else out).append(p2p(SEND, msg, msg[1]))
             programs[d] = prog + tail + spilled
         return programs
 
@@ -278,6 +454,13 @@ class _Derivation:
                     meta={"schedule_name": self.schedule.name(), "order": self.pipe.order,
                           "pipeline_stage": self.P, "micro_batch_num": self.M, "pp_interleave_num": self.V,
                           "owners": {r: o for r, o in self.owners.items()}})
+
+
+class BodyTiming(NamedTuple):
+    span: float                          # makespan of the body alone
+    start_slack: List[float]             # idle before each device's first body task
+    end_slack: List[float]               # idle after each device's last body task
+    gaps: List[List[Tuple[int, float]]]  # per device: (body index, idle before that task)
 
 
 def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int = 1) -> Plan:
@@ -292,6 +475,8 @@ def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int =
 
 def derive_recipe(recipe, schedule=None) -> Plan:
     """Derive from a loaded recipe, with an optional schedule override (short name or list)."""
+    if schedule is not None and hasattr(recipe, "resolve_schedule"):
+        schedule = recipe.resolve_schedule(schedule)  # the recipe's mpipe.encoder options
     plan = derive(recipe.profile, recipe.schedule if schedule is None else schedule, recipe.pipeline_stage,
                   recipe.micro_batch_num, recipe.pp_interleave_num, recipe.data_parallel)
     plan.meta["recipe"] = recipe.path

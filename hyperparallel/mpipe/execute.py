@@ -9,12 +9,12 @@ Messages on each ordered device pair form one FIFO queue (as on MCCL).
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .errors import PlanError
-from .ir import COLLECTIVE_KINDS, DP_GROUP, RECV, SEND, Action, Plan
+from .ir import COLLECTIVE_KINDS, COMPUTE_KINDS, DP_GROUP, RECV, SEND, Action, Plan
 
 
 @dataclass
@@ -57,12 +57,13 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
     pc = {d: 0 for d in range(P)}
     host = {d: 0.0 for d in range(P)}
     lane = {d: 0.0 for d in range(P)}
-    chan: Dict[Tuple[int, int], deque] = {}
+    chan: Dict[Tuple[int, int], deque] = defaultdict(deque)
     ex = Execution(timeline={d: [] for d in range(P)})
     step_end = [0.0] * steps
+    compute = {d: [a.kind in COMPUTE_KINDS for a in progs[d]] for d in range(P)}
 
     def q(src: int, dst: int) -> deque:
-        return chan.setdefault((src, dst), deque())
+        return chan[(src, dst)]
 
     for d in range(P):
         for a in progs[d]:
@@ -83,13 +84,21 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
     while True:
         progress = False
         for d in range(P):
+            prog, comp, nd, tl = progs[d], compute[d], n[d], ex.timeline[d]
             while pc[d] < total[d]:
                 i = pc[d]
-                s, a = i // n[d], progs[d][i % n[d]]
-                if a.is_compute:
-                    dur = compute_ms(a)
-                    record(d, i, a, host[d], host[d] + dur, "compute")
-                    host[d] += dur
+                s, j = divmod(i, nd)
+                a = prog[j]
+                if comp[j]:
+                    start = host[d]
+                    end = start + compute_ms(a)
+                    tl.append(Timed(d, j, s, a, start, end, "compute"))
+                    if end > step_end[s]:
+                        step_end[s] = end
+                    host[d] = end
+                    pc[d] = i + 1
+                    progress = True
+                    continue
                 elif a.kind == SEND:
                     start = max(host[d], lane[d])
                     end = start + comm_ms(a)

@@ -62,10 +62,12 @@ def interleaved(P: int, V: int, M: int, d: int) -> List[Task]:
 
 
 def zb_h1(P: int, V: int, M: int, d: int) -> List[Task]:
-    """ZB-H1: 1F1B with B and W split; in the cooldown each W waits one B so input grads flow upstream first.
+    """ZB-H1: 1F1B with B and W split; the input grad goes upstream right after B.
 
-    W still runs before the next forward, so device d keeps at most P-d
-    micro-batches' activations, the same as 1F1B.
+    In the cooldown each W on devices after the first waits one B (it fills the wait for the
+    next input grad); the first device runs W right after B (its last W ends the step, so a
+    lag would only lengthen it). W still runs before the next forward, so device d keeps at
+    most P-d micro-batches' activations, the same as 1F1B.
     """
     fused = one_f_one_b(P, V, M, d)
     seq: List[Task] = []
@@ -81,6 +83,9 @@ def zb_h1(P: int, V: int, M: int, d: int) -> List[Task]:
             seq.append((B, c, m))
             if forwards_left > 0:
                 seq.append((W, c, m))  # steady state: W before the next forward keeps memory at 1F1B's
+            elif d == 0:
+                seq += [(W, pc, pm) for _, pc, pm in pending] + [(W, c, m)]
+                pending = []
             else:
                 seq += [(W, pc, pm) for _, pc, pm in pending]  # cooldown: W lags one B
                 pending = [(W, c, m)]

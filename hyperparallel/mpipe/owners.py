@@ -1,7 +1,7 @@
 """Owner policies of ``transpose``: which device runs the encoder forward of micro-batch m."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Sequence
 
 from .errors import SpecError
 
@@ -15,29 +15,66 @@ def minimal(P: int, M: int, **_) -> List[int]:
     return [m if m < P else 0 for m in range(M)]
 
 
-def balanced(P: int, M: int, encoder_ms: float = 0.0, body_f_ms: float = 0.0, **_) -> List[int]:
-    """Owner counts chosen from the profile so each device's encoder prefix fits its warmup slack.
+def _counts(P: int, M: int, cost) -> List[int]:
+    """Greedy: each next micro-batch goes where the objective ``cost(counts)`` grows least.
 
-    Device d starts its first pipelined forward about ``d * f`` after device 0
-    (f = one body chunk's forward), so it can run ``floor(d * f / E)`` encoder
-    forwards (E per micro-batch) without delaying its own work; device 0 has the
-    least slack. Micro-batches beyond that total are spread so that the busiest
-    prefixes stay as short as possible (most slack first). Micro-batches are then
-    handed out in need order: device 0 consumes m in ascending order, so the
-    earliest micro-batches go to the owners that finish a forward soonest.
+    Ties go to the device with the higher index (more slack in every pipelined order).
     """
-    if encoder_ms <= 0:
-        return round_robin(P, M)
     counts = [0] * P
     for _ in range(M):
-        # add the next micro-batch where the prefix overshoots its slack the least
-        d = min(range(P), key=lambda d: ((counts[d] + 1) * encoder_ms - d * body_f_ms, -d))
-        counts[d] += 1
+        best, best_key = 0, None
+        for d in range(P):
+            counts[d] += 1
+            key = (cost(counts, d), -d)
+            counts[d] -= 1
+            if best_key is None or key < best_key:
+                best, best_key = d, key
+        counts[best] += 1
+    return counts
+
+
+def balanced(P: int, M: int, encoder_ms: float = 0.0, encoder_bwd_ms: float = 0.0,
+             start_slack: Optional[Sequence[float]] = None, end_slack: Optional[Sequence[float]] = None,
+             gap_slots: Optional[Sequence[int]] = None, spill: bool = False, **_) -> List[int]:
+    """Owner counts chosen once from the profile so that encoder work fits each device's idle time.
+
+    Without spill, owner d runs ``n_d`` encoder forwards (``E`` each) in its prefix, before its
+    first body task, which the body alone would start ``start_slack[d]`` after device 0
+    (``d * f`` in 1F1B; device 0 has the least slack, the last device the most). The forward wave
+    reaches the last device ``max_d(n_d * E - start_slack[d])`` late, so the counts minimise that
+    overshoot; with an owner backward (``Eb`` per micro-batch, run in the cooldown) the overshoot
+    ``max_d(n_d * Eb - end_slack[d])`` is added. With next-step spill, device d has
+    ``gap_slots[d]`` free places in the idle gaps of its body order and ``end_slack[d]`` of
+    cooldown idle; the counts minimise the largest overshoot past that.
+    Micro-batches are then handed out in need order: device 0 consumes m in ascending order,
+    so the earliest micro-batches go to the owners that finish a forward soonest.
+    """
+    if encoder_ms <= 0 or P == 1:
+        return round_robin(P, M)
+    start = list(start_slack) if start_slack is not None else [0.0] * P
+    end = list(end_slack) if end_slack is not None else [0.0] * P
+    E, Eb = encoder_ms, encoder_bwd_ms
+    if spill:
+        slots = list(gap_slots) if gap_slots is not None else [0] * P
+
+        def over(d: int, n: int) -> float:
+            return max(0.0, (n - slots[d]) * E - end[d])
+
+        def cost(counts, d):
+            worst = max(over(x, counts[x]) for x in range(P))
+            room = (slots[d] - counts[d]) * E + end[d]
+            return (worst, -room)
+    else:
+        def cost(counts, d):
+            pre = max(counts[x] * E - start[x] for x in range(P))
+            post = max(counts[x] * Eb - end[x] for x in range(P)) if Eb > 0 else 0.0
+            return (max(pre, 0.0) + max(post, 0.0), counts[d] * E - start[d])
+    counts = _counts(P, M, cost)
     owners: List[int] = []
     done = [0] * P
     for _ in range(M):
         # next micro-batch goes to the owner whose next forward finishes earliest
-        d = min((d for d in range(P) if done[d] < counts[d]), key=lambda d: ((done[d] + 1) * encoder_ms, -d))
+        d = min((d for d in range(P) if done[d] < counts[d]), key=lambda d: ((done[d] + 1) * E, -d))
         done[d] += 1
         owners.append(d)
     return owners
@@ -46,7 +83,8 @@ def balanced(P: int, M: int, encoder_ms: float = 0.0, body_f_ms: float = 0.0, **
 POLICIES = {"round_robin": round_robin, "min": minimal, "balanced": balanced}
 
 
-def owner_map(policy: str, P: int, M: int, encoder_ms: float = 0.0, body_f_ms: float = 0.0) -> List[int]:
+def owner_map(policy: str, P: int, M: int, **profile_terms) -> List[int]:
+    """Owner device of each micro-batch; ``balanced`` reads the profile terms (see :func:`balanced`)."""
     if policy not in POLICIES:
         raise SpecError("owners", f"{policy!r} unknown; allowed: {', '.join(POLICIES)}")
-    return POLICIES[policy](P, M, encoder_ms=encoder_ms, body_f_ms=body_f_ms)
+    return POLICIES[policy](P, M, **profile_terms)

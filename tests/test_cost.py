@@ -1,0 +1,162 @@
+"""Cost model: closed forms of the design doc (section 6), memory, link model, balanced owners and spill."""
+import pytest
+
+from hyperparallel.mpipe import check, derive, load_recipe, derive_recipe, parse_profile
+from hyperparallel.mpipe.cost import ring_ms, simulate
+from hyperparallel.mpipe.ir import ALLREDUCE, BROADCAST, F
+from hyperparallel.mpipe.profile import LinkProfile
+
+from conftest import recipe
+from helpers import profile
+
+# per-chunk times: two layers per chunk, so the per-layer numbers are half of these
+f, b, w = 1.0, 2.0, 0.5
+ACT_MB = 2.0  # activation per chunk and micro-batch (1 MB per layer, 2 layers)
+
+
+def llm(P, V, ff=f, bb=b, ww=w):
+    return profile(("llm", 2 * P * V, True, ff / 2, bb / 2, ww / 2))
+
+
+def run(prof, schedule, P, M, V=1, steps=1):
+    plan = derive(prof, schedule, P, M, V)
+    assert check(plan) == []
+    return plan, simulate(plan, prof, steps=steps)
+
+
+SHAPES_1 = [(1, 3), (2, 4), (3, 7), (4, 4), (4, 8), (5, 3), (8, 16), (6, 13)]
+
+
+@pytest.mark.parametrize("P,M", SHAPES_1)
+@pytest.mark.parametrize("order", ["gpipe", "1f1b"])
+def test_gpipe_and_1f1b_makespan_closed_form(order, P, M):
+    _, rep = run(llm(P, 1), order, P, M)
+    assert rep.makespan_ms == pytest.approx((M + P - 1) * (f + b + w), abs=1e-9)
+    busy = M * (f + b + w)
+    assert all(d.busy_ms == pytest.approx(busy) for d in rep.devices)
+    assert rep.bubble_ratio == pytest.approx(1 - busy / rep.makespan_ms)
+
+
+@pytest.mark.parametrize("P,M,V", [(2, 4, 2), (4, 8, 2), (4, 4, 2), (4, 12, 3), (8, 16, 2), (3, 9, 4), (2, 2, 3)])
+def test_interleaved_makespan_closed_form(P, M, V):
+    _, rep = run(llm(P, V), "interleaved", P, M, V)
+    assert rep.makespan_ms == pytest.approx(V * M * (f + b + w) + (P - 1) * (f + b + w), abs=1e-9)
+
+
+@pytest.mark.parametrize("P,M", SHAPES_1)
+def test_peak_activations_1f1b_min_p_minus_s_m_and_gpipe_m(P, M):
+    _, r1 = run(llm(P, 1), "1f1b", P, M)
+    _, rg = run(llm(P, 1), "gpipe", P, M)
+    for s in range(P):
+        assert r1.devices[s].peak_activation_mb == pytest.approx(min(P - s, M) * ACT_MB)
+        assert rg.devices[s].peak_activation_mb == pytest.approx(M * ACT_MB)
+
+
+@pytest.mark.parametrize("P,M", [(2, 4), (3, 7), (4, 8), (4, 4), (8, 16), (5, 3)])
+def test_zb_h1_strictly_faster_than_1f1b_with_same_peak_activations(P, M):
+    _, r1 = run(llm(P, 1), "1f1b", P, M)
+    _, rz = run(llm(P, 1), "zb_h1", P, M)
+    assert rz.makespan_ms < r1.makespan_ms - 1e-9
+    assert rz.makespan_ms >= M * (f + b + w) - 1e-9
+    assert [d.peak_activation_mb for d in rz.devices] == [d.peak_activation_mb for d in r1.devices]
+    # without a weight-grad part there is nothing to delay: ZB-H1 is exactly 1F1B
+    _, r1 = run(llm(P, 1, ww=0.0), "1f1b", P, M)
+    _, rz = run(llm(P, 1, ww=0.0), "zb_h1", P, M)
+    assert rz.makespan_ms == pytest.approx(r1.makespan_ms)
+
+
+def test_static_memory_counts_params_grads_optimizer_and_encoder_replicas():
+    regions = [{"name": "vision", "layers": 2, "trainable": True, "param_mb": 10.0, "activation_mb": 0.0},
+               {"name": "llm", "layers": 4, "trainable": True, "param_mb": 5.0, "activation_mb": 0.0}]
+    prof = parse_profile({"regions": regions, "optimizer_factor": 2.0})
+    # trained encoder replica on every device: 20 MB params + grads + 2x optimizer state = 80 MB
+    _, rep = run(prof, "transpose", 2, 2)
+    assert [d.peak_memory_mb for d in rep.devices] == pytest.approx([80 + 40, 80 + 40])
+    # central backward: replicas hold only parameters, device 0 holds grads and optimizer state
+    _, rep = run(prof, "transpose(backward=central)", 2, 2)
+    assert [d.peak_memory_mb for d in rep.devices] == pytest.approx([80 + 40, 20 + 40])
+    # frozen encoder placed on device 0: parameters only
+    regions[0]["trainable"] = False
+    prof = parse_profile({"regions": regions})
+    _, rep = run(prof, "1f1b", 2, 2)
+    assert [d.peak_memory_mb for d in rep.devices] == pytest.approx([20 + 40, 40])
+
+
+def test_link_model_send_latency_plus_bytes_over_bandwidth():
+    # 2 devices, 1 micro-batch, forward only chain: F(d0), SEND 1 MB, F(d1), then backward back
+    link = {"latency_ms": 0.5, "bandwidth_gb_s": 1.0}
+    prof = profile(("llm", 2, True, 1.0, 1.0, 0.0), link=link)
+    _, rep = run(prof, "1f1b", 2, 1)
+    hop = 0.5 + 1.0 / 1024.0 * 1000.0
+    assert rep.makespan_ms == pytest.approx(4 * 1.0 + 2 * hop)
+
+
+def test_ring_collective_formulas():
+    link = LinkProfile(latency_ms=0.1, bandwidth_gb_s=1.0)
+    full = 1024.0 / 1024.0 * 1000.0  # 1024 MB at 1 GB/s
+    assert ring_ms(ALLREDUCE, 4, 1024.0, link) == pytest.approx(6 * 0.1 + 2 * 3 / 4 * full)
+    assert ring_ms("ALLGATHER", 4, 1024.0, link) == pytest.approx(3 * 0.1 + 3 / 4 * full)
+    assert ring_ms(BROADCAST, 4, 1024.0, link) == pytest.approx(3 * 0.1 + full)
+    assert ring_ms(ALLREDUCE, 1, 1024.0, link) == 0.0
+    assert ring_ms(ALLREDUCE, 4, 1024.0, LinkProfile()) == 0.0
+
+
+def test_trained_transposed_encoder_pays_its_allreduce():
+    link = {"latency_ms": 0.0, "bandwidth_gb_s": 1.0}
+    regions = [{"name": "vision", "layers": 1, "trainable": True, "param_mb": 100.0, "forward_ms": 1.0},
+               {"name": "llm", "layers": 2, "trainable": True, "forward_ms": 1.0}]
+    prof = parse_profile({"regions": regions, "link": link})
+    plan, rep = run(prof, "transpose", 2, 2)
+    ar = [t for t in rep.execution.timeline[0] if t.action.kind == ALLREDUCE]
+    assert len(ar) == 1 and ar[0].end - ar[0].start == pytest.approx(2 * 1 / 2 * 100.0 / 1024 * 1000)
+
+
+def test_transpose_beats_encoder_on_device_0_on_the_encoder_heavy_recipe():
+    rec = load_recipe(recipe("mllm_encoder_heavy.yaml"))
+    base = simulate(derive_recipe(rec, "1f1b"), rec.profile).makespan_ms
+    tr = simulate(derive_recipe(rec, "transpose"), rec.profile).makespan_ms
+    assert tr < 0.7 * base
+
+
+def _frozen_vit(schedule, steps=3, **over):
+    rec = load_recipe(recipe("mllm_frozen_vit.yaml"), [f"{k}={v}" for k, v in over.items()])
+    plan = derive_recipe(rec, schedule)
+    assert check(plan) == []
+    return plan, simulate(plan, rec.profile, steps=steps)
+
+
+def test_balanced_and_spill_each_beat_round_robin_when_encoder_work_exceeds_warmup_slack():
+    _, rr = _frozen_vit("transpose")
+    plan_b, bal = _frozen_vit("transpose(owners=balanced)")
+    plan_s, spill = _frozen_vit("transpose(spill=next_step)")
+    _, both = _frozen_vit("transpose(owners=balanced, spill=next_step)")
+    assert bal.makespan_ms < rr.makespan_ms - 1.0
+    assert spill.makespan_ms < rr.makespan_ms - 1.0
+    assert both.makespan_ms <= spill.makespan_ms + 1e-9
+    # balanced gives device 0 (least slack) the fewest micro-batches, the last device the most
+    counts = [plan_b.meta["owners"]["vision"].count(d) for d in range(4)]
+    assert counts[0] == min(counts) and counts[-1] == max(counts) and counts[0] < counts[-1]
+    # spill: device 0's spilled forwards run in its bubble before the first backward, not after it
+    prog0 = [a for a in plan_s.programs[0] if a.is_compute]
+    first_bwd = next(i for i, a in enumerate(prog0) if a.region == "llm" and a.kind != F)
+    assert any(a.region == "vision" and a.step == 1 for a in prog0[:first_bwd])
+
+
+def test_spill_with_free_communication_reaches_the_plain_llm_step():
+    free = {"mpipe.profile.link.bandwidth_gb_s": 0}
+    _, spill = _frozen_vit("transpose(spill=next_step)", **free)
+    # the LLM alone: 1F1B closed form (M + P - 1)(f + b + w) with f = b = w = 2 ms per chunk
+    assert spill.makespan_ms == pytest.approx((8 + 4 - 1) * 6.0)
+
+
+def test_spill_is_steady_state_and_round_robin_transpose_is_step_invariant():
+    _, one = _frozen_vit("transpose", steps=1)
+    _, three = _frozen_vit("transpose", steps=3)
+    assert one.makespan_ms == pytest.approx(three.makespan_ms)
+
+
+def test_balanced_spreads_round_robin_when_encoder_dwarfs_slack():
+    # E = 12 ms >> d * f: the best counts are the even ones
+    rec = load_recipe(recipe("mllm_encoder_heavy.yaml"))
+    plan = derive_recipe(rec, "transpose(owners=balanced)")
+    assert sorted(plan.meta["owners"]["vision"].count(d) for d in range(4)) == [2, 2, 2, 2]
