@@ -14,7 +14,7 @@ install: $(PY)
 	$(PIP) install -q -e .
 
 demo: install
-	$(VENV)/bin/hyperparallel simulate recipes/mllm_encoder_heavy.yaml --schedule 1f1b --schedule transpose
+	$(VENV)/bin/hyperparallel train recipes/tiny_mllm.yaml --run-dir runs/demo
 
 test: install
 	$(PY) -m pytest -q tests

@@ -1,0 +1,5 @@
+"""MindSpore runtime of mpipe plans: model, data, tape autograd, interpreter, worker.
+
+Imported only when a job runs; the launcher side (``hyperparallel.train_cli``,
+``hyperparallel.launch``) never imports MindSpore.
+"""

@@ -1,0 +1,105 @@
+"""Communication for one rank: pipeline-device addressing over MindSpore collectives.
+
+Global rank layout is stage-major, as MindSpore/MindFormers use:
+``global = device * D + dp_index``; pipeline group i = {d*D + i}, data-parallel
+group of device d = {d*D + j}. The interpreter speaks in pipeline devices; this
+module maps them to global ranks and to communication groups.
+
+On MCCL all traffic between two processes shares one FIFO channel (tags ignored),
+so calls must happen in the order the programs give; nothing here reorders.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, ops
+import mindspore.mint.distributed as dist
+from mindspore.communication import GlobalComm
+
+from . import compat
+
+
+class Comm:
+    def __init__(self, data_parallel: int):
+        from mindspore.communication import init
+        init()  # backend from the device: MCCL on CPU, HCCL on Ascend
+        compat.fix_default_comm_group()
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.D = int(data_parallel)
+        self.device = self.rank // self.D
+        self.dp_index = self.rank % self.D
+        self._groups: Dict[Tuple[int, ...], str] = {}
+
+    # -- addressing ---------------------------------------------------------
+    def global_rank(self, device: int) -> int:
+        return int(device) * self.D + self.dp_index
+
+    def dp_ranks(self) -> Tuple[int, ...]:
+        return tuple(self.device * self.D + j for j in range(self.D))
+
+    def ranks_of(self, group) -> Tuple[int, ...]:
+        if group == "dp":
+            return self.dp_ranks()
+        return tuple(sorted(self.global_rank(d) for d in group))
+
+    def ensure_groups(self, all_groups: Iterable[Tuple[int, ...]]) -> None:
+        """Create the subgroups this rank belongs to, in one global order on every rank."""
+        for ranks in sorted(set(tuple(sorted(g)) for g in all_groups)):
+            if len(ranks) == self.world or ranks in self._groups or self.rank not in ranks:
+                continue
+            if len(ranks) == 1:
+                self._groups[ranks] = ""
+                continue
+            self._groups[ranks] = dist.new_group(list(ranks))
+
+    def group_name(self, ranks: Tuple[int, ...]) -> str:
+        if len(ranks) == self.world:
+            return GlobalComm.WORLD_COMM_GROUP
+        return self._groups[tuple(sorted(ranks))]
+
+    # -- point to point -------------------------------------------------------
+    def send(self, t: Tensor, peer_device: int) -> None:
+        dist.send(t, self.global_rank(peer_device))
+
+    def recv(self, shape: Sequence[int], peer_device: int) -> Tensor:
+        buf = ops.zeros(tuple(shape), ms.float32)
+        dist.recv(buf, self.global_rank(peer_device))
+        return buf
+
+    # -- collectives (flat buffers: one call per action) ------------------------
+    def all_reduce(self, tensors: List[Tensor], group) -> List[Tensor]:
+        ranks = self.ranks_of(group)
+        if len(ranks) == 1 or not tensors:
+            return tensors
+        flat = ops.concat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.group_name(ranks))
+        return _split(flat, tensors)
+
+    def broadcast(self, tensors: List[Tensor], root_device: int, group) -> List[Tensor]:
+        ranks = self.ranks_of(group)
+        if len(ranks) == 1 or not tensors:
+            return tensors
+        flat = ops.concat([t.reshape(-1) for t in tensors])
+        dist.broadcast(flat, self.global_rank(root_device), group=self.group_name(ranks))
+        return _split(flat, tensors)
+
+    def all_reduce_scalar(self, value: float) -> float:
+        """Sum of one float over all ranks (metrics only, after every program has ended)."""
+        t = Tensor(np.array([value], np.float32))
+        dist.all_reduce(t)
+        return float(t.asnumpy()[0])
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+def _split(flat: Tensor, like: List[Tensor]) -> List[Tensor]:
+    out, off = [], 0
+    for t in like:
+        n = int(np.prod(t.shape)) if t.shape else 1
+        out.append(flat[off:off + n].reshape(t.shape))
+        off += n
+    return out

@@ -1,0 +1,101 @@
+"""MindSpore-on-CPU workarounds and the tape autograd wrapper, in one place.
+
+Every internal API or behaviour we rely on is named here, so that a MindSpore
+upgrade breaks exactly this module and ``tests/test_runtime_compat.py`` says so.
+
+Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
+
+* Asynchronous dispatch makes per-op latency noisy on small CPUs and lets a
+  receive return before data arrives: we call ``mindspore.runtime.launch_blocking()``
+  right after ``set_device`` (:func:`setup_device`).
+* ``mint.distributed.send/recv`` look up the caller's rank in the default group
+  ``"hccl_world_group"``, which does not exist on CPU (MCCL's world group is
+  ``"mccl_world_group"``): :func:`fix_default_comm_group` points the rank cache's
+  default at ``GlobalComm.WORLD_COMM_GROUP``.
+* In-place tensor methods (``add_``, ``mul_``) silently do nothing on CPU: the
+  runtime never uses them; gradients are accumulated out of place (:func:`acc`)
+  and parameters are written with ``Parameter.set_data``.
+* ``mindspore.vjp`` only runs pending backwards newest-first, and
+  ``GradOperation(sens_param=True)`` recomputes the forward. The runtime uses the
+  tape autograd that PyNative itself uses (internal API):
+  ``_pynative_executor.set_grad_flag(True)`` while running a stage forward, and
+  ``mindspore._c_expression.run_backward(...)`` later, in any order, with the
+  input grad (B) and weight grad (W) as separate calls (:class:`Tape`).
+"""
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import mindspore as ms
+from mindspore import ops
+
+# Internal APIs (checked by tests/test_runtime_compat.py).
+from mindspore._c_expression import run_backward as _run_backward
+from mindspore.graph.api import _pynative_executor as _executor
+
+_RUN_BACKWARD_PARAMS = ("tensors", "grad_tensors", "keep_graph", "create_graph", "inputs",
+                        "allow_unreachable", "accumulate_grad")
+
+
+def setup_device(target: str = "CPU") -> None:
+    """Select the device and switch to blocking launch (see module docstring)."""
+    ms.set_device(target)
+    ms.runtime.launch_blocking()
+
+
+def fix_default_comm_group() -> None:
+    """Make mint.distributed P2P look up ranks in the backend's real world group."""
+    from mindspore.communication import GlobalComm
+    import mindspore.mint.distributed.distributed as dist
+    dist.get_cache_group_rank.__defaults__ = (GlobalComm.WORLD_COMM_GROUP,)
+
+
+def check_internal_api() -> None:
+    """Raise RuntimeError naming the change if the tape autograd internals moved."""
+    if not hasattr(_executor, "set_grad_flag"):
+        raise RuntimeError("mindspore.graph.api._pynative_executor.set_grad_flag is gone")
+    doc = (_run_backward.__doc__ or "").split("\n")[0]
+    missing = [p for p in _RUN_BACKWARD_PARAMS if p not in doc]
+    if missing:
+        raise RuntimeError(f"mindspore._c_expression.run_backward signature changed "
+                           f"(missing {missing}): {doc}")
+
+
+def leaf(t: ms.Tensor, requires_grad: bool) -> ms.Tensor:
+    """A fresh tape leaf holding t's values (cuts the graph at a chunk boundary)."""
+    x = ops.stop_gradient(t)
+    if requires_grad:
+        x._requires_grad = True  # internal: mark as a differentiable input of the tape
+    return x
+
+
+def acc(total, g):
+    """Out-of-place accumulation (in-place add_ is a silent no-op on CPU)."""
+    return g if total is None else total + g
+
+
+class Tape:
+    """Record forwards now, run their backward later, in any order (PyNative tape)."""
+
+    @staticmethod
+    def forward(fn, *args):
+        """Run ``fn(*args)`` with the grad tape recording."""
+        _executor.set_grad_flag(True)
+        return fn(*args)
+
+    @staticmethod
+    def no_grad(fn, *args):
+        """Run ``fn(*args)`` without recording (frozen or forward-only work)."""
+        _executor.set_grad_flag(False)
+        try:
+            return fn(*args)
+        finally:
+            _executor.set_grad_flag(True)
+
+    @staticmethod
+    def grad(outputs: Sequence[ms.Tensor], sens: Sequence[ms.Tensor],
+             inputs: Sequence[ms.Tensor], keep_graph: bool) -> Tuple[ms.Tensor, ...]:
+        """d(sum outputs*sens)/d inputs; ``keep_graph`` keeps the tape for a later W."""
+        out = _run_backward(tuple(outputs), tuple(sens), keep_graph, False, tuple(inputs), True,
+                            accumulate_grad=False)
+        return tuple(out)

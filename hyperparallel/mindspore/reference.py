@@ -1,0 +1,49 @@
+"""Single-process reference: same model, data and seed, no pipeline.
+
+The loss of a step is the mean over all micro-batches (of all data-parallel
+groups) of the per-micro-batch loss, exactly what the pipeline computes; the
+gradient comes from ``mindspore.value_and_grad`` (public API, independent of
+the runtime's tape autograd).
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import mindspore as ms
+
+from .config import LLM, VISION, RunConfig
+from .data import MicroTensors, make_micro_batch
+from .model import build_full
+from .optim import Optimizer
+
+
+class Reference:
+    """Holds the full model and optimizer; ``step(s)`` runs one optimizer step."""
+
+    def __init__(self, rc: RunConfig, num_micro: int, trainable: Dict[str, bool]):
+        self.rc, self.num_micro = rc, num_micro
+        self.vision, self.llm = build_full(rc.model, rc.train.seed)
+        self.params = []
+        for region, cell in ((VISION, self.vision), (LLM, self.llm)):
+            if trainable.get(region, True):
+                self.params += list(cell.get_parameters())
+        self.opt = Optimizer(self.params, rc.train)
+
+    def all_params(self):
+        return list(self.vision.get_parameters()) + list(self.llm.get_parameters())
+
+    def step(self, step: int):
+        """Returns (loss, {param name: grad}) of this step, after applying the update."""
+        mts = [MicroTensors(make_micro_batch(self.rc.data, self.rc.train.seed, step, m), 1.0 / self.num_micro)
+               for m in range(self.num_micro)]
+
+        def total(_):
+            loss = 0.0
+            for mt in mts:
+                img = self.vision.forward(mt.patches, mt)
+                loss = loss + self.llm.forward(img, mt)
+            return loss
+        loss, grads = ms.value_and_grad(total, None, weights=self.params)(ms.Tensor(0.0))
+        named = {p.name: g for p, g in zip(self.params, grads)}
+        self.opt.step(named)
+        return float(loss.asnumpy()), {k: v.asnumpy() for k, v in named.items()}

@@ -1,0 +1,149 @@
+"""``hyperparallel train``: refusal before launch, metrics, resume through the CLI, faults.
+
+The fast tests need no MindSpore job; the ``msrun`` ones launch real 2-rank jobs.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
+
+
+def train(*args, env=None, timeout=300):
+    e = dict(os.environ, **(env or {}))
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", RECIPE, *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout, env=e)
+    p.wall_s = time.time() - t0
+    return p
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_train_cli_imports_no_mindspore():
+    code = ("import sys, hyperparallel.train_cli, hyperparallel.launch, hyperparallel.cli; "
+            "assert 'mindspore' not in sys.modules, 'mindspore imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+@pytest.mark.parametrize("override,field", [
+    ("data.video_prob=2", "data.video_prob"),
+    ("data.images_per_sample=[0.5,0.2]", "data.images_per_sample"),
+    ("model.llm_heads=3", "model.llm_heads"),
+    ("model.bogus=1", "model.bogus"),
+    ("train.optimizer=lbfgs", "train.optimizer"),
+    ("parallel_config.pipeline_stage=0", "parallel_config.pipeline_stage"),
+    ("device=TPU", "device"),
+])
+def test_bad_recipe_refused_before_launch(tmp_path, override, field):
+    p = train("--set", override, "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "run" / "logs").exists()  # nothing launched
+
+
+def test_bad_schedule_and_resume_refused(tmp_path):
+    p = train("--schedule", "nonsense", timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
+    p = train("--resume", "--save-dir", str(tmp_path / "none"), timeout=60)
+    assert p.returncode == 2 and "--resume" in p.stderr
+
+
+def test_msrun_args_from_environment(monkeypatch):
+    from hyperparallel.launch import msrun_command, msrun_overrides
+    monkeypatch.setenv("HP_MSRUN_ARGS", "--worker_num=2 --local_worker_num 1 --master_addr=10.0.0.1 "
+                                        "--master_port=8118 --node_rank=1 --cluster_time_out=600")
+    cmd = msrun_command("job.json", 2, "logs", 1234, msrun_overrides(2))
+    assert "--node_rank=1" in cmd and "--master_port=8118" in cmd and "--local_worker_num=1" in cmd
+    assert "--master_addr=10.0.0.1" in cmd and "--join=True" in cmd and cmd[-1] == "job.json"
+
+
+@pytest.mark.parametrize("value,field", [("--worker_num=3", "--worker_num"), ("--bogus=1", "--bogus")])
+def test_bad_msrun_args_refused_before_launch(tmp_path, value, field):
+    p = train("--run-dir", str(tmp_path / "run"), env={"HP_MSRUN_ARGS": value}, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: HP_MSRUN_ARGS " + field), p.stderr
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_mindformers_style_recipe_is_accepted():
+    """base_config inheritance + mpipe.encoder options: the run config and plan still build."""
+    import argparse
+    from hyperparallel.train_cli import _prepare
+    args = argparse.Namespace(recipe=os.path.join(ROOT, "recipes", "tiny_mllm_mindformers.yaml"), overrides=[],
+                              schedule=None, steps=None, save_every=None, resume=False, save_dir=None)
+    recipe, rc, plan = _prepare(args)
+    assert rc.model.llm_layers == 4 and plan.num_devices == 2
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    d = tmp_path_factory.mktemp("full")
+    p = train("--run-dir", str(d / "run"), "--save-dir", str(d / "ckpt"), timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    return p, d
+
+
+@pytest.mark.msrun
+def test_tiny_recipe_trains_with_transpose_under_3_minutes(full_run):
+    p, d = full_run
+    assert p.wall_s < 180, f"took {p.wall_s:.0f} s"
+    m = metrics(d / "run")
+    assert [r["step"] for r in m] == list(range(len(m))) and len(m) >= 10
+    assert all(set(r) >= {"step", "loss", "step_time_s", "schedule"} for r in m)
+    assert all(r["schedule"] == "transpose" for r in m)
+    losses = [r["loss"] for r in m]
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses  # it learns
+    assert " step 1/" in p.stdout and "loss" in p.stdout  # per-step progress shown
+    assert (d / "ckpt" / "rank_0.npz").exists() and (d / "ckpt" / "rank_1.npz").exists()
+
+
+@pytest.mark.msrun
+def test_reference_cli_matches_pipeline_metrics(full_run, tmp_path):
+    _, d = full_run
+    p = train("--reference", "--steps", "4", "--run-dir", str(tmp_path / "ref"), timeout=200)
+    assert p.returncode == 0, p.stderr[-2000:]
+    ref = [r["loss"] for r in metrics(tmp_path / "ref")]
+    pipe = [r["loss"] for r in metrics(d / "run")][:4]
+    np.testing.assert_allclose(pipe, ref, rtol=1e-5)
+
+
+@pytest.mark.msrun
+def test_cli_resume_equals_uninterrupted(full_run, tmp_path):
+    _, d = full_run
+    run, ckpt = str(tmp_path / "run"), str(tmp_path / "ckpt")
+    p = train("--steps", "2", "--run-dir", run, "--save-dir", ckpt)
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = train("--steps", "4", "--run-dir", run, "--save-dir", ckpt, "--resume")
+    assert p.returncode == 0, p.stderr[-2000:]
+    resumed = metrics(run)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    full = [r["loss"] for r in metrics(d / "run")][:4]
+    np.testing.assert_allclose([r["loss"] for r in resumed], full, rtol=1e-6)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("mode", ["exit", "kill"])
+def test_dead_rank_fails_job_fast_and_is_named(tmp_path, mode):
+    """Rank 1 dies mid-step 2 (os._exit after a log line, or a silent SIGKILL)."""
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    spec = "1:2" + (":kill" if mode == "kill" else "")
+    t0 = time.time()
+    p = train("--steps", "6", "--run-dir", str(tmp_path / "run"), env={"HP_FAULT": spec}, timeout=200)
+    took = time.time() - t0
+    assert p.returncode != 0
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: job failed") and "rank 1 failed" in err, p.stderr
+    assert "step 2/6" in p.stdout and "step 3/6" not in p.stdout  # it died in step index 2
+    assert took < 60 + 25, f"job took {took:.0f} s to fail (start-up ~20 s)"
