@@ -1,0 +1,282 @@
+"""Graph-mode annotations: a plan's placement as ``cell.pipeline_stage`` + MindSpore/MindFormers config.
+
+MindSpore's static-graph pipeline (semi-auto parallel, Ascend/GPU) places every
+operator on the stage of the Cell it runs in (``cell.pipeline_stage``) and runs one of
+its built-in schedulers. For the plans whose skeletons it can express, this module
+writes the plan's placement onto the model's cells and returns the matching settings::
+
+    from hyperparallel.mindspore.annotate import annotate
+    gp = annotate(model, plan)           # sets cell.pipeline_stage on the model's cells
+    gp.auto_parallel_pipeline_kwargs()   # AutoParallel(net, parallel_mode="semi_auto").pipeline(**kw)
+    gp.mindformers()                     # parallel_config / parallel.pipeline_config / model_config
+
+What maps (plan -> MindSpore), and why:
+
+* ``pipe(order)`` of the last region: chunk ``c`` on device ``c mod P`` is MindSpore's
+  own placement rule (MindFormers' ``LayerSetting`` gives layer ``i`` the stage
+  ``searchsorted(cumulative layers, i + 1) mod pp`` over a ``(pp_interleave_num, pp)``
+  grid: consecutive layers, cyclic over stages), so each layer's cell gets the device of
+  the plan chunk that holds it.
+* order ``1f1b`` -> scheduler ``1f1b``, ``pipeline_interleave: False`` (MindSpore's default).
+* order ``gpipe`` -> scheduler ``gpipe`` with ``pipeline_interleave: True``: MindSpore's
+  ``set_pipeline_config`` refuses any scheduler but ``1f1b`` when interleave is off
+  ("When pipeline_interleave is False, ... only '1f1b' is allowed"); with one virtual
+  stage the interleave switch only selects the scheduler framework.
+* order ``interleaved`` (V > 1) -> scheduler ``1f1b`` with ``pipeline_interleave: True`` and
+  ``pp_interleave_num: V``: Megatron-style interleaved 1F1B over V chunks per device, the
+  same chunking and placement as the plan. ``seqpipe``/``seqvpp``/``seqsmartvpp`` are
+  MindSpore's sequence-pipelined and memory-balanced variants (micro-batches further
+  split along the sequence with ``seq_split_num``, or a different per-device order); no
+  plan order corresponds to them, so none is emitted.
+* order ``zb_h1`` is refused: the plan's ZB-H1 keeps one chunk per device and delays W into
+  the cool-down bubbles; MindSpore's only zero-bubble scheduler, ``zero_bubble_v``, is the
+  V-shape ZB-V schedule (two chunks per device, chunk ``P + k`` on device ``P - 1 - k``,
+  ``pipeline_segment`` 0/1), a different placement and order. Emitting it would run a
+  schedule the cost model and checker never saw.
+* ``place(d)`` of an encoder region: all its cells get stage ``d``. MindSpore's stages
+  must be non-decreasing along the data flow, and the encoder feeds the first LLM chunk
+  (stage 0), so only ``d == 0`` is expressible (the usual "encoder on the first stage").
+* ``transpose``: refused. A transposed encoder is replicated on every pipeline stage and
+  micro-batch ``m`` runs on its owner; a static-graph pipeline gives each operator one
+  stage. Run it with the PyNative runtime: ``hyperparallel train RECIPE``.
+
+Cells are mapped to plan chunks by region and layer index, generically:
+
+* a cell with ``region``, ``start`` and ``blocks`` attributes (the tiny MLLM's
+  :class:`~hyperparallel.mindspore.model.ChunkCell`, one per region or per chunk) gets the
+  stage of its first layer, ``blocks[i]`` the stage of layer ``start + i``;
+* any other cell whose parameters all belong to one ``(region, layer)`` gets that layer's
+  stage. Parameter names carry the region and layer: ``REGION.LAYER.name`` (e.g.
+  ``llm.3.attn.wq``); layer ``-1`` is the region's head part (patch/token embedding, on the
+  first chunk's device) and layer ``L`` (the region's layer count) its tail part
+  (projector, final norm, LM head, on the last chunk's device);
+* ``layer_of(name, cell)`` may override: return ``(region, layer)`` or ``None``.
+
+Every parameter is also placed by its own name (``param_stages``); a parameter owned
+directly by a cell whose stage differs (the tiny MLLM's LM head weight lives on the llm
+ChunkCell itself, so its matmul would run on the cell's first stage) is listed in
+``conflicts``. Graph-mode pipeline compilation needs Ascend or GPU; on CPU these
+annotations are produced and checked as data.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from hyperparallel.mpipe.errors import SpecError
+
+SCHEDULERS = ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")  # MindSpore 2.9
+
+
+class GraphModeUnsupported(SpecError):
+    """The plan's schedule has no MindSpore static-graph equivalent."""
+
+
+@dataclass
+class GraphPipeline:
+    """MindSpore pipeline settings for a plan, and the stages written onto the model."""
+
+    stages: int
+    micro_batches: int
+    interleave: bool
+    virtual_stages: int
+    scheduler: str
+    data_parallel: int = 1
+    cell_stages: Dict[str, int] = field(default_factory=dict)
+    param_stages: Dict[str, int] = field(default_factory=dict)
+    conflicts: List[str] = field(default_factory=list)
+    frozen_regions: List[str] = field(default_factory=list)
+
+    def pipeline_config(self) -> dict:
+        """``parallel.pipeline_config`` / ``set_auto_parallel_context(pipeline_config=...)``."""
+        return {"pipeline_interleave": self.interleave, "pipeline_scheduler": self.scheduler}
+
+    def auto_parallel_pipeline_kwargs(self) -> dict:
+        """Arguments of ``mindspore.parallel.auto_parallel.AutoParallel(...).pipeline``."""
+        return {"stages": self.stages, "interleave": self.interleave, "scheduler": self.scheduler}
+
+    def context_kwargs(self) -> dict:
+        """Arguments of ``mindspore.set_auto_parallel_context`` (older API)."""
+        return {"pipeline_stages": self.stages, "pipeline_config": self.pipeline_config()}
+
+    def mindformers(self) -> dict:
+        """The MindFormers sections (1.9 spelling: ``pp_interleave_num`` in ``model.model_config``)."""
+        return {
+            "parallel_config": {"data_parallel": self.data_parallel, "pipeline_stage": self.stages,
+                                "micro_batch_num": self.micro_batches},
+            "parallel": {"pipeline_config": self.pipeline_config()},
+            "model": {"model_config": {"pp_interleave_num": self.virtual_stages}},
+        }
+
+    def to_dict(self) -> dict:
+        return {"mindspore": {"pipeline": self.auto_parallel_pipeline_kwargs(), "micro_size": self.micro_batches},
+                "mindformers": self.mindformers(), "cell_stages": dict(self.cell_stages),
+                "param_stages": dict(self.param_stages), "conflicts": list(self.conflicts),
+                "frozen_regions": list(self.frozen_regions)}
+
+
+def _schedule_parts(plan) -> List[dict]:
+    parts = list(plan.schedule or [])
+    if not parts:
+        raise SpecError("plan.schedule", "missing; derive the plan from a recipe (hyperparallel plan --export)")
+    return parts
+
+
+def graph_pipeline(plan) -> GraphPipeline:
+    """The MindSpore/MindFormers pipeline settings for ``plan``; refuses what graph mode cannot run."""
+    parts = _schedule_parts(plan)
+    name = plan.meta.get("schedule_name", "?")
+    for part in parts[:-1]:
+        sk = part.get("skeleton")
+        if sk == "transpose":
+            raise GraphModeUnsupported(
+                "schedule", f"{name!r} transposes region {part.get('region')!r} (replicated on every pipeline "
+                "stage, each micro-batch on its owner); MindSpore's static-graph pipeline gives each cell one "
+                "pipeline_stage and cannot express it. Run it with the PyNative runtime: hyperparallel train RECIPE")
+        if sk == "place" and int(part.get("device", 0)) != 0:
+            raise GraphModeUnsupported(
+                f"schedule.{part.get('region')}.device",
+                f"place(device={part.get('device')}) feeds the first LLM stage (0) from a later stage; MindSpore's "
+                "pipeline stages must not decrease along the data flow. Use device 0, or the PyNative runtime "
+                "(hyperparallel train)")
+        if sk not in ("place", "transpose"):
+            raise GraphModeUnsupported(f"schedule.{part.get('region')}.skeleton", f"{sk!r} has no graph-mode form")
+    body = parts[-1]
+    order = body.get("order", plan.meta.get("order"))
+    V = int(plan.meta.get("pp_interleave_num", 1))
+    if order == "1f1b":
+        interleave, sched = False, "1f1b"
+    elif order == "gpipe":
+        interleave, sched = True, "gpipe"
+    elif order == "interleaved":
+        interleave, sched = True, "1f1b"
+    elif order == "zb_h1":
+        raise GraphModeUnsupported(
+            "schedule.order", "zb_h1 (one chunk per device, W delayed into bubbles) has no MindSpore scheduler: "
+            "'zero_bubble_v' is the V-shape ZB-V schedule (2 chunks per device, another placement). Use 1f1b, "
+            "gpipe or interleaved in graph mode, or run zb_h1 with the PyNative runtime (hyperparallel train)")
+    else:
+        raise GraphModeUnsupported("schedule.order", f"{order!r} has no MindSpore scheduler; allowed in graph "
+                                                     "mode: gpipe, 1f1b, interleaved")
+    frozen = [r for r, t in (plan.trainable or {}).items() if not t]
+    return GraphPipeline(stages=plan.num_devices, micro_batches=plan.num_micro, interleave=interleave,
+                         virtual_stages=V, scheduler=sched, data_parallel=int(plan.data_parallel or 1),
+                         frozen_regions=frozen)
+
+
+class _Placement:
+    """(region, layer) -> pipeline stage, from the plan's chunks."""
+
+    def __init__(self, plan):
+        self.chunks: Dict[str, list] = {}
+        for c in plan.chunks:
+            self.chunks.setdefault(c.region, []).append(c)
+        for lst in self.chunks.values():
+            lst.sort(key=lambda c: c.start)
+        self.layers = {r: max(c.stop for c in lst) for r, lst in self.chunks.items()}
+        self._re = re.compile(r"(?:^|\.)(" + "|".join(re.escape(r) for r in sorted(self.chunks, key=len,
+                                                                                     reverse=True))
+                              + r")\.(-?\d+)\.")
+
+    def stage(self, region: str, layer: int) -> int:
+        lst = self.chunks.get(region)
+        if not lst:
+            raise SpecError("annotate", f"region {region!r} is not in the plan; plan regions: "
+                                        f"{', '.join(self.chunks)}")
+        n = self.layers[region]
+        if layer < 0:
+            chunk = lst[0]
+        elif layer >= n:
+            chunk = lst[-1]
+        else:
+            chunk = next(c for c in lst if c.start <= layer < c.stop)
+        if len(chunk.devices) != 1:
+            raise GraphModeUnsupported("annotate", f"region {region!r} chunk {chunk.index} is on devices "
+                                                   f"{list(chunk.devices)}; graph mode needs one stage per cell")
+        return int(chunk.devices[0])
+
+    def of_param(self, name: str) -> Optional[Tuple[str, int]]:
+        m = self._re.search(name)
+        return (m.group(1), int(m.group(2))) if m else None
+
+
+def _named_cells(model) -> List[Tuple[str, object]]:
+    if isinstance(model, dict):
+        roots = [(str(k), v) for k, v in model.items()]
+    elif isinstance(model, (list, tuple)):
+        roots = [(str(i), c) for i, c in enumerate(model)]
+    else:
+        roots = [("", model)]
+    out = []
+    for prefix, root in roots:
+        for name, cell in root.cells_and_names():
+            full = ".".join(p for p in (prefix, name) if p)
+            out.append((full, cell))
+    return out
+
+
+def _own_params(cell):
+    return [p for p in cell.get_parameters(expand=False)]
+
+
+def annotate(model, plan, layer_of: Optional[Callable[[str, object], Optional[Tuple[str, int]]]] = None
+             ) -> GraphPipeline:
+    """Set ``cell.pipeline_stage`` on ``model``'s cells from ``plan``; return the pipeline settings.
+
+    ``model``: a Cell, or a list/tuple/dict of Cells (e.g. ``model.build_full(cfg, seed)``).
+    Raises :class:`GraphModeUnsupported` for schedules graph mode cannot run (transpose, zb_h1,
+    place on a device other than 0) before touching any cell.
+    """
+    gp = graph_pipeline(plan)
+    where = _Placement(plan)
+    cells = _named_cells(model)
+    stage_of_cell: Dict[int, int] = {}
+    for name, cell in cells:
+        key = None
+        if layer_of is not None:
+            key = layer_of(name, cell)
+        if key is None and all(hasattr(cell, a) for a in ("region", "start", "blocks")) \
+                and isinstance(getattr(cell, "start"), int):
+            region, start = cell.region, cell.start
+            stage_of_cell[id(cell)] = where.stage(region, start)
+            for i, blk in enumerate(cell.blocks):
+                stage_of_cell[id(blk)] = where.stage(region, start + i)
+            continue
+        if key is None and id(cell) not in stage_of_cell:
+            keys = {where.of_param(p.name) for p in cell.get_parameters()}
+            if len(keys) == 1 and None not in keys:
+                key = keys.pop()
+        if key is not None:
+            stage_of_cell[id(cell)] = where.stage(*key)
+    # Sub-cells of a stage-annotated cell that were not placed themselves inherit nothing
+    # here: MindSpore takes an operator's stage from its innermost annotated cell.
+    for name, cell in cells:
+        s = stage_of_cell.get(id(cell))
+        if s is None:
+            continue
+        cell.pipeline_stage = int(s)
+        gp.cell_stages[name] = int(s)
+    # Parameters: the stage their name asks for, versus the innermost annotated owner's.
+    owner_stage: Dict[str, Tuple[str, Optional[int]]] = {}
+    for name, cell in cells:  # outer cells first, so inner owners overwrite
+        for p in _own_params(cell):
+            owner_stage[p.name] = (name, stage_of_cell.get(id(cell)))
+    for name, cell in cells:
+        for p in cell.get_parameters():
+            key = where.of_param(p.name)
+            if key is None or p.name in gp.param_stages:
+                continue
+            want = where.stage(*key)
+            gp.param_stages[p.name] = want
+            owner, got = owner_stage.get(p.name, (name, None))
+            if got is None:
+                # no annotated owner: the innermost annotated ancestor decides
+                anc = [(n, stage_of_cell[id(c)]) for n, c in cells
+                       if id(c) in stage_of_cell and (owner == n or owner.startswith(n + ".") or n == "")]
+                got = anc[-1][1] if anc else None
+            if got != want:
+                gp.conflicts.append(f"{p.name}: belongs on stage {want} (region {key[0]!r} layer {key[1]}), but "
+                                    f"its operators run in cell {owner or '<root>'!r} on stage {got}; give that "
+                                    "part its own Cell")
+    return gp

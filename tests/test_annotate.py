@@ -1,0 +1,141 @@
+"""Graph-mode annotations: the plan's placement as cell.pipeline_stage on the tiny MLLM, checked as data.
+
+(Compiling a graph-mode pipeline needs Ascend or GPU; on CPU we check what would be compiled.)
+"""
+import os
+
+import pytest
+
+from hyperparallel.mindspore.annotate import GraphModeUnsupported, graph_pipeline
+from hyperparallel.mpipe import derive_recipe, load_recipe
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
+
+
+def plan_of(schedule, *overrides, recipe=TINY):
+    return derive_recipe(load_recipe(recipe, list(overrides)), schedule)
+
+
+# -- settings only: pure Python, no MindSpore needed ---------------------------------------------
+@pytest.mark.parametrize("schedule,overrides,expect", [
+    ("1f1b", (), dict(interleave=False, scheduler="1f1b", virtual_stages=1)),
+    ("gpipe", (), dict(interleave=True, scheduler="gpipe", virtual_stages=1)),
+    ("interleaved", ("parallel_config.pp_interleave_num=2",), dict(interleave=True, scheduler="1f1b",
+                                                                    virtual_stages=2)),
+])
+def test_pipeline_settings(schedule, overrides, expect):
+    gp = graph_pipeline(plan_of(schedule, *overrides))
+    assert (gp.stages, gp.micro_batches) == (2, 4)
+    for k, v in expect.items():
+        assert getattr(gp, k) == v
+    mf = gp.mindformers()
+    assert mf["parallel_config"] == {"data_parallel": 1, "pipeline_stage": 2, "micro_batch_num": 4}
+    assert mf["parallel"]["pipeline_config"] == {"pipeline_interleave": expect["interleave"],
+                                                 "pipeline_scheduler": expect["scheduler"]}
+    assert mf["model"]["model_config"]["pp_interleave_num"] == expect["virtual_stages"]
+    assert gp.auto_parallel_pipeline_kwargs() == {"stages": 2, "interleave": expect["interleave"],
+                                                  "scheduler": expect["scheduler"]}
+
+
+def test_settings_are_accepted_by_mindspore_pipeline_api():
+    ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from mindspore.parallel.auto_parallel import AutoParallel
+    from mindspore import nn
+    for sched, ov in (("1f1b", ()), ("gpipe", ()), ("interleaved", ("parallel_config.pp_interleave_num=2",))):
+        gp = graph_pipeline(plan_of(sched, *ov))
+        AutoParallel(nn.Dense(2, 2), parallel_mode="semi_auto").pipeline(**gp.auto_parallel_pipeline_kwargs())
+    assert ms is not None
+
+
+def test_schedulers_are_mindspores():
+    from hyperparallel.mindspore.annotate import SCHEDULERS
+    from hyperparallel.mpipe.recipe import SCHEDULERS as RECIPE_SCHEDULERS
+    assert SCHEDULERS == RECIPE_SCHEDULERS == ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")
+
+
+@pytest.mark.parametrize("schedule,field,words", [
+    ("transpose", "schedule", ["PyNative runtime", "hyperparallel train"]),
+    ("transpose(backward=central)", "schedule", ["PyNative runtime"]),
+    ("zb_h1", "schedule.order", ["zero_bubble_v", "V-shape"]),
+    ("1f1b(device=1)", "schedule.vision.device", ["must not decrease", "device 0"]),
+])
+def test_refused_schedules(schedule, field, words):
+    with pytest.raises(GraphModeUnsupported) as e:
+        graph_pipeline(plan_of(schedule))
+    assert e.value.field == field
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_ascend_recipe_settings():
+    gp = graph_pipeline(plan_of("interleaved", recipe=os.path.join(ROOT, "recipes", "qwen2_5_vl_72b.yaml")))
+    assert gp.mindformers() == {
+        "parallel_config": {"data_parallel": 2, "pipeline_stage": 8, "micro_batch_num": 32},
+        "parallel": {"pipeline_config": {"pipeline_interleave": True, "pipeline_scheduler": "1f1b"}},
+        "model": {"model_config": {"pp_interleave_num": 2}},
+    }
+    assert gp.frozen_regions == ["vision"]
+    with pytest.raises(GraphModeUnsupported, match="PyNative"):
+        graph_pipeline(plan_of(None, recipe=os.path.join(ROOT, "recipes", "qwen2_5_vl_72b.yaml")))
+
+
+# -- on the tiny MLLM's cells (MindSpore needed to build them) -------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mindspore.model import ChunkCell, build_full
+    rc = RunConfig.from_raw(load_recipe(TINY).raw)
+    return rc, build_full, ChunkCell
+
+
+def test_full_model_1f1b(tiny):
+    from hyperparallel.mindspore.annotate import annotate
+    rc, build_full, _ = tiny
+    vision, llm = model = build_full(rc.model, 0)
+    gp = annotate(model, plan_of("1f1b"))
+    # encoder place(0): every vision cell on stage 0; llm layers 0-1 stage 0, 2-3 stage 1
+    assert vision.pipeline_stage == 0 and vision.proj.pipeline_stage == 0
+    assert all(b.pipeline_stage == 0 for b in vision.blocks)
+    assert [b.pipeline_stage for b in llm.blocks] == [0, 0, 1, 1]
+    assert [b.attn.pipeline_stage for b in llm.blocks] == [0, 0, 1, 1]
+    assert llm.pipeline_stage == 0 and llm.norm.pipeline_stage == 1   # embedding first, final norm last
+    assert gp.cell_stages["1.blocks.3.mlp"] == 1 and gp.cell_stages["0"] == 0
+    ps = gp.param_stages
+    assert ps["llm.-1.embed.tok"] == 0 and ps["llm.3.attn.wq"] == 1 and ps["llm.4.head.w"] == 1
+    assert ps["vision.-1.patch.w"] == 0 and ps["vision.2.projector.w1"] == 0
+    assert len(ps) == len(list(vision.get_parameters())) + len(list(llm.get_parameters()))
+    # the LM head weight sits on the llm cell itself (stage 0): reported, not silently misplaced
+    assert len(gp.conflicts) == 1 and gp.conflicts[0].startswith("llm.4.head.w: belongs on stage 1")
+
+
+def test_per_chunk_cells_interleaved(tiny):
+    """The runtime's per-chunk cells, V=2: llm chunk c on device c mod 2 (MindSpore's cyclic placement)."""
+    from hyperparallel.mindspore.annotate import annotate
+    rc, _, ChunkCell = tiny
+    plan = plan_of("interleaved", "parallel_config.pp_interleave_num=2")
+    cells = {f"{c.region}{c.index}": ChunkCell(rc.model, c.region, c.start, c.stop, 0) for c in plan.chunks}
+    gp = annotate(cells, plan)
+    assert [cells[f"llm{i}"].pipeline_stage for i in range(4)] == [0, 1, 0, 1]
+    assert cells["vision0"].pipeline_stage == 0
+    assert gp.conflicts == [] and gp.interleave and gp.virtual_stages == 2
+    assert gp.param_stages["llm.4.head.w"] == 1 and gp.param_stages["llm.2.mlp.w1"] == 0
+
+
+def test_transpose_refused_before_touching_cells(tiny):
+    from hyperparallel.mindspore.annotate import annotate
+    rc, build_full, _ = tiny
+    model = build_full(rc.model, 0)
+    with pytest.raises(GraphModeUnsupported, match="hyperparallel train"):
+        annotate(model, plan_of("transpose"))
+    with pytest.raises(AttributeError):
+        model[0].pipeline_stage  # never set
+
+
+def test_layer_of_override(tiny):
+    from hyperparallel.mindspore.annotate import annotate
+    rc, build_full, _ = tiny
+    model = build_full(rc.model, 0)
+    gp = annotate(model, plan_of("1f1b"), layer_of=lambda name, cell: ("llm", 3) if name == "1.norm" else None)
+    assert model[1].norm.pipeline_stage == 1 and gp.cell_stages["1.norm"] == 1

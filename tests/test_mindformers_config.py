@@ -1,0 +1,262 @@
+"""Recipes as MindFormers YAML: MindFormerConfig loading without MindSpore, the fallback loader,
+the mpipe: section, and the shipped MindFormers recipes through plan/check/simulate."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hyperparallel.mpipe import mfconfig
+from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.mpipe.recipe import _load_yaml, load_raw, load_recipe
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(ROOT, "recipes")
+HAVE_MF = mfconfig.mindformers_dir() is not None
+needs_mf = pytest.mark.skipif(not HAVE_MF, reason="mindformers is not installed (requirements.txt pins 1.9.0)")
+
+PROFILE = textwrap.dedent("""\
+    mpipe:
+      schedule: 1f1b
+      profile:
+        regions:
+          - {name: vision, layers: 2, trainable: false, forward_ms: 2.0}
+          - {name: llm, layers: 4, trainable: true, forward_ms: 1.0}
+    """)
+
+
+def mf_env():
+    pp = os.environ.get("PYTHONPATH")
+    return dict(os.environ, GLOG_v="3", PYTHONPATH=ROOT + (os.pathsep + pp if pp else ""))
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(textwrap.dedent(text))
+    return str(p)
+
+
+@pytest.fixture
+def family(tmp_path):
+    """base_a + base_b (two bases, MindFormers combines them top-level, later wins) <- child."""
+    write(tmp_path, "base/a.yaml", """\
+        parallel_config: {data_parallel: 2, model_parallel: 1, pipeline_stage: 2, micro_batch_num: 4}
+        model: {model_config: {num_hidden_layers: 4, hidden_size: 64, vision_config: {depth: 2, hidden_size: 32}}}
+        optimizer: {type: AdamW, betas: [0.9, 0.95]}
+        """)
+    write(tmp_path, "base/b.yaml", PROFILE + textwrap.dedent("""\
+        parallel:
+          pipeline_config: {pipeline_interleave: false, pipeline_scheduler: 1f1b}
+        optimizer: {type: SGD}
+        """))
+    return write(tmp_path, "child.yaml", """\
+        base_config: [base/a.yaml, base/b.yaml]
+        parallel_config: {pipeline_stage: 4, micro_batch_num: 8}
+        model: {model_config: {vision_config: {depth: 3}}}
+        mpipe: {schedule: transpose}
+        """)
+
+
+def expected_child():
+    return {
+        "parallel_config": {"data_parallel": 2, "model_parallel": 1, "pipeline_stage": 4, "micro_batch_num": 8},
+        "model": {"model_config": {"num_hidden_layers": 4, "hidden_size": 64,
+                                   "vision_config": {"depth": 3, "hidden_size": 32}}},
+        "optimizer": {"type": "SGD"},
+        "parallel": {"pipeline_config": {"pipeline_interleave": False, "pipeline_scheduler": "1f1b"}},
+        "mpipe": {"schedule": "transpose", "profile": {"regions": [
+            {"name": "vision", "layers": 2, "trainable": False, "forward_ms": 2.0},
+            {"name": "llm", "layers": 4, "trainable": True, "forward_ms": 1.0}]}},
+    }
+
+
+def test_fallback_loader_merges_like_mindformers(family):
+    assert _load_yaml(family) == expected_child()
+
+
+@needs_mf
+def test_mindformerconfig_and_fallback_load_identically(family):
+    via_mf = mfconfig.load_config_dict(family)
+    assert via_mf == expected_child() == _load_yaml(family)
+    raw, loader = load_raw(family)
+    assert loader == "mindformers" and raw == via_mf
+
+
+@needs_mf
+def test_standalone_class_equals_mindformers_imported_normally(family):
+    """The standalone-loaded MindFormerConfig gives what `import mindformers` gives (that imports MindSpore)."""
+    code = ("import json, sys; from mindformers.tools.register import MindFormerConfig as C; "
+            f"print('JSON', json.dumps(C(**C._file2dict({family!r})).to_dict()))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(family), capture_output=True, text=True,
+                       timeout=300, env=mf_env())  # MindFormers' logger writes ./output/log
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = [l for l in r.stdout.splitlines() if l.startswith("JSON ")][-1]
+    assert json.loads(line[5:]) == mfconfig.load_config_dict(family)
+
+
+def test_loading_imports_no_mindspore_or_mindformers(family):
+    code = ("import sys; from hyperparallel.mpipe.recipe import load_recipe; "
+            f"r = load_recipe({family!r}); "
+            f"r2 = load_recipe({os.path.join(RECIPES, 'qwen2_5_vl_72b.yaml')!r}); "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('mindspore', 'mindformers') "
+            "or 'hyperparallel_mindformers' in m]; print('LOADER', r.loader, 'IMPORTED', bad)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "IMPORTED []" in r.stdout
+    assert f"LOADER {'mindformers' if HAVE_MF else 'builtin'}" in r.stdout
+
+
+def test_builtin_loader_can_be_forced(family):
+    env = dict(os.environ, HYPERPARALLEL_RECIPE_LOADER="builtin")
+    code = f"from hyperparallel.mpipe.recipe import load_recipe; print(load_recipe({family!r}).loader)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert r.stdout.strip() == "builtin", r.stderr
+
+
+def test_recipe_values_from_inherited_sections(family):
+    r = load_recipe(family)
+    assert (r.pipeline_stage, r.micro_batch_num, r.data_parallel, r.pp_interleave_num) == (4, 8, 2, 1)
+    assert r.schedule == "transpose" and r.profile.names() == ("vision", "llm")
+
+
+def test_set_switches_a_recipe_to_transpose(family):
+    r = load_recipe(family, ["mpipe.schedule=1f1b"])
+    assert r.schedule == "1f1b"
+    r = load_recipe(family, ["mpipe.schedule=transpose", "mpipe.encoder.owners=min"])
+    assert r.schedule == "transpose(owners=min)"
+
+
+@pytest.mark.parametrize("override,field,allowed", [
+    ("mpipe.bogus=1", "mpipe.bogus", "allowed: schedule, profile, encoder"),
+    ("mpipe.encoder.bogus=1", "mpipe.encoder.bogus", "allowed: owners, backward, spill, trainable"),
+    ("mpipe.encoder.trainable=maybe", "mpipe.encoder.trainable", "true or false"),
+    ("parallel.pipeline_config.pipeline_scheduler=wave", "parallel.pipeline_config.pipeline_scheduler",
+     "allowed: gpipe, 1f1b, seqpipe, seqvpp, seqsmartvpp, zero_bubble_v"),
+])
+def test_bad_mpipe_keys_list_the_allowed_ones(family, override, field, allowed):
+    with pytest.raises(SpecError) as e:
+        load_recipe(family, [override])
+    assert e.value.field == field and allowed in str(e.value)
+
+
+def test_encoder_options(family):
+    r = load_recipe(family, ["mpipe.encoder={owners: min, backward: central, trainable: true}"])
+    assert r.schedule == "transpose(owners=min, backward=central)"
+    assert r.profile.region("vision").trainable is True
+    # the schedule's own options win only if they agree
+    with pytest.raises(SpecError) as e:
+        load_recipe(family, ["mpipe.encoder.owners=min", "mpipe.schedule=transpose(owners=balanced)"])
+    assert e.value.field == "mpipe.encoder.owners"
+    # --schedule values get the recipe's encoder options too
+    r = load_recipe(family, ["mpipe.encoder.owners=min"])
+    assert r.resolve_schedule("transpose(order=gpipe)") == "transpose(owners=min, order=gpipe)"
+    assert r.resolve_schedule("1f1b") == "1f1b"
+
+
+def test_pp_interleave_num_in_mindformers_place(family):
+    r = load_recipe(family, ["model.model_config.pp_interleave_num=2"])
+    assert r.pp_interleave_num == 2
+    with pytest.raises(SpecError) as e:
+        load_recipe(family, ["model.model_config.pp_interleave_num=2", "parallel_config.pp_interleave_num=1"])
+    assert e.value.field == "parallel_config.pp_interleave_num"
+
+
+def test_profile_from_model_config_when_missing(tmp_path):
+    """A MindFormers user's recipe + base_config + a bare mpipe: section plans with unit costs."""
+    p = write(tmp_path, "user.yaml", f"""\
+        base_config: {os.path.join(RECIPES, 'mindformers', 'qwen2_5_vl_7b.yaml')}
+        mpipe: {{schedule: transpose, encoder: {{trainable: false}}}}
+        """)
+    r = load_recipe(p)
+    assert [(x.name, x.layers, x.trainable) for x in r.profile.regions] == [("vision", 32, False), ("llm", 28, True)]
+    assert r.schedule == "transpose" and r.pipeline_stage == 4
+
+
+def test_missing_base_and_cycle_are_one_line_errors(tmp_path):
+    p = write(tmp_path, "a.yaml", "base_config: nope.yaml\n" + PROFILE)
+    with pytest.raises(SpecError, match="not found"):
+        load_recipe(p)
+    write(tmp_path, "x.yaml", "base_config: y.yaml\n")
+    p = write(tmp_path, "y.yaml", "base_config: x.yaml\n")
+    with pytest.raises(SpecError) as e:
+        load_recipe(p)
+    assert e.value.field == "base_config"
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml"])
+def test_ascend_recipes_are_valid_mindformers_configs(name):
+    raw, _ = load_raw(os.path.join(RECIPES, name))
+    assert raw["device"] == "Ascend" and raw["context"]["device_target"] == "Ascend"
+    mc = raw["model"]["model_config"]
+    assert mc["vision_config"]["depth"] == 32
+    if HAVE_MF:
+        full = mfconfig.template_check(raw)  # MindFormers' own template accepts every section
+        assert full["parallel_config"]["pipeline_stage"] == raw["parallel_config"]["pipeline_stage"]
+        assert full["mpipe"] == raw["mpipe"]
+
+
+@needs_mf
+def test_template_refuses_hyperparallel_spelling_of_interleave():
+    """Documented difference: MindFormers 1.9 wants pp_interleave_num in model.model_config."""
+    raw, _ = load_raw(os.path.join(RECIPES, "llm_pipeline.yaml"))
+    with pytest.raises(KeyError, match="pp_interleave_num"):
+        mfconfig.template_check(raw)
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["check", "recipes/qwen2_5_vl_7b.yaml"], "OK: 4 devices, 16 micro-batches"),
+    (["check", "recipes/qwen2_5_vl_72b.yaml"], "OK: 8 devices, 32 micro-batches"),
+    (["plan", "recipes/qwen2_5_vl_7b.yaml", "--set", "mpipe.schedule=1f1b"], "schedule 1f1b: P=4 M=16 V=1 D=2"),
+    (["plan", "recipes/qwen2_5_vl_72b.yaml"], "schedule transpose(order=interleaved): P=8 M=32 V=2 D=2"),
+    (["simulate", "recipes/qwen2_5_vl_7b.yaml", "--schedule", "1f1b", "--schedule", "transpose"], "transpose"),
+    (["simulate", "recipes/qwen2_5_vl_72b.yaml", "--schedule", "interleaved", "--schedule",
+      "transpose(order=interleaved)"], "transpose(order=interleaved)"),
+    (["plan", "recipes/tiny_mllm_mindformers.yaml"], "schedule transpose(owners=min): P=2 M=4"),
+])
+def test_cli_accepts_mindformers_recipes(cli, args, expect):
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert expect in r.stdout
+
+
+def test_transpose_on_72b_needs_an_interleaved_order(cli):
+    r = cli("plan", "recipes/qwen2_5_vl_72b.yaml", "--schedule", "transpose")
+    assert r.returncode == 2 and "pp_interleave_num" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.msrun
+def test_train_accepts_a_mindformers_recipe(tmp_path):
+    """`hyperparallel train` on the tiny recipe switched the MindFormers way (base_config + mpipe:)."""
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "hyperparallel", "train", "recipes/tiny_mllm_mindformers.yaml",
+                        "--steps", "2", "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    assert "schedule transpose(owners=min)" in r.stdout
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rows] == [0, 1] and all(x["schedule"] == "transpose(owners=min)" for x in rows)
+
+
+def test_forced_mindformers_loader_says_why_when_unavailable(tmp_path, family):
+    env = dict(os.environ, HYPERPARALLEL_RECIPE_LOADER="mindformers")
+    code = (f"from hyperparallel.cli import main; import sys; sys.exit(main(['check', {family!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    if HAVE_MF:
+        assert r.returncode == 0, r.stderr
+    else:
+        assert r.returncode == 2 and "HYPERPARALLEL_RECIPE_LOADER=mindformers but mindformers is not installed" \
+            in r.stderr
+
+
+@needs_mf
+def test_real_mindformers_class_used_when_already_imported(family):
+    code = ("import sys; import mindformers.tools.register.config as real; "
+            "from hyperparallel.mpipe import mfconfig; "
+            f"assert mfconfig.config_module() is real; print(mfconfig.load_config_dict({family!r}) is not None)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(family), capture_output=True, text=True,
+                       timeout=300, env=mf_env())
+    assert r.returncode == 0 and r.stdout.strip().endswith("True"), r.stderr[-2000:]
