@@ -125,6 +125,51 @@ class Block(nn.Cell):
         return x + self.mlp(self.n2(x))
 
 
+class PatchEmbed(nn.Cell):
+    """Linear patch embedding plus learned positions (first vision chunk)."""
+
+    def __init__(self, init: _Init, cfg: ModelConfig, dim: int):
+        super().__init__()
+        self.w = init.normal("patch.w", (cfg.patch_dim, dim))
+        self.b = init.const("patch.b", (dim,), 0.0)
+        self.pos = init.normal("patch.pos", (cfg.num_patches, dim))
+
+    def construct(self, x):
+        return ops.matmul(x, self.w) + self.b + self.pos
+
+
+class TokenMerge(nn.Cell):
+    """Token embedding; image tokens and text embeddings scattered into the sequence by the data's index."""
+
+    def __init__(self, init: _Init, cfg: ModelConfig, dim: int):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = init.normal("embed.tok", (cfg.vocab, dim), std=1.0)
+        self.pos = init.normal("embed.pos", (cfg.seq_len, dim))
+
+    def construct(self, img, mb):
+        cfg = self.cfg
+        text = ops.gather(self.tok, mb.text_ids, 0)
+        table = ops.concat([ops.zeros((1, cfg.llm_dim), ms.float32), img, text], 0)
+        seq = ops.gather(table, mb.merge_index, 0).reshape(-1, cfg.seq_len, cfg.llm_dim)
+        return seq + self.pos
+
+
+class LMHead(nn.Cell):
+    """Final norm, LM head and the masked cross-entropy of the micro-batch (last llm chunk)."""
+
+    def __init__(self, init: _Init, cfg: ModelConfig, dim: int):
+        super().__init__()
+        self.norm = RMSNorm(init, "final_norm", dim)
+        self.w = init.normal("head.w", (dim, cfg.vocab))
+
+    def construct(self, x, mb):
+        logits = ops.matmul(self.norm(x), self.w)
+        logp = ops.log_softmax(logits, -1)
+        ce = -(logp * mb.onehot).sum(-1)
+        return (ce * mb.mask).sum() / mb.mask.sum() * mb.loss_scale
+
+
 class ChunkCell(nn.Cell):
     """Layers [start, stop) of one region, plus the region's head/tail parts it owns.
 
@@ -151,54 +196,33 @@ class ChunkCell(nn.Cell):
         self.blocks = nn.CellList([Block(_Init(seed, region, i, std, reg), dim, heads, cfg.mlp_ratio, causal)
                                    for i in range(start, stop)])
         if region == VISION and self.first:
-            init = _Init(seed, region, -1, std, reg)
-            self.patch_w = init.normal("patch.w", (cfg.patch_dim, dim))
-            self.patch_b = init.const("patch.b", (dim,), 0.0)
-            self.pos = init.normal("patch.pos", (cfg.num_patches, dim))
+            self.patch = PatchEmbed(_Init(seed, region, -1, std, reg), cfg, dim)
         if region == VISION and self.last:
             init = _Init(seed, region, n_layers, std, reg)
             self.proj = MLP(init, "projector", dim, cfg.llm_dim * cfg.mlp_ratio, cfg.llm_dim)
         if region == LLM and self.first:
-            init = _Init(seed, region, -1, std, reg)
-            self.tok = init.normal("embed.tok", (cfg.vocab, dim), std=1.0)
-            self.pos = init.normal("embed.pos", (cfg.seq_len, dim))
+            self.embed = TokenMerge(_Init(seed, region, -1, std, reg), cfg, dim)
         if region == LLM and self.last:
-            init = _Init(seed, region, n_layers, std, reg)
-            self.norm = RMSNorm(init, "final_norm", dim)
-            self.head = init.normal("head.w", (dim, cfg.vocab))
+            self.head = LMHead(_Init(seed, region, n_layers, std, reg), cfg, dim)
         for p, full in reg:
             p.name = full
 
     def forward(self, x, mb):
         if self.region == VISION:
             if self.first:
-                x = ops.matmul(x, self.patch_w) + self.patch_b + self.pos
+                x = self.patch(x)
             for blk in self.blocks:
                 x = blk(x)
             if self.last:
                 x = self.proj(x.mean(1))
             return x
         if self.first:
-            x = self.merge(x, mb)
+            x = self.embed(x, mb)
         for blk in self.blocks:
             x = blk(x)
         if self.last:
-            x = self.loss(x, mb)
+            x = self.head(x, mb)
         return x
-
-    def merge(self, img, mb):
-        """Image tokens and text embeddings scattered into the sequence by the data's index."""
-        cfg = self.cfg
-        text = ops.gather(self.tok, mb.text_ids, 0)
-        table = ops.concat([ops.zeros((1, cfg.llm_dim), ms.float32), img, text], 0)
-        seq = ops.gather(table, mb.merge_index, 0).reshape(-1, cfg.seq_len, cfg.llm_dim)
-        return seq + self.pos
-
-    def loss(self, x, mb):
-        logits = ops.matmul(self.norm(x), self.head)
-        logp = ops.log_softmax(logits, -1)
-        ce = -(logp * mb.onehot).sum(-1)
-        return (ce * mb.mask).sum() / mb.mask.sum() * mb.loss_scale
 
 
 def build_full(cfg: ModelConfig, seed: int) -> List[ChunkCell]:
