@@ -52,9 +52,6 @@ def _prepare(args):
         field, _, rest = msg.partition(": ")
         raise SpecError(field, rest or msg) from None
     plan = assert_valid(derive_recipe(recipe, args.schedule))
-    ahead = [a for p in plan.programs.values() for a in p if a.step]
-    if ahead:
-        raise SpecError("mpipe.schedule", f"the runtime does not execute next-step work yet ({ahead[0].label()})")
     if args.steps is not None and args.steps < 1:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
     if args.save_every is not None and args.save_every < 0:

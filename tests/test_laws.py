@@ -73,7 +73,7 @@ def test_place_baseline_runs_every_encoder_forward_on_device_0():
                                       "transpose(spill=next_step, order=interleaved)",
                                       "transpose(spill=next_step, order=zb_h1)"])
 @pytest.mark.parametrize("P,M,V", [(2, 4, 1), (4, 8, 1), (3, 7, 1), (4, 8, 2), (1, 3, 1)])
-def test_spill_keeps_body_invariance_and_sends_spilled_outputs_after_the_step(schedule, P, M, V):
+def test_spill_keeps_body_invariance_and_moves_next_step_data_at_the_end_of_the_step(schedule, P, M, V):
     if V > 1 and "interleaved" not in schedule:
         return
     full = derive(mllm(False, enc_ms=1.5), schedule, P, M, V)
@@ -84,7 +84,14 @@ def test_spill_keeps_body_invariance_and_sends_spilled_outputs_after_the_step(sc
         assert [a for a in prog if a.region != "vision"] == plain.programs[d], f"device {d}"
         enc = [a for a in prog if a.region == "vision" and a.kind == "F"]
         assert enc and all(a.step == 1 for a in enc) if d in full.meta["owners"]["vision"] else not enc
-        # spilled sends come after all of this step's work and collectives (first messages of the next step)
+        # next-step data moves after all of this step's work and collectives: spilled sends, then
+        # (at the very end of the receiver's step) their receives, so a step's traffic ends with it
         sends = [i for i, a in enumerate(prog) if a.kind == "SEND" and a.step == 1]
         if sends:
             assert all(a.step == 1 for a in prog[sends[0]:])
+        recvs = [i for i, a in enumerate(prog) if a.kind == "RECV" and a.step == 1]
+        if recvs:
+            assert recvs == list(range(len(prog) - len(recvs), len(prog)))
+            assert all(prog[i].region == "vision" and prog[i].tensor == "act" for i in recvs)
+    if P > 1:
+        assert any(a.kind == "RECV" and a.step == 1 for p in full.programs.values() for a in p)

@@ -23,6 +23,8 @@ from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "tiny_mllm.yaml")
 STEPS = 3
 SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(backward=central)"]
+SPILL = "transpose(spill=next_step)"
+SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
 
 
 def _slug(text: str) -> str:
@@ -111,6 +113,7 @@ def assert_matches_reference(case, frozen, extra=()):
 def two_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("rt2"))
     cases = [_case(tmp, s, fz) for s in SCHEDULES_2 for fz in (False, True)]
+    cases.append(_case(tmp, SPILL, True))  # next-step spill: frozen encoders only
     ckpt = os.path.join(tmp, "ckpt")
     cases.append(_case(tmp, "transpose", False, steps=2, save_dir=ckpt, save_every=1,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first")))
@@ -129,6 +132,13 @@ def test_two_ranks_match_reference(two_rank, schedule, frozen):
 
 
 @pytest.mark.msrun
+def test_two_ranks_next_step_spill_matches_reference(two_rank):
+    case = two_rank[_slug(f"{SPILL}_frozen_")]
+    assert any(a.get("step") for p in case["plan"]["programs"].values() for a in p), "plan must spill"
+    assert_matches_reference(case, True)
+
+
+@pytest.mark.msrun
 def test_resume_continues_like_uninterrupted_run(two_rank):
     first, _ = _dumped(two_rank["ckpt_first"])
     with open(os.path.join(two_rank["ckpt_resumed"]["dump_dir"], "losses.json")) as f:
@@ -143,17 +153,18 @@ def four_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("rt4"))
     p4 = ("parallel_config.pipeline_stage=4",)
     dp = ("parallel_config.data_parallel=2",)
-    cases = {"p4": _case(tmp, "transpose", False, p4), "p4_central": _case(tmp, "transpose(backward=central)", False, p4)}
+    cases = {"p4": _case(tmp, "transpose", False, p4), "p4_central": _case(tmp, "transpose(backward=central)", False, p4),
+             "p4_spill_frozen": _case(tmp, SPILL_BALANCED, True, p4)}
     _run(tmp, list(cases.values()), 4)
     cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp)}
     shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
     _run(tmp, list(cases_dp.values()), 4)
     cases.update(cases_dp)
-    return cases, {"p4": p4, "p4_central": p4, "dp2": dp, "dp2_frozen": dp}
+    return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "dp2": dp, "dp2_frozen": dp}
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("which", ["p4", "p4_central", "dp2", "dp2_frozen"])
+@pytest.mark.parametrize("which", ["p4", "p4_central", "p4_spill_frozen", "dp2", "dp2_frozen"])
 def test_four_ranks_match_reference(four_rank, which):
     cases, extra = four_rank
     assert_matches_reference(cases[which], which.endswith("frozen"), extra[which])

@@ -39,10 +39,7 @@ class Interpreter:
         self.plan, self.comm, self.rc, self.chunks = plan, comm, rc, chunks
         self.device = comm.device
         self.program: List[ir.Action] = plan.programs.get(self.device, [])
-        ahead = [a for a in self.program if a.step]
-        if ahead:
-            raise NotImplementedError(f"device {self.device}: next-step actions ({ahead[0].label()}) "
-                                      "are not executed by the runtime yet")
+        self.ahead_acts: Dict[Key, Tensor] = {}  # outputs of next-step (step=1) work, kept for the next step
         self.regions = plan.regions()
         self.num_chunks = {r: 1 + max(c.index for c in plan.chunks if c.region == r) for r in self.regions}
         self.total_micro = plan.num_micro * max(1, plan.data_parallel)
@@ -63,14 +60,16 @@ class Interpreter:
                 self.updated += list(cell.get_parameters())
         self.grads: Dict[str, Optional[Tensor]] = {}
         self.hook = None  # called as hook(step, action index, program length); fault injection
+        self.tape = Tape  # autograd entry points; ``hyperparallel bench`` swaps in a timing wrapper
 
     # -- helpers ---------------------------------------------------------------
-    def micro(self, m: int) -> MicroTensors:
+    def micro(self, m: int, ahead: int = 0) -> MicroTensors:
+        """Micro-batch m of this step, or of the next one (``ahead=1``) for next-step work."""
         g = self.comm.dp_index * self.plan.num_micro + m
-        if g not in self._mb:
-            mb = make_micro_batch(self.rc.data, self.rc.train.seed, self._step, g)
-            self._mb[g] = MicroTensors(mb, 1.0 / self.total_micro)
-        return self._mb[g]
+        if (ahead, g) not in self._mb:
+            mb = make_micro_batch(self.rc.data, self.rc.train.seed, self._step + ahead, g)
+            self._mb[(ahead, g)] = MicroTensors(mb, 1.0 / self.total_micro)
+        return self._mb[(ahead, g)]
 
     def prev_key(self, key: Key) -> Optional[Key]:
         region, c, m = key
@@ -82,21 +81,23 @@ class Interpreter:
         prev = self.regions[i - 1]
         return (prev, self.num_chunks[prev] - 1, m)
 
-    def out_shape(self, key: Key) -> Tuple[int, ...]:
+    def out_shape(self, key: Key, ahead: int = 0) -> Tuple[int, ...]:
         region, c, m = key
         cfg = self.rc.model
         if region == LLM:
             return (self.rc.data.micro_batch_size, cfg.seq_len, cfg.llm_dim)
-        n = self.micro(m).batch.num_images
+        n = self.micro(m, ahead).batch.num_images
         if c == self.num_chunks[region] - 1:
             return (n, cfg.llm_dim)
         return (n, cfg.num_patches, cfg.vision_dim)
 
-    def chunk_input(self, key: Key, recompute: bool = False) -> Tensor:
+    def chunk_input(self, key: Key, recompute: bool = False, ahead: int = 0) -> Tensor:
         prev = self.prev_key(key)
         if prev is None:
-            return self.micro(key[2]).patches
-        if recompute and prev in self.recomputed:
+            return self.micro(key[2], ahead).patches
+        if ahead:
+            src = self.ahead_acts.pop(prev)
+        elif recompute and prev in self.recomputed:
             src = self.recomputed.pop(prev)
         elif prev in self.acts:
             src = self.acts.pop(prev)
@@ -121,20 +122,31 @@ class Interpreter:
         self.pending_w: Dict[Key, Tuple[Tensor, Tensor]] = {}
         self.grads = {p.name: None for p in self.updated}
         self.loss = 0.0
+        self.acts.update(self.ahead_acts)  # next-step work done last step (or by the prologue)
+        self.ahead_acts = {}
         for i, a in enumerate(self.program):
             if self.hook is not None:
                 self.hook(step, i, len(self.program))
             getattr(self, "do_" + a.kind)(a)
         return self.loss
 
-    def forward(self, key: Key, record: bool, recompute: bool = False) -> None:
+    def run_prologue(self, step: int) -> None:
+        """Before the first step run here: the plan's next-step work for ``step`` (see ``Plan.prologue``)."""
+        self._step, self._mb = step - 1, {}
+        self.ahead_acts = {}
+        for a in self.plan.prologue(self.device):
+            getattr(self, "do_" + a.kind)(a)
+
+    def forward(self, key: Key, record: bool, recompute: bool = False, ahead: int = 0) -> None:
         cell = self.chunks[key[:2]]
-        x = self.chunk_input(key, recompute)
-        mt = self.micro(key[2])
-        out = Tape.forward(cell.forward, x, mt) if record else Tape.no_grad(cell.forward, x, mt)
+        x = self.chunk_input(key, recompute, ahead)
+        mt = self.micro(key[2], ahead)
+        out = self.tape.forward(cell.forward, x, mt) if record else self.tape.no_grad(cell.forward, x, mt)
         if record:
             self.inputs[key], self.outputs[key] = x, out
-        if cell.region == LLM and cell.last:
+        if ahead:
+            self.ahead_acts[key] = ops.stop_gradient(out)
+        elif cell.region == LLM and cell.last:
             self.loss += float(out.asnumpy())
         elif recompute:
             self.recomputed[key] = ops.stop_gradient(out)  # only a later R consumes it
@@ -143,6 +155,9 @@ class Interpreter:
 
     def do_F(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
+        if a.step:  # next-step work of a frozen region: no tape
+            self.forward(key, record=False, ahead=a.step)
+            return
         self.forward(key, record=key in self.backward_here and key not in self.recomputed_here)
 
     def do_R(self, a: ir.Action) -> None:
@@ -158,7 +173,7 @@ class Interpreter:
     def input_grad(self, key: Key, out: Tensor, sens: Tensor, keep: bool) -> None:
         x, prev = self.inputs[key], self.prev_key(key)
         if prev is not None and prev in self.backwarded_anywhere:
-            (gx,) = Tape.grad([out], [sens], [x], keep_graph=keep)
+            (gx,) = self.tape.grad([out], [sens], [x], keep_graph=keep)
             self.out_grads[prev] = gx
 
     def do_B(self, a: ir.Action) -> None:
@@ -172,7 +187,7 @@ class Interpreter:
         key = (a.region, a.chunk, a.micro)
         out, sens = self.pending_w.pop(key)
         params = list(self.chunks[key[:2]].get_parameters())
-        self.add_grads(params, Tape.grad([out], [sens], params, keep_graph=False))
+        self.add_grads(params, self.tape.grad([out], [sens], params, keep_graph=False))
         self.inputs.pop(key), self.outputs.pop(key)
 
     def do_BW(self, a: ir.Action) -> None:
@@ -182,14 +197,16 @@ class Interpreter:
         x, prev = self.inputs.pop(key), self.prev_key(key)
         params = list(self.chunks[key[:2]].get_parameters())
         need_x = prev is not None and prev in self.backwarded_anywhere
-        g = Tape.grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
+        g = self.tape.grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
         if need_x:
             self.out_grads[prev], g = g[0], g[1:]
         self.add_grads(params, g)
 
     def do_SEND(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
-        if a.tensor == ir.ACT:
+        if a.step:
+            t = self.ahead_acts.pop(key)
+        elif a.tensor == ir.ACT:
             t = self.acts.pop(key)
             self.acts_kept[key] = t  # a second SEND of the same output may follow
         else:
@@ -198,8 +215,11 @@ class Interpreter:
 
     def do_RECV(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
-        t = self.comm.recv(self.out_shape(key), a.peer)
-        (self.acts if a.tensor == ir.ACT else self.out_grads)[key] = t
+        t = self.comm.recv(self.out_shape(key, a.step), a.peer)
+        if a.step:
+            self.ahead_acts[key] = t
+        else:
+            (self.acts if a.tensor == ir.ACT else self.out_grads)[key] = t
 
     def region_params(self, region: str) -> List[Parameter]:
         return [p for (r, _), cell in sorted(self.chunks.items()) if r == region

@@ -43,18 +43,16 @@ def fault_hook(rank: int):
     return hook
 
 
-def run_case(case: dict, comm) -> None:
+def setup_case(case: dict, comm):
+    """(plan, run config, this rank's chunk cells, interpreter) for one case; creates the groups."""
     from hyperparallel.mpipe import ir
-    from hyperparallel.mindspore import checkpoint
     from hyperparallel.mindspore.config import RunConfig
     from hyperparallel.mindspore.interpreter import Interpreter
     from hyperparallel.mindspore.model import ChunkCell
-    from hyperparallel.mindspore.optim import Optimizer
 
     plan = ir.Plan.from_json(case["plan"])
     layers = {r: max(c.stop for c in plan.chunks if c.region == r) for r in plan.regions()}
     rc = RunConfig.from_raw(case["raw"], layers)
-    name = case.get("name", "run")
     # every rank lists every group of every dp index, so all members create them in one order
     all_groups = set()
     for i in range(plan.data_parallel):
@@ -68,7 +66,15 @@ def run_case(case: dict, comm) -> None:
 
     chunks = {(c.region, c.index): ChunkCell(rc.model, c.region, c.start, c.stop, rc.train.seed)
               for c in plan.chunks_on(comm.device)}
-    interp = Interpreter(plan, comm, rc, chunks)
+    return plan, rc, chunks, Interpreter(plan, comm, rc, chunks)
+
+
+def run_case(case: dict, comm) -> None:
+    from hyperparallel.mindspore import checkpoint
+    from hyperparallel.mindspore.optim import Optimizer
+
+    plan, rc, chunks, interp = setup_case(case, comm)
+    name = case.get("name", "run")
     interp.hook = fault_hook(comm.rank)
     opt = Optimizer(interp.updated, rc.train)
     all_params = {p.name: p for cell in chunks.values() for p in cell.get_parameters()}
@@ -89,6 +95,7 @@ def run_case(case: dict, comm) -> None:
         os.makedirs(run_dir, exist_ok=True)
         metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a" if case.get("resume") else "w")
     losses = []
+    interp.run_prologue(start)  # next-step (spill) work for the first step; nothing for most plans
     for step in range(start, steps):
         t0 = time.perf_counter()
         part = interp.run_step(step)

@@ -118,8 +118,8 @@ def check_dependencies(plan: Plan, st: _Structure) -> List[str]:
     last = (st.regions[-1], st.nchunks[st.regions[-1]] - 1) if st.regions else None
     errs = []
     for d, prog in sorted(plan.programs.items()):
-        # outputs of next-step (spilled) forwards were produced by the previous step
-        have = {(ACT, a.region, a.chunk, a.micro, 0) for a in prog if a.kind == F and a.step}
+        # next-step data (spilled forwards, their receives) was produced or received by the previous step
+        have = {(ACT, a.region, a.chunk, a.micro, 0) for a in prog if a.kind in (F, RECV) and a.step}
         for i, a in enumerate(prog):
             key = (a.region, a.chunk, a.micro)
             need = []
@@ -164,12 +164,11 @@ def check_dependencies(plan: Plan, st: _Structure) -> List[str]:
 def _channels(plan: Plan):
     """Per ordered pair: the sender's and the receiver's message sequences (collectives as markers)."""
     out, inn = defaultdict(list), defaultdict(list)
-    spill_out = defaultdict(list)
     ncoll = Counter()
     for d, prog in sorted(plan.programs.items()):
         for i, a in enumerate(prog):
             if a.kind == SEND:
-                (spill_out if a.step else out)[(d, a.peer)].append((msg_key(a), i))
+                out[(d, a.peer)].append((msg_key(a), i))
             elif a.kind == RECV:
                 inn[(a.peer, d)].append((msg_key(a), i))
             elif a.kind in COLLECTIVE_KINDS and isinstance(a.group, tuple):
@@ -179,8 +178,6 @@ def _channels(plan: Plan):
                     if m != d:
                         out[(d, m)].append((("collective",) + coll_key(a) + (k,), i))
                         inn[(m, d)].append((("collective",) + coll_key(a) + (k,), i))
-    for pair, msgs in spill_out.items():
-        out[pair] = msgs + out[pair]  # next-step spill: the first messages of the next step
     return out, inn
 
 

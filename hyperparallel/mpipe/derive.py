@@ -387,7 +387,10 @@ class _Derivation:
                         messages.append((src[0], d, src[1], i, False, GRAD, t.region, t.chunk, t.micro))
 
         # FIFO: per channel, receives follow the sender's order; a receive is pulled
-        # earlier when a later-needed message is sent first.
+        # earlier when a later-needed message is sent first. Messages crossing into the next
+        # step (spilled producer, this-step consumer) are sent after the step's collectives and
+        # received at the very end of the receiver's step, so every step's traffic is complete
+        # before anything that runs between steps (optimizer, metrics, checkpoints).
         recvs_at: Dict[int, Dict[int, List[Tuple]]] = defaultdict(lambda: defaultdict(list))
         sends_after: Dict[int, Dict[int, List[Tuple]]] = defaultdict(lambda: defaultdict(list))
         channels = defaultdict(list)
@@ -395,22 +398,20 @@ class _Derivation:
             channels[(msg[0], msg[1])].append(msg)
             sends_after[msg[0]][msg[2]].append(msg)
         for (src, dst), msgs in channels.items():
-            msgs.sort(key=lambda x: (not x[4], x[2]))
+            msgs.sort(key=lambda x: (x[4], x[2]))
+            end = len(seqs[dst])
             pos = None
             placed = []
             for k in range(len(msgs) - 1, -1, -1):
-                pos = msgs[k][3] if pos is None else min(pos, msgs[k][3])
+                need = end if msgs[k][4] else msgs[k][3]
+                pos = need if pos is None else min(pos, need)
                 placed.append((pos, k, msgs[k]))
             for pos, k, msg in placed:
                 recvs_at[dst][pos].append((src, k, msg))
 
         def p2p(kind: str, msg, peer: int) -> Action:
-            # step=1 on a SEND: the message crosses into the next step (spilled producer, this-step
-            # consumer); on a RECV: producer and consumer both run ahead for the next step
-            if kind == SEND:
-                step = 1 if msg[4] else 0
-            else:
-                step = 1 if (not msg[4] and seqs[msg[1]][msg[3]].step) else 0
+            # step=1: the tensor is next-step data (its producer is a spilled forward)
+            step = seqs[msg[0]][msg[2]].step
             return Action(kind, region=msg[6], chunk=msg[7], micro=msg[8], peer=peer, tensor=msg[5], step=step)
 
         everyone = tuple(range(self.P))
@@ -444,6 +445,8 @@ class _Derivation:
                 out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step))
                 for msg in sends_after[d][i]:
                     (spilled if msg[4] else out).append(p2p(SEND, msg, msg[1]))
+            for src, k, msg in sorted(recvs_at[d][len(seq)], key=lambda x: (x[0], x[1])):
+                spilled.append(p2p(RECV, msg, src))
             programs[d] = prog + tail + spilled
         return programs
 

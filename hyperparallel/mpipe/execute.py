@@ -47,8 +47,8 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
             steps: int = 1) -> Execution:
     """Run ``steps`` consecutive optimizer steps; raise PlanError on deadlock or FIFO mismatch.
 
-    Messages sent with ``step=1`` (next-step spill) are delivered to the next
-    step; for the first step they are taken as sent by the previous one.
+    Next-step (``step=1``, spill) work and its messages complete within the step
+    that does them; the first step's share is the prologue's (not timed here).
     """
     P = plan.num_devices
     progs = {d: plan.programs.get(d, []) for d in range(P)}
@@ -65,10 +65,6 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
     def q(src: int, dst: int) -> deque:
         return chan[(src, dst)]
 
-    for d in range(P):
-        for a in progs[d]:
-            if a.kind == SEND and a.step:
-                q(d, a.peer).append((msg_key(a), 0.0, d, -1))
 
     def record(d: int, i: int, a: Action, start: float, end: float, kind: str) -> None:
         s = i // n[d] if n[d] else 0
@@ -103,8 +99,7 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
                     start = max(host[d], lane[d])
                     end = start + comm_ms(a)
                     lane[d] = end
-                    if not (a.step and s == steps - 1):  # the last step's spill feeds no one here
-                        q(d, a.peer).append((msg_key(a), end, d, i % n[d]))
+                    q(d, a.peer).append((msg_key(a), end, d, i % n[d]))
                     record(d, i, a, start, end, "comm")
                 elif a.kind == RECV:
                     box = q(a.peer, d)

@@ -152,6 +152,14 @@ class Plan:
                 return c
         raise KeyError(f"no chunk {index} of region {region!r}")
 
+    def prologue(self, device: int) -> List[Action]:
+        """What a device runs once before its first step: its next-step (``step=1``) actions, in order.
+
+        A step's program does next-step work (spill) for the following step; the very first
+        step's share of that work is done by this prologue, so every step finds it done.
+        """
+        return [a for a in self.programs.get(device, []) if a.step]
+
     def chunks_on(self, device: int) -> List[Chunk]:
         return [c for c in self.chunks if device in c.devices]
 
