@@ -15,6 +15,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from . import orders
 from .cut import cut
+from .execute import execute
 from .errors import SpecError
 from .ir import (ACT, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, W, WEIGHTS, WGRAD,
                  Action, Chunk, Plan)
@@ -116,63 +117,33 @@ class _Derivation:
         return out
 
     # -- body timing estimate (free communication), read by balanced owners and spill placement ----
-    def _body_ms(self, t: "Task") -> float:
-        return self._chunk_layers[t.chunk] * self._per_layer[t.kind]
-
     def body_timing(self) -> "BodyTiming":
         """Start/end of every body task with the profile's compute times and free communication.
 
-        A static estimate computed once per derivation: it gives each device's idle gaps (before
-        which body task, how long), its start slack (idle before its first task) and its end
-        slack (idle after its last task until the body's makespan).
+        A static estimate computed once per derivation, by the same executor as the checker and
+        the cost model, on the body's own lowered programs: it gives each device's idle gaps
+        (before which body task, how long), its start slack (idle before its first task) and its
+        end slack (idle after its last task until the body's makespan).
         """
         if self._timing is not None:
             return self._timing
         r = self.profile.region(self.body)
-        self._per_layer = {F: r.forward_ms, B: r.backward_ms, W: r.weight_ms, BW: r.backward_ms + r.weight_ms}
-        self._chunk_layers = {c.index: c.layers for c in self.chunks if c.region == self.body}
-        last = self.nchunks[self.body] - 1
-        done: Dict[Tuple[str, int, int], float] = {}
-        P = self.P
-        seqs = [self.main[d] for d in range(P)]
-        pc, clock = [0] * P, [0.0] * P
-        starts: List[List[float]] = [[0.0] * len(seqs[d]) for d in range(P)]
-        remaining = sum(len(s) for s in seqs)
-        while remaining:
-            moved = False
-            for d in range(P):
-                seq, i, now = seqs[d], pc[d], clock[d]
-                while i < len(seq):
-                    kind, _, c, m, _ = seq[i]
-                    if kind == F:
-                        dep = done.get(("F", c - 1, m), None) if c > 0 else 0.0
-                    elif kind == W:
-                        dep = 0.0
-                    else:
-                        dep = done.get(("G", c + 1, m), None) if c < last else 0.0
-                    if dep is None:
-                        break
-                    start = now if now > dep else dep
-                    now = start + self._chunk_layers[c] * self._per_layer[kind]
-                    starts[d][i] = start
-                    done[("F" if kind == F else "G" if kind != W else "W", c, m)] = now
-                    i += 1
-                moved = moved or i != pc[d]
-                remaining -= i - pc[d]
-                pc[d], clock[d] = i, now
-            if not moved:
-                raise AssertionError("body order deadlocks under the timing estimate")
-        span = max(clock) if clock else 0.0
+        per_layer = {F: r.forward_ms, B: r.backward_ms, W: r.weight_ms, BW: r.backward_ms + r.weight_ms}
+        layers = {c.index: c.layers for c in self.chunks if c.region == self.body}
+        body = Plan(num_devices=self.P, num_micro=self.M, programs=self.lower(self.main), chunks=self.chunks)
+        ex = execute(body, lambda a: layers[a.chunk] * per_layer[a.kind], lambda a: 0.0)
+        tasks = {d: [t for t in ex.timeline[d] if t.lane == "compute"] for d in range(self.P)}
+        span = max([ts[-1].end for ts in tasks.values() if ts] + [0.0])
         gaps = []
-        for d in range(P):
+        for d in range(self.P):
             g, prev = [], 0.0
-            for i, st in enumerate(starts[d]):
-                if st > prev + 1e-9:
-                    g.append((i, st - prev))
-                prev = st + self._body_ms(seqs[d][i])
+            for i, t in enumerate(tasks[d]):
+                if t.start > prev + 1e-9:
+                    g.append((i, t.start - prev))
+                prev = t.end
             gaps.append(g)
-        self._timing = BodyTiming(span, [starts[d][0] if seqs[d] else span for d in range(P)],
-                                  [span - clock[d] for d in range(P)], gaps)
+        self._timing = BodyTiming(span, [tasks[d][0].start if tasks[d] else span for d in range(self.P)],
+                                  [span - (tasks[d][-1].end if tasks[d] else 0.0) for d in range(self.P)], gaps)
         return self._timing
 
     def _gap_slots(self, d: int, unit_ms: float) -> List[Tuple[int, int]]:
@@ -362,8 +333,8 @@ class _Derivation:
             for i, t in enumerate(seq):
                 if t.kind == F:
                     prev = self._prev(t.region, t.chunk)
-                    if prev is None:
-                        continue
+                    if prev is None or (F,) + prev + (t.micro,) not in loc:
+                        continue  # data, or (body-only timing) an upstream producer not lowered here
                     pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
                     if pd != d:
                         messages.append((pd, d, pi, i, pstep > t.step, ACT) + prev + (t.micro,))
