@@ -1,4 +1,4 @@
-"""The ``hyperparallel`` command: plan, check, simulate (pure Python) and train (MindSpore, via msrun).
+"""The ``hyperparallel`` command: plan, check, simulate (pure Python); train, profile, bench (MindSpore, via msrun).
 
 Bad input exits with status 2 and a one-line ``error: field: message``; no traceback.
 """
@@ -100,12 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps to execute (steady state)")
     p.set_defaults(func=cmd_simulate)
 
-    try:
-        from . import train_cli
-    except ImportError:
-        train_cli = None
-    if train_cli is not None:
-        train_cli.add_parser(sub)
+    from . import train_cli
+    from .bench import bench as bench_cmd, profile as profile_cmd
+    train_cli.add_parser(sub)
+    profile_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     return ap
 
 

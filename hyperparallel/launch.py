@@ -69,7 +69,7 @@ def msrun_overrides(world: int) -> Dict[str, str]:
 
 
 def msrun_command(job_path: str, world: int, log_dir: str, port: int,
-                  overrides: Optional[Dict[str, str]] = None) -> List[str]:
+                  overrides: Optional[Dict[str, str]] = None, script: str = WORKER_SCRIPT) -> List[str]:
     flags = {"worker_num": str(world), "local_worker_num": str(world), "master_port": str(port),
              "log_dir": log_dir, "join": "True"}
     # one core per rank when there are enough (unbound ranks fight over cores: 1.3-2x slower);
@@ -77,7 +77,7 @@ def msrun_command(job_path: str, world: int, log_dir: str, port: int,
     if world <= (os.cpu_count() or 1):
         flags["bind_core"] = "True"
     flags.update(overrides or {})
-    return msrun_path() + [f"--{k}={v}" for k, v in flags.items()] + [WORKER_SCRIPT, job_path]
+    return msrun_path() + [f"--{k}={v}" for k, v in flags.items()] + [script, job_path]
 
 
 @dataclass
@@ -147,8 +147,11 @@ def _msrun_report(log_dir: str, rank: int) -> str:
 
 
 def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: bool = True,
-           grace_s: float = 15.0) -> LaunchResult:
-    """Run the job on ``world`` ranks; returns when it ends, fails or times out."""
+           grace_s: float = 15.0, script: str = WORKER_SCRIPT) -> LaunchResult:
+    """Run the job on ``world`` ranks; returns when it ends, fails or times out.
+
+    ``script``: the msrun entry (default the training worker; ``hyperparallel bench``
+    and ``hyperparallel profile`` pass their own)."""
     overrides = msrun_overrides(world)
     log_dir = overrides.get("log_dir", log_dir)  # HP_MSRUN_ARGS may move the logs
     os.makedirs(log_dir, exist_ok=True)
@@ -160,7 +163,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = msrun_command(job_path, world, log_dir, free_port(), overrides)
+    cmd = msrun_command(job_path, world, log_dir, free_port(), overrides, script)
     t0 = time.time()
     with open(os.path.join(log_dir, "msrun.log"), "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

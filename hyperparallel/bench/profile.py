@@ -1,0 +1,240 @@
+"""``hyperparallel profile RECIPE``: measure the recipe's per-layer costs and the link on this machine.
+
+Launches the recipe's ranks with msrun (the runtime's execution mode: PyNative, blocking
+launch, tape autograd, one bound core per rank), has every rank time every chunk of the
+recipe's cut through the runtime's own interpreter at the recipe's micro-batches, pings
+rank 0 <-> rank 1, and writes an ``mpipe.profile`` block (:func:`build_profile`):
+
+* ``forward_ms`` / ``backward_ms`` / ``weight_ms`` per layer = chunk time / chunk layers,
+  averaged over the region's chunks, the sampled micro-batches and the ranks (the encoder's
+  cost is the mean over the recipe's deterministic data: mean images per micro-batch);
+  ``backward_ms`` is the input-grad (B) time, ``weight_ms`` the fused backward (BW) minus B,
+  so a fused BW costs what was measured;
+* data generation, which each rank pays once per micro-batch it touches (every rank runs one
+  forward of the last region per micro-batch), is added to the last region's ``forward_ms``
+  as ``data_ms x P / layers``;
+* ``activation_mb``: resident-memory growth per recorded forward / layers; ``output_mb`` the
+  exact size of a region's output message; ``param_mb`` exact parameter bytes / layers;
+* ``link``: least-squares fit of the ping-pong one-way times (latency + bytes / bandwidth).
+
+The output file is a recipe that inherits the measured one (``base_config``) and replaces
+its ``mpipe.profile``: ``hyperparallel simulate|bench OUT.yaml`` use it directly, and
+``hyperparallel bench RECIPE --profile OUT.yaml`` takes just its ``mpipe.profile``.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from typing import Dict, List
+
+import yaml
+
+from ..mpipe.errors import SpecError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH_WORKER = os.path.join(HERE, "worker.py")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="measure per-layer F/B/W costs and the link with MindSpore (msrun)")
+    p.add_argument("recipe", help="recipe YAML with model:, data:, train: and mpipe: sections")
+    p.add_argument("--schedule", default=None, metavar="S", help="schedule whose cut is measured (default: the recipe's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a recipe value, e.g. mpipe.profile.regions.0.trainable=true")
+    p.add_argument("--out", default=None, metavar="FILE.yaml",
+                   help="write the measured profile here (default: RECIPE_STEM.profile.yaml next to the recipe)")
+    p.add_argument("--samples", type=int, default=8, help="steps of micro-batches timed per rank (default 8)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="passes over the sampled micro-batches; the median per action is kept (default 3)")
+    p.add_argument("--run-dir", default=None, help="logs and raw per-rank measurements (default runs/profile_<recipe>)")
+    p.add_argument("--timeout", type=float, default=900, help="stop the job after this many seconds")
+    p.set_defaults(func=run)
+
+
+def prepare(args):
+    """Recipe, run config and plan, all checked before anything is launched (SpecError/PlanError)."""
+    from ..mindspore.config import RunConfig
+    from ..mpipe.check import assert_valid
+    from ..mpipe.derive import derive_recipe
+    from ..mpipe.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    try:
+        rc = RunConfig.from_raw(recipe.raw, {r.name: r.layers for r in recipe.profile.regions})
+    except (TypeError, ValueError) as e:
+        msg = str(e).splitlines()[0]
+        field, _, rest = msg.partition(": ")
+        raise SpecError(field, rest or msg) from None
+    plan = assert_valid(derive_recipe(recipe, args.schedule))
+    if args.samples < 1:
+        raise SpecError("--samples", f"must be >= 1, got {args.samples}")
+    if args.repeats < 1:
+        raise SpecError("--repeats", f"must be >= 1, got {args.repeats}")
+    from ..launch import msrun_overrides
+    world = plan.num_devices * plan.data_parallel
+    if world < 2:
+        raise SpecError("parallel_config.pipeline_stage", "profile needs >= 2 ranks (the link is measured between two)")
+    msrun_overrides(world)
+    return recipe, rc, plan
+
+
+def _mean(xs: List[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def build_profile(recipe, plan, ranks: List[dict]) -> dict:
+    """The ``mpipe.profile`` mapping from the per-rank measurements (see module docstring)."""
+    per: Dict[tuple, List[float]] = {}
+    for res in ranks:
+        for a in res["actions"]:
+            per.setdefault((a["mode"], a["kind"], a["region"], a["chunk"]), []).append(a["ms"])
+    t = {k: _mean(v) for k, v in per.items()}
+    data_ms = _mean([x for r in ranks for x in r["data_ms"]])
+    P = plan.num_devices
+    regions = []
+    last = recipe.profile.regions[-1].name
+    for r in recipe.profile.regions:
+        chunks = [c for c in plan.chunks if c.region == r.name]
+        L = sum(c.layers for c in chunks)
+        f = sum(t.get(("fused", "F", r.name, c.index), 0.0) for c in chunks)
+        bw = sum(t.get(("fused", "BW", r.name, c.index), 0.0) for c in chunks)
+        b = sum(t.get(("split", "B", r.name, c.index), 0.0) for c in chunks)
+        if r.name == last:
+            f += data_ms * P
+        act = _mean([sum(res["activation_mb"].get(f"{r.name}/{c.index}", 0.0) for c in chunks) for res in ranks])
+        par = sum(ranks[0]["param_mb"][f"{r.name}/{c.index}"] for c in chunks)
+        out = ranks[0]["output_mb"].get(r.name, r.output_mb)
+        regions.append(dict(name=r.name, layers=r.layers, trainable=r.trainable,
+                            forward_ms=round(f / L, 4),
+                            backward_ms=round(b / L, 4) if r.trainable else 0.0,
+                            weight_ms=round(max(0.0, bw - b) / L, 4) if r.trainable else 0.0,
+                            activation_mb=round(act / L, 4), output_mb=round(out, 5), param_mb=round(par / L, 5)))
+    link = next((res["link"] for res in ranks if res.get("link")), None) or {}
+    opt = recipe.raw.get("train", {}).get("optimizer", "adam")
+    return {"link": {"latency_ms": round(link.get("latency_ms", 0.0), 4),
+                     "bandwidth_gb_s": round(link.get("bandwidth_gb_s", 0.0), 4)},
+            "optimizer_factor": 2.0 if opt == "adam" else 1.0,
+            "regions": regions}
+
+
+def summary_lines(plan, ranks: List[dict]) -> List[str]:
+    """Raw numbers worth keeping next to the profile (written as comments)."""
+    imgs = [x for r in ranks for x in r["images"]]
+    lines = [f"ranks: {len(ranks)}, micro-batches timed per rank: {len(imgs) // max(1, len(ranks))}, "
+             f"mean images per micro-batch: {_mean(imgs):.2f}",
+             f"data generation per micro-batch: {_mean([x for r in ranks for x in r['data_ms']]):.3f} ms "
+             f"(added to the last region's forward_ms as data_ms x P / layers, P={plan.num_devices})"]
+    per: Dict[tuple, List[float]] = {}
+    for res in ranks:
+        for a in res["actions"]:
+            per.setdefault((a["mode"], a["kind"], a["region"], a["chunk"]), []).append(a["ms"])
+    for (mode, kind, region, chunk), v in sorted(per.items()):
+        lines.append(f"{mode:5s} {kind:2s} {region} c{chunk}: mean {_mean(v):.3f} ms over {len(v)}")
+    link = next((res["link"] for res in ranks if res.get("link")), None)
+    if link:
+        for p in link["points"]:
+            lines.append(f"ping-pong {p['bytes']} B: one-way {p['one_way_ms']:.3f} ms, "
+                         f"send returns after {p['send_host_ms']:.3f} ms")
+    return lines
+
+
+def default_out(recipe_path: str) -> str:
+    stem, _ = os.path.splitext(recipe_path)
+    return stem + ".profile.yaml"
+
+
+def write_profile(path: str, recipe_path: str, block: dict, comments: List[str], argv: List[str]) -> None:
+    rel = os.path.relpath(os.path.abspath(recipe_path), os.path.dirname(os.path.abspath(path)))
+    head = [f"# Measured by: hyperparallel {' '.join(shlex.quote(a) for a in argv)}",
+            f"# on {platform.node()} ({os.cpu_count()} cores), "
+            f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"]
+    head += [f"#   {c}" for c in comments]
+    head += ["# Use: hyperparallel simulate|bench THIS_FILE, or hyperparallel bench RECIPE --profile THIS_FILE"]
+    body = yaml.safe_dump({"base_config": rel, "mpipe": {"profile": block}}, sort_keys=False,
+                          default_flow_style=None, width=120)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(head) + "\n" + body)
+
+
+def profile_job(recipe, rc, plan, samples: int, passes: int, out_dir: str) -> dict:
+    return {"mode": "profile", "device": rc.device, "raw": recipe.raw, "plan": plan.to_json(),
+            "data_parallel": plan.data_parallel, "steps": samples, "warmup": 2, "passes": passes,
+            "out_dir": out_dir}
+
+
+def read_ranks(out_dir: str, world: int) -> List[dict]:
+    ranks = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank_{r}.json")) as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+def _median(xs: List[float]) -> float:
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
+
+
+def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
+    """Per-rank measurements of several profile launches merged into one set: for every timed
+    (action, step, micro-batch), data generation, activation and the link, the median over the
+    launches (``hyperparallel bench --measure-profile`` interleaves them with the schedules)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for r in range(len(rounds[0])):
+        runs = [rd[r] for rd in rounds]
+        per: Dict[tuple, List[float]] = {}
+        for res in runs:
+            for a in res["actions"]:
+                key = (a["mode"], a["kind"], a["region"], a["chunk"], a.get("step"), a["micro"])
+                per.setdefault(key, []).append(a["ms"])
+        actions = [dict(mode=k[0], kind=k[1], region=k[2], chunk=k[3], step=k[4], micro=k[5], ms=_median(v))
+                   for k, v in per.items()]
+        n = min(len(res["data_ms"]) for res in runs)
+        data = [_median([res["data_ms"][i] for res in runs]) for i in range(n)]
+        act = {k: _median([res["activation_mb"][k] for res in runs]) for k in runs[0]["activation_mb"]}
+        links = [res["link"] for res in runs if res.get("link")]
+        link = None
+        if links:
+            link = {"latency_ms": _median([x["latency_ms"] for x in links]),
+                    "bandwidth_gb_s": _median([x["bandwidth_gb_s"] for x in links]),
+                    "points": links[len(links) // 2]["points"]}
+        merged.append(dict(runs[0], actions=actions, data_ms=data, activation_mb=act, link=link))
+    return merged
+
+
+def run(args) -> int:
+    from .common import error, slug
+    from ..mpipe.errors import PlanError
+    try:
+        recipe, rc, plan = prepare(args)
+    except (SpecError, PlanError) as e:
+        return error(str(e).splitlines()[0])
+    out = args.out or default_out(args.recipe)
+    stem = os.path.splitext(os.path.basename(args.recipe))[0]
+    run_dir = os.path.abspath(args.run_dir or os.path.join("runs", slug(f"profile_{stem}")))
+    world = plan.num_devices * plan.data_parallel
+    job = profile_job(recipe, rc, plan, args.samples, args.repeats, os.path.join(run_dir, "result"))
+    print(f"profile {stem}: {len(plan.chunks)} chunks x {plan.num_micro} micro-batches x {args.samples} steps "
+          f"on {world} {rc.device} ranks; run dir {run_dir}", flush=True)
+    from ..launch import launch
+    res = launch(job, world, os.path.join(run_dir, "logs"), timeout_s=args.timeout, script=BENCH_WORKER)
+    if res.returncode != 0:
+        print(f"error: job failed (exit {res.returncode}): {res.message}", file=sys.stderr)
+        return res.returncode
+    ranks = read_ranks(job["out_dir"], world)
+    block = build_profile(recipe, plan, ranks)
+    comments = summary_lines(plan, ranks)
+    write_profile(out, args.recipe, block, comments, sys.argv[1:])
+    for c in comments:
+        print(c)
+    print(yaml.safe_dump({"mpipe": {"profile": block}}, sort_keys=False, default_flow_style=None, width=120))
+    print(f"wrote {out}")
+    return 0

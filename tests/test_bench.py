@@ -1,0 +1,236 @@
+"""``hyperparallel profile`` and ``hyperparallel bench``: orchestration (fast, no MindSpore job)
+and one small real run (msrun). No timing assertions: timings belong to the benchmark output."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from hyperparallel.bench import bench as B
+from hyperparallel.bench import profile as PR
+from hyperparallel.cli import build_parser
+from hyperparallel.launch import LaunchResult
+from hyperparallel.mpipe.derive import derive_recipe
+from hyperparallel.mpipe.recipe import load_recipe
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
+HEAVY = os.path.join(ROOT, "recipes", "bench_encoder_heavy.yaml")
+
+
+def cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "hyperparallel", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# -- pure math ------------------------------------------------------------------------------
+
+def test_run_order_alternates_schedules_across_repeats():
+    assert B.run_order(2, 3) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert [i for _, i in B.run_order(3, 2)] == [0, 1, 2, 0, 1, 2]
+
+
+def test_median_ratio_and_error():
+    assert B.median([3.0, 1.0, 2.0]) == 2.0 and B.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    rows = B.summarize(["a", "b"], {"a": [0.30, 0.32, 0.31], "b": [0.20, 0.19, 0.21, 0.2]},
+                       {"a": 0.33, "b": None})
+    assert rows[0]["ratio"] == 1.0 and rows[0]["median_step_s"] == pytest.approx(0.31)
+    assert rows[1]["ratio"] == pytest.approx(0.31 / 0.20)
+    assert rows[0]["error"] == pytest.approx(0.33 / 0.31 - 1) and rows[1]["error"] is None
+    assert rows[1]["min_step_s"] == 0.19 and rows[1]["samples"] == 4
+
+
+def _rank(rank, step_times, n_actions=10, interp=0.001):
+    steps = [{"step": i, "step_s": t, "program_s": t * 0.9, "compute_s": t * 0.7, "comm_s": t * 0.15,
+              "data_s": t * 0.04, "accumulate_s": 0.0, "optimizer_s": t * 0.05, "loss_reduce_s": t * 0.05 - interp,
+              "interp_s": interp, "loss": 1.0} for i, t in enumerate(step_times)]
+    return {"rank": rank, "device": rank, "n_actions": n_actions, "steps": steps,
+            "base_rss_mb": 300.0, "end_rss_mb": 310.0, "peak_rss_mb": 320.0}
+
+
+def test_warmup_steps_discarded_and_slowest_rank_counts():
+    ranks = [_rank(0, [9.0, 5.0, 1.0, 2.0]), _rank(1, [9.0, 5.0, 1.5, 1.0])]
+    assert B.kept_step_times(ranks, warmup=2) == [1.5, 2.0]
+    assert B.kept_step_times(ranks, warmup=0) == [9.0, 5.0, 1.5, 2.0]
+    bd = B.breakdown(ranks, warmup=2)
+    assert bd[0]["share"]["interp"] == pytest.approx(0.002 / 3.0)
+    assert bd[0]["interp_us_per_action"] == pytest.approx(0.001 / 10 * 1e6)
+
+
+def test_disturbed_steps_dropped_unless_too_few_remain():
+    ranks = [_rank(0, [1.0, 1.0, 1.0, 2.0]), _rank(1, [1.0, 1.0, 1.0, 1.0])]
+    ranks[1]["steps"][3]["foreign_cpu_s"] = 0.5  # another process used rank 1's core for half of step 3
+    steps = B.kept_steps(ranks, warmup=0)
+    assert steps[3] == (2.0, 0.5) and steps[0] == (1.0, 0.0)
+    assert B.undisturbed(steps, 0.05) == ([1.0, 1.0, 1.0], 1, False)
+    assert B.undisturbed(steps, 0.6) == ([1.0, 1.0, 1.0, 2.0], 0, False)
+    assert B.undisturbed([(1.0, 0.5), (2.0, 0.0)], 0.05) == ([1.0, 2.0], 0, True)
+
+
+# -- the command with a stand-in launcher ------------------------------------------------------
+
+def _profile_rank():
+    acts = [dict(mode="fused", kind=k, region=r, chunk=c, micro=0, step=0, ms=ms)
+            for k, r, c, ms in [("F", "vision", 0, 8.0), ("BW", "vision", 0, 16.0), ("F", "llm", 0, 1.0),
+                                ("F", "llm", 1, 1.0), ("BW", "llm", 0, 2.0), ("BW", "llm", 1, 2.0)]]
+    acts += [dict(mode="split", kind="B", region=r, chunk=c, micro=0, step=0, ms=1.0)
+             for r, c in [("vision", 0), ("llm", 0), ("llm", 1)]]
+    return {"actions": acts, "data_ms": [0.5], "images": [3],
+            "activation_mb": {"vision/0": 1.0, "llm/0": 0.1, "llm/1": 0.1},
+            "param_mb": {"vision/0": 1.0, "llm/0": 0.1, "llm/1": 0.1},
+            "output_mb": {"vision": 0.001, "llm": 0.002},
+            "link": {"latency_ms": 0.1, "bandwidth_gb_s": 0.5, "points": []}}
+
+
+class FakeLauncher:
+    """Writes plausible per-rank results instead of running msrun; records the launch order."""
+
+    def __init__(self):
+        self.order = []
+
+    def __call__(self, job, world, log_dir, timeout_s=0, echo=True, script=None):
+        assert script == PR.BENCH_WORKER
+        os.makedirs(job["out_dir"], exist_ok=True)
+        if job["mode"] == "profile":
+            self.order.append("profile")
+            for r in range(world):
+                with open(os.path.join(job["out_dir"], f"rank_{r}.json"), "w") as f:
+                    json.dump(_profile_rank(), f)
+            return LaunchResult(returncode=0, log_dir=log_dir, wall_s=1.0)
+        assert job["mode"] == "bench"
+        self.order.append(job["name"])
+        t = 0.3 if job["name"] == "1f1b" else 0.2
+        os.makedirs(job["out_dir"], exist_ok=True)
+        for r in range(world):
+            with open(os.path.join(job["out_dir"], f"rank_{r}.json"), "w") as f:
+                json.dump(_rank(r, [5.0] * 2 + [t] * (job["steps"] - 2)), f)
+        return LaunchResult(returncode=0, log_dir=log_dir, wall_s=1.0)
+
+
+def test_bench_json_png_and_alternation(tmp_path, capsys):
+    args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
+                                      "--repeats", "2", "--steps", "3", "--warmup", "2",
+                                      "--out", str(tmp_path / "b.json"), "--png", str(tmp_path / "b.png"),
+                                      "--run-dir", str(tmp_path / "run")])
+    fake = FakeLauncher()
+    assert B.run(args, launcher=fake) == 0
+    assert fake.order == ["1f1b", "transpose", "1f1b", "transpose"]
+    out = json.loads((tmp_path / "b.json").read_text())
+    rows = out["schedules"]
+    assert [r["schedule"] for r in rows] == ["1f1b", "transpose"]
+    for r in rows:
+        assert {"schedule", "median_step_s", "ratio", "predicted_step_s"} <= set(r)
+        assert r["samples"] == 6 and r["predicted_step_s"] > 0  # 2 repeats x 3 kept steps
+        assert {"peak_rss_mb", "predicted_peak_mb", "share"} <= set(r["ranks"][0])
+    assert rows[0]["median_step_s"] == pytest.approx(0.3) and rows[1]["ratio"] == pytest.approx(1.5)
+    assert (tmp_path / "b.png").stat().st_size > 1000
+    text = capsys.readouterr().out
+    assert "| `transpose` |" in text and "1.50x" in text
+
+
+def test_bench_measure_profile_interleaves_profile_launches(tmp_path):
+    prof = tmp_path / "measured.yaml"
+    args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
+                                      "--repeats", "2", "--steps", "1", "--warmup", "2", "--measure-profile",
+                                      "--save-profile", str(prof), "--out", str(tmp_path / "b.json"),
+                                      "--run-dir", str(tmp_path / "run")])
+    fake = FakeLauncher()
+    assert B.run(args, launcher=fake) == 0
+    assert fake.order == ["profile", "1f1b", "transpose"] * 2
+    block = yaml.safe_load(prof.read_text())["mpipe"]["profile"]
+    assert block["regions"][0]["forward_ms"] == 4.0  # 8 ms over the tiny recipe's 2 vision layers
+    out = json.loads((tmp_path / "b.json").read_text())
+    assert out["profile"] == str(prof) and all(r["predicted_step_s"] > 0 for r in out["schedules"])
+
+
+@pytest.mark.parametrize("flags,field", [
+    (["--steps", "0"], "--steps"),
+    (["--repeats", "0"], "--repeats"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--max-contention", "0"], "--max-contention"),
+    (["--out", "result.txt"], "--out"),
+    (["--png", "/no/such/dir/x.png"], "--png"),
+    (["--schedule", "nonsense"], "schedule"),
+    (["--schedule", "1f1b", "--schedule", "1f1b"], "--schedule"),
+    (["--profile", "/no/such/profile.yaml"], "--profile"),
+    (["--save-profile", "p.yaml"], "--save-profile"),
+    (["--set", "model.llm_heads=3"], "model.llm_heads"),
+])
+def test_bench_refuses_bad_input_before_launch(tmp_path, flags, field):
+    p = cli("bench", TINY, "--run-dir", str(tmp_path / "run"), *flags)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], p.stderr
+    assert not (tmp_path / "run").exists()  # nothing launched
+
+
+def test_profile_refuses_bad_input_before_launch(tmp_path):
+    for flags, field in ((["--samples", "0"], "--samples"),
+                         (["--set", "parallel_config.pipeline_stage=1"], "pipeline_stage"),
+                         (["--set", "data.video_prob=2"], "data.video_prob")):
+        p = cli("profile", TINY, "--run-dir", str(tmp_path / "run"), *flags)
+        assert p.returncode == 2 and p.stderr.startswith("error: ") and field in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+# -- profile block from measurements ---------------------------------------------------------
+
+def test_build_profile_per_layer_costs_and_data_charge(tmp_path):
+    recipe = load_recipe(HEAVY, ["mpipe.profile.regions.0.trainable=true"])
+    plan = derive_recipe(recipe, "1f1b")
+    acts = []
+    for mode, kind, region, chunk, ms in [("fused", "F", "vision", 0, 40.0), ("fused", "BW", "vision", 0, 80.0),
+                                          ("split", "B", "vision", 0, 0.0),
+                                          ("fused", "F", "llm", 0, 3.0), ("fused", "F", "llm", 1, 5.0),
+                                          ("fused", "BW", "llm", 0, 6.0), ("fused", "BW", "llm", 1, 6.0),
+                                          ("split", "B", "llm", 0, 2.0), ("split", "B", "llm", 1, 2.0)]:
+        acts.append(dict(mode=mode, kind=kind, region=region, chunk=chunk, micro=0, ms=ms))
+    rank = {"actions": acts, "data_ms": [1.0, 1.0], "images": [14, 15],
+            "activation_mb": {"vision/0": 4.0, "llm/0": 0.2, "llm/1": 0.2},
+            "param_mb": {"vision/0": 2.0, "llm/0": 0.1, "llm/1": 0.1},
+            "output_mb": {"vision": 0.002, "llm": 0.008},
+            "link": {"latency_ms": 0.1, "bandwidth_gb_s": 0.5, "points": []}}
+    block = PR.build_profile(recipe, plan, [rank, dict(rank, link=None)])
+    vis, llm = block["regions"]
+    assert vis["forward_ms"] == 10.0 and vis["backward_ms"] == 0.0 and vis["weight_ms"] == 20.0
+    # llm: (3 + 5) ms over 2 layers, plus data generation 1 ms x P=2 / 2 layers
+    assert llm["forward_ms"] == pytest.approx(4.0 + 1.0)
+    assert llm["backward_ms"] == 2.0 and llm["weight_ms"] == 4.0
+    assert vis["param_mb"] == 0.5 and vis["activation_mb"] == 1.0
+    assert block["link"] == {"latency_ms": 0.1, "bandwidth_gb_s": 0.5}
+    out = tmp_path / "p.yaml"
+    PR.write_profile(str(out), HEAVY, block, ["a comment"], ["profile", HEAVY])
+    doc = yaml.safe_load(out.read_text())
+    assert doc["mpipe"]["profile"] == block and doc["base_config"].endswith("bench_encoder_heavy.yaml")
+    # the file is a recipe (inherits the measured one) and a --profile source
+    p = cli("simulate", str(out), "--schedule", "1f1b", "--json")
+    assert p.returncode == 0, p.stderr
+    r = B.load_with_profile(HEAVY, [], str(out))
+    assert r.profile.region("vision").forward_ms == 10.0 and r.schedule == "transpose"
+
+
+# -- one real run ------------------------------------------------------------------------------
+
+@pytest.mark.msrun
+def test_profile_then_bench_on_two_ranks(tmp_path):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    prof = tmp_path / "tiny.profile.yaml"
+    p = cli("profile", TINY, "--samples", "1", "--repeats", "1", "--out", str(prof), "--run-dir", str(tmp_path / "prof"),
+            timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    block = yaml.safe_load(prof.read_text())["mpipe"]["profile"]
+    assert [r["name"] for r in block["regions"]] == ["vision", "llm"]
+    assert all(r["forward_ms"] > 0 for r in block["regions"]) and block["link"]["bandwidth_gb_s"] > 0
+    out = tmp_path / "bench.json"
+    p = cli("bench", TINY, "--profile", str(prof), "--schedule", "1f1b", "--schedule", "transpose",
+            "--repeats", "1", "--warmup", "1", "--steps", "1", "--out", str(out),
+            "--run-dir", str(tmp_path / "bench"), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads(out.read_text())["schedules"]
+    assert [r["schedule"] for r in rows] == ["1f1b", "transpose"]
+    for r in rows:
+        assert r["median_step_s"] > 0 and r["predicted_step_s"] > 0 and r["ratio"] > 0
+        assert len(r["ranks"]) == 2 and all(d["peak_rss_mb"] > d["base_rss_mb"] > 0 for d in r["ranks"])
+        assert 0 <= r["interp_share"] < 1
