@@ -199,7 +199,7 @@ def load_with_profile(path: str, overrides: List[str], profile_path: Optional[st
 
 def prepare(args):
     """Everything checked before launch. Returns (recipe, run config, [(name, plan)])."""
-    from ..mindspore.config import RunConfig
+    from ..mindspore.config import run_config_of
     from ..mpipe.check import assert_valid
     from ..mpipe.derive import derive_recipe
     from ..launch import msrun_overrides
@@ -224,12 +224,7 @@ def prepare(args):
     if args.save_profile and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_profile))):
         raise SpecError("--save-profile", f"folder does not exist: {os.path.dirname(os.path.abspath(args.save_profile))}")
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
-    try:
-        rc = RunConfig.from_raw(recipe.raw, {r.name: r.layers for r in recipe.profile.regions})
-    except (TypeError, ValueError) as e:
-        msg = str(e).splitlines()[0]
-        field, _, rest = msg.partition(": ")
-        raise SpecError(field, rest or msg) from None
+    rc = run_config_of(recipe)
     scheds = args.schedule or [recipe.schedule if isinstance(recipe.schedule, str) else json.dumps(recipe.schedule)]
     if len(set(scheds)) != len(scheds):
         raise SpecError("--schedule", "each schedule once (repeats come from --repeats)")

@@ -57,18 +57,13 @@ def add_parser(subparsers) -> None:
 
 def prepare(args):
     """Recipe, run config and plan, all checked before anything is launched (SpecError/PlanError)."""
-    from ..mindspore.config import RunConfig
+    from ..mindspore.config import run_config_of
     from ..mpipe.check import assert_valid
     from ..mpipe.derive import derive_recipe
     from ..mpipe.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    try:
-        rc = RunConfig.from_raw(recipe.raw, {r.name: r.layers for r in recipe.profile.regions})
-    except (TypeError, ValueError) as e:
-        msg = str(e).splitlines()[0]
-        field, _, rest = msg.partition(": ")
-        raise SpecError(field, rest or msg) from None
+    rc = run_config_of(recipe)
     plan = assert_valid(derive_recipe(recipe, args.schedule))
     if args.samples < 1:
         raise SpecError("--samples", f"must be >= 1, got {args.samples}")

@@ -92,3 +92,15 @@ class RunConfig:
         if device not in ("CPU", "Ascend"):
             raise ValueError(f"device: {device!r} unknown (CPU, Ascend)")
         return RunConfig(model=model, data=data, train=train, device=device)
+
+
+def run_config_of(recipe) -> RunConfig:
+    """The run config of a loaded recipe, checked before launch: a bad value is a one-line SpecError."""
+    from hyperparallel.mpipe.errors import SpecError
+
+    try:
+        return RunConfig.from_raw(recipe.raw, {r.name: r.layers for r in recipe.profile.regions})
+    except (TypeError, ValueError) as e:
+        msg = str(e).splitlines()[0]
+        field, _, rest = msg.partition(": ")
+        raise SpecError(field, rest or msg) from None
