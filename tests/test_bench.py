@@ -105,7 +105,11 @@ class FakeLauncher:
         os.makedirs(job["out_dir"], exist_ok=True)
         for r in range(world):
             with open(os.path.join(job["out_dir"], f"rank_{r}.json"), "w") as f:
-                json.dump(_rank(r, [5.0] * 2 + [t] * (job["steps"] - 2)), f)
+                res = _rank(r, [5.0] * 2 + [t] * (job["steps"] - 2))
+                if job.get("action_times"):  # a reference run: the vision forward, timed in the pipeline
+                    res["action_times"] = [dict(step=s, kind="F", region="vision", chunk=0, micro=0, ms=20.0)
+                                           for s in range(job["steps"])] if r == 0 else []
+                json.dump(res, f)
         return LaunchResult(returncode=0, log_dir=log_dir, wall_s=1.0)
 
 
@@ -234,3 +238,86 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
         assert r["median_step_s"] > 0 and r["predicted_step_s"] > 0 and r["ratio"] > 0
         assert len(r["ranks"]) == 2 and all(d["peak_rss_mb"] > d["base_rss_mb"] > 0 for d in r["ranks"])
         assert 0 <= r["interp_share"] < 1
+
+
+# -- in-pipeline profile (pure aggregation) ----------------------------------------------------
+
+def _timed(rank, step, kind, region, chunk, ms, micro=0):
+    return dict(step=step, kind=kind, region=region, chunk=chunk, micro=micro, ms=ms)
+
+
+def test_pipeline_action_medians_drop_warmup_and_non_compute():
+    r0 = {"rank": 0, "action_times": [_timed(0, 0, "F", "vision", 0, 500.0),      # warm-up: dropped
+                                      _timed(0, 1, "F", "vision", 0, 60.0),
+                                      _timed(0, 1, "SEND", "llm", 0, 9.0),         # not compute
+                                      _timed(0, 2, "F", "vision", 0, 70.0, micro=1),
+                                      _timed(0, 2, "BW", "llm", 0, 4.0)]}
+    r1 = {"rank": 1, "action_times": [_timed(1, 1, "F", "llm", 1, 15.0), _timed(1, 1, "RECV", "llm", 0, 30.0)]}
+    launch2 = [{"rank": 0, "action_times": [_timed(0, 3, "F", "vision", 0, 65.0)]}, {"rank": 1, "action_times": None}]
+    t = PR.pipeline_action_medians([[r0, r1], launch2], warmup=1)
+    assert t == {("F", "vision", 0): [60.0, 70.0, 65.0], ("BW", "llm", 0): [4.0], ("F", "llm", 1): [15.0]}
+
+
+def _tight_block(trainable):
+    return {"link": {"latency_ms": 0.2, "bandwidth_gb_s": 0.5}, "optimizer_factor": 2.0,
+            "regions": [dict(name="vision", layers=4, trainable=trainable, forward_ms=10.0,
+                             backward_ms=5.0 if trainable else 0.0, weight_ms=15.0 if trainable else 0.0,
+                             activation_mb=0.03, output_mb=0.002, param_mb=0.5),
+                        dict(name="llm", layers=2, trainable=True, forward_ms=4.0, backward_ms=1.0,
+                             weight_ms=3.0, activation_mb=0.02, output_mb=0.007, param_mb=0.04)]}
+
+
+def test_apply_pipeline_costs_frozen_encoder():
+    recipe = load_recipe(HEAVY, [])
+    plan = derive_recipe(recipe, "gpipe")  # vision c0 (4 layers), llm c0 and c1 (1 layer each)
+    times = {("F", "vision", 0): [60.0, 64.0, 80.0], ("F", "llm", 0): [5.0, 7.0], ("F", "llm", 1): [15.0],
+             ("BW", "llm", 0): [8.0], ("BW", "llm", 1): [12.0]}
+    block = _tight_block(False)
+    out = PR.apply_pipeline_costs(block, plan, times, data_ms=0.5)
+    vis, llm = out["regions"]
+    assert vis["forward_ms"] == 16.0 and vis["backward_ms"] == 0.0 and vis["weight_ms"] == 0.0  # median 64 / 4
+    # llm: (6 + 15) ms / 2 layers + data 0.5 ms x P=2 / 2 layers
+    assert llm["forward_ms"] == pytest.approx(10.5 + 0.5)
+    # fused BW 8 + 12 = 20 ms over 2 layers, split in the tight loop's B : W = 1 : 3
+    assert llm["backward_ms"] == 2.5 and llm["weight_ms"] == 7.5
+    # everything else as measured in the tight loop; the input block is not modified
+    assert out["link"] == block["link"] and vis["param_mb"] == 0.5 and llm["activation_mb"] == 0.02
+    assert block["regions"][0]["forward_ms"] == 10.0
+
+
+def test_apply_pipeline_costs_split_backward_and_missing_actions():
+    recipe = load_recipe(HEAVY, ["mpipe.profile.regions.0.trainable=true"])
+    plan = derive_recipe(recipe, "gpipe")
+    # vision ran B and W split; llm chunk 1 never ran a forward: the tight-loop forward is kept
+    times = {("F", "vision", 0): [40.0], ("B", "vision", 0): [12.0], ("W", "vision", 0): [20.0],
+             ("F", "llm", 0): [3.0]}
+    out = PR.apply_pipeline_costs(_tight_block(True), plan, times, data_ms=1.0)
+    vis, llm = out["regions"]
+    assert (vis["forward_ms"], vis["backward_ms"], vis["weight_ms"]) == (10.0, 3.0, 5.0)
+    assert (llm["forward_ms"], llm["backward_ms"], llm["weight_ms"]) == (4.0, 1.0, 3.0)
+    # the tight B/W split was zero: the fused BW is halved
+    blk = _tight_block(True)
+    blk["regions"][0].update(backward_ms=0.0, weight_ms=0.0)
+    vis = PR.apply_pipeline_costs(blk, plan, {("BW", "vision", 0): [16.0]}, data_ms=0.0)["regions"][0]
+    assert vis["backward_ms"] == 2.0 and vis["weight_ms"] == 2.0
+
+
+def test_bench_profile_schedule_adds_reference_launches(tmp_path):
+    prof = tmp_path / "measured.yaml"
+    args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
+                                      "--repeats", "2", "--steps", "1", "--warmup", "2", "--measure-profile",
+                                      "--profile-schedule", "gpipe", "--save-profile", str(prof),
+                                      "--out", str(tmp_path / "b.json"), "--run-dir", str(tmp_path / "run")])
+    fake = FakeLauncher()
+    assert B.run(args, launcher=fake) == 0
+    assert fake.order == ["profile", "reference gpipe", "1f1b", "transpose"] * 2
+    out = json.loads((tmp_path / "b.json").read_text())
+    assert [r["schedule"] for r in out["schedules"]] == ["1f1b", "transpose"]
+    assert out["profile_schedule"] == "gpipe"
+    # in-pipeline 20 ms over the tiny recipe's 2 vision layers (the tight loop measured 8 ms)
+    assert yaml.safe_load(prof.read_text())["mpipe"]["profile"]["regions"][0]["forward_ms"] == 10.0
+
+
+def test_profile_schedule_needs_measure_profile(tmp_path):
+    p = cli("bench", TINY, "--profile-schedule", "gpipe", "--run-dir", str(tmp_path / "run"))
+    assert p.returncode == 2 and p.stderr.startswith("error: --profile-schedule"), p.stderr

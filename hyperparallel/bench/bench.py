@@ -48,6 +48,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--measure-profile", action="store_true",
                    help="measure the profile in this run: one hyperparallel-profile launch per repeat, "
                         "alternating with the schedules (same drift), median over the launches")
+    p.add_argument("--profile-schedule", default=None, metavar="S",
+                   help="with --measure-profile: take the F/B/W costs in a pipeline context, from a real run of "
+                        "reference schedule S (e.g. gpipe) with every action timed, one per repeat after the "
+                        "profile launch (see hyperparallel profile --in-pipeline)")
     p.add_argument("--save-profile", default=None, metavar="FILE.yaml",
                    help="with --measure-profile: also write the measured profile here")
     p.add_argument("--out", default=None, metavar="FILE.json", help="write the results as JSON")
@@ -198,7 +202,8 @@ def load_with_profile(path: str, overrides: List[str], profile_path: Optional[st
 
 
 def prepare(args):
-    """Everything checked before launch. Returns (recipe, run config, [(name, plan)])."""
+    """Everything checked before launch. Returns (recipe, run config, [(name, plan)]); with
+    ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
     from ..mindspore.config import run_config_of
     from ..mpipe.check import assert_valid
     from ..mpipe.derive import derive_recipe
@@ -219,6 +224,8 @@ def prepare(args):
             raise SpecError(flag, f"folder does not exist: {d}")
     if args.measure_profile and args.profile:
         raise SpecError("--measure-profile", "give either --profile FILE or --measure-profile")
+    if getattr(args, "profile_schedule", None) and not args.measure_profile:
+        raise SpecError("--profile-schedule", "needs --measure-profile")
     if args.save_profile and not args.measure_profile:
         raise SpecError("--save-profile", "needs --measure-profile")
     if args.save_profile and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_profile))):
@@ -231,6 +238,11 @@ def prepare(args):
     plans = []
     for s in scheds:
         plans.append((s, assert_valid(derive_recipe(recipe, s))))
+    if getattr(args, "profile_schedule", None):
+        ref = assert_valid(derive_recipe(recipe, args.profile_schedule))
+        if ref.num_devices * ref.data_parallel != plans[0][1].num_devices * plans[0][1].data_parallel:
+            raise SpecError("--profile-schedule", f"{args.profile_schedule} needs a different number of ranks")
+        plans.append((None, ref))  # the reference: profiled, not compared (see run)
     world = plans[0][1].num_devices * plans[0][1].data_parallel
     if args.measure_profile and world < 2:
         raise SpecError("--measure-profile", "needs >= 2 ranks (the link is measured between two)")
@@ -254,6 +266,7 @@ def run(args, launcher=None) -> int:
         recipe, rc, plans = prepare(args)
     except (SpecError, PlanError) as e:
         return error(str(e).splitlines()[0])
+    ref_plan = plans.pop()[1] if plans[-1][0] is None else None
     names = [n for n, _ in plans]
     world = plans[0][1].num_devices * plans[0][1].data_parallel
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
@@ -270,6 +283,7 @@ def run(args, launcher=None) -> int:
     if args.measure_profile:  # one profile launch at the head of every round: P A B P A B ...
         order = [x for rep in range(args.repeats) for x in [(rep, -1)] + [(rep, i) for i in range(len(plans))]]
     rounds: List[List[dict]] = []
+    ref_launches: List[List[dict]] = []
     for k, (rep, i) in enumerate(order):
         if i < 0:
             from .profile import profile_job, read_ranks
@@ -283,6 +297,20 @@ def run(args, launcher=None) -> int:
                 return res.returncode
             rounds.append(read_ranks(job["out_dir"], world))
             print(f"[{k + 1}/{len(order)}] profile repeat {rep + 1} ({res.wall_s:.0f} s launch)", flush=True)
+            if ref_plan is not None:
+                from .profile import reference_job
+                tag = f"r{rep}_reference_{slug(args.profile_schedule)}"
+                job = reference_job(recipe, rc, ref_plan, args.profile_schedule, args.warmup + args.steps,
+                                    os.path.join(run_dir, tag, "result"))
+                res = launcher(job, world, os.path.join(run_dir, tag, "logs"), timeout_s=args.timeout,
+                               echo=False, script=BENCH_WORKER)
+                if res.returncode != 0:
+                    print(f"error: reference {args.profile_schedule} (repeat {rep + 1}) failed "
+                          f"(exit {res.returncode}): {res.message}", file=sys.stderr)
+                    return res.returncode
+                ref_launches.append(read_ranks(job["out_dir"], world))
+                print(f"[{k + 1}/{len(order)}] reference {args.profile_schedule} repeat {rep + 1}, "
+                      f"actions timed ({res.wall_s:.0f} s launch)", flush=True)
             continue
         name, plan = plans[i]
         tag = f"r{rep}_{i}_{slug(name)}"
@@ -310,10 +338,15 @@ def run(args, launcher=None) -> int:
         from .profile import build_profile, merge_rounds, summary_lines, write_profile
         merged = merge_rounds(rounds)
         block = build_profile(recipe, plans[0][1], merged)
+        comments = [f"median over {len(rounds)} profile launches interleaved with the bench"]
+        if ref_launches:
+            from .profile import apply_pipeline_costs, mean_data_ms, pipeline_action_medians, pipeline_lines
+            times = pipeline_action_medians(ref_launches, args.warmup)
+            block = apply_pipeline_costs(block, ref_plan, times, mean_data_ms(merged))
+            comments += pipeline_lines(args.profile_schedule, times)
         profile_path = args.save_profile or os.path.join(run_dir, "profile.yaml")
-        write_profile(profile_path, args.recipe, block,
-                      [f"median over {len(rounds)} profile launches interleaved with the bench"]
-                      + summary_lines(plans[0][1], merged), sys.argv[1:])
+        write_profile(profile_path, args.recipe, block, comments + summary_lines(plans[0][1], merged),
+                      sys.argv[1:])
         recipe.profile = parse_profile(block)
         print(f"measured profile: {profile_path}")
     predicted = {n: predict(recipe, p) for n, p in plans}
@@ -352,7 +385,7 @@ def run(args, launcher=None) -> int:
     print(f"\n{len(order)} launches in {time.time() - t_start:.0f} s")
     result = {"recipe": args.recipe, "profile": profile_path, "overrides": args.overrides,
               "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "ranks": world,
-              "max_contention": args.max_contention,
+              "max_contention": args.max_contention, "profile_schedule": args.profile_schedule,
               "command": "hyperparallel " + " ".join(sys.argv[1:]), "schedules": rows}
     if args.out:
         with open(args.out, "w") as f:

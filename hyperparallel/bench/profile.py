@@ -17,12 +17,21 @@ rank 0 <-> rank 1, and writes an ``mpipe.profile`` block (:func:`build_profile`)
   exact size of a region's output message; ``param_mb`` exact parameter bytes / layers;
 * ``link``: least-squares fit of the ping-pong one-way times (latency + bytes / bandwidth).
 
+``--in-pipeline``: the compute costs are taken inside a running pipeline instead. After the
+tight-loop launch above (which still gives the link, data generation, memory and the B/W
+split), the recipe runs on real ranks with a *reference* schedule (``--schedule``, default
+``gpipe``: not one of the schedules usually compared, so a prediction is not fitted to itself)
+with every action timed (:func:`pipeline_action_medians`); each region's ``forward_ms`` /
+``backward_ms`` / ``weight_ms`` then come from the medians of those in-pipeline F/B/W/BW times
+(:func:`apply_pipeline_costs`), the data-generation charge added as before.
+
 The output file is a recipe that inherits the measured one (``base_config``) and replaces
 its ``mpipe.profile``: ``hyperparallel simulate|bench OUT.yaml`` use it directly, and
 ``hyperparallel bench RECIPE --profile OUT.yaml`` takes just its ``mpipe.profile``.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -35,6 +44,8 @@ import yaml
 
 from ..mpipe.errors import SpecError
 
+DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
+PIPELINE_KINDS = ("F", "B", "W", "BW")  # compute actions whose in-pipeline times set the costs
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH_WORKER = os.path.join(HERE, "worker.py")
 
@@ -42,7 +53,12 @@ BENCH_WORKER = os.path.join(HERE, "worker.py")
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure per-layer F/B/W costs and the link with MindSpore (msrun)")
     p.add_argument("recipe", help="recipe YAML with model:, data:, train: and mpipe: sections")
-    p.add_argument("--schedule", default=None, metavar="S", help="schedule whose cut is measured (default: the recipe's)")
+    p.add_argument("--schedule", default=None, metavar="S",
+                   help="schedule whose cut is measured (default: the recipe's); with --in-pipeline the reference "
+                        "schedule run on real ranks (default gpipe)")
+    p.add_argument("--in-pipeline", action="store_true",
+                   help="take the F/B/W costs from a real run of the reference schedule (--schedule, default gpipe), "
+                        "every action timed, instead of from the tight loop")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override a recipe value, e.g. mpipe.profile.regions.0.trainable=true")
     p.add_argument("--out", default=None, metavar="FILE.yaml",
@@ -64,7 +80,10 @@ def prepare(args):
 
     recipe = load_recipe(args.recipe, args.overrides)
     rc = run_config_of(recipe)
-    plan = assert_valid(derive_recipe(recipe, args.schedule))
+    sched = args.schedule
+    if getattr(args, "in_pipeline", False) and sched is None:
+        sched = DEFAULT_REFERENCE
+    plan = assert_valid(derive_recipe(recipe, sched))
     if args.samples < 1:
         raise SpecError("--samples", f"must be >= 1, got {args.samples}")
     if args.repeats < 1:
@@ -116,6 +135,68 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
             "regions": regions}
 
 
+def pipeline_action_medians(launches: List[List[dict]], warmup: int) -> Dict[tuple, List[float]]:
+    """In-pipeline compute times of a reference-schedule run, per (kind, region, chunk): every
+    F/B/W/BW action of every kept step (index >= ``warmup``) of every rank of every launch
+    (``bench`` results with ``action_times``). Returns ``{(kind, region, chunk): [ms, ...]}``."""
+    per: Dict[tuple, List[float]] = {}
+    for ranks in launches:
+        for res in ranks:
+            for a in res.get("action_times") or []:
+                if a["step"] >= warmup and a["kind"] in PIPELINE_KINDS:
+                    per.setdefault((a["kind"], a["region"], a["chunk"]), []).append(float(a["ms"]))
+    return per
+
+
+def apply_pipeline_costs(block: dict, plan, times: Dict[tuple, List[float]], data_ms: float) -> dict:
+    """``block`` (a :func:`build_profile` result) with each region's compute costs replaced by the
+    medians of the in-pipeline times (:func:`pipeline_action_medians`) of ``plan`` (the reference
+    schedule's plan): per region, the sum over its chunks of the chunk's median time / the
+    region's layers. ``forward_ms`` gets the data-generation charge ``data_ms x P / layers`` on
+    the last region, as :func:`build_profile` does. A trainable region's backward: the measured
+    B and W when the reference runs them split, else the fused BW split in the tight loop's
+    B : (BW - B) proportion (half each without one). A cost the reference did not run (a chunk
+    missing) keeps the tight-loop value. Returns a new block."""
+    out = copy.deepcopy(block)
+    P = plan.num_devices
+    last = out["regions"][-1]["name"]
+
+    def total(kind, chunks):
+        vals = [times.get((kind, c.region, c.index)) for c in chunks]
+        if not chunks or any(not v for v in vals):
+            return None
+        return sum(_median(v) for v in vals)
+
+    for reg in out["regions"]:
+        chunks = [c for c in plan.chunks if c.region == reg["name"]]
+        L = sum(c.layers for c in chunks) or reg["layers"]
+        f = total("F", chunks)
+        if f is not None:
+            reg["forward_ms"] = round((f + (data_ms * P if reg["name"] == last else 0.0)) / L, 4)
+        if not reg["trainable"]:
+            continue
+        b, w, bw = total("B", chunks), total("W", chunks), total("BW", chunks)
+        if b is not None and w is not None:
+            reg["backward_ms"], reg["weight_ms"] = round(b / L, 4), round(w / L, 4)
+        elif bw is not None:
+            tb, tw = reg["backward_ms"], reg["weight_ms"]
+            frac = tb / (tb + tw) if tb + tw > 0 else 0.5
+            reg["backward_ms"], reg["weight_ms"] = round(bw * frac / L, 4), round(bw * (1.0 - frac) / L, 4)
+    return out
+
+
+def pipeline_lines(schedule: str, times: Dict[tuple, List[float]]) -> List[str]:
+    """The in-pipeline medians, written as comments next to the profile."""
+    lines = [f"compute costs from in-pipeline action times of a {schedule} run (median per action):"]
+    for (kind, region, chunk), v in sorted(times.items()):
+        lines.append(f"in-pipeline {kind:2s} {region} c{chunk}: median {_median(v):.3f} ms over {len(v)}")
+    return lines
+
+
+def mean_data_ms(ranks: List[dict]) -> float:
+    return _mean([x for r in ranks for x in r["data_ms"]])
+
+
 def summary_lines(plan, ranks: List[dict]) -> List[str]:
     """Raw numbers worth keeping next to the profile (written as comments)."""
     imgs = [x for r in ranks for x in r["images"]]
@@ -160,6 +241,16 @@ def profile_job(recipe, rc, plan, samples: int, passes: int, out_dir: str) -> di
     return {"mode": "profile", "device": rc.device, "raw": recipe.raw, "plan": plan.to_json(),
             "data_parallel": plan.data_parallel, "steps": samples, "warmup": 2, "passes": passes,
             "out_dir": out_dir}
+
+
+def reference_job(recipe, rc, plan, schedule: str, steps: int, out_dir: str) -> dict:
+    """A ``bench`` job running the reference schedule's real programs with every action timed."""
+    return {"mode": "bench", "device": rc.device, "name": f"reference {schedule}", "schedule": schedule,
+            "raw": recipe.raw, "plan": plan.to_json(), "data_parallel": plan.data_parallel, "steps": steps,
+            "out_dir": out_dir, "action_times": True}
+
+
+REFERENCE_WARMUP = 2  # steps of a reference run whose action times are discarded
 
 
 def read_ranks(out_dir: str, world: int) -> List[dict]:
@@ -227,6 +318,20 @@ def run(args) -> int:
     ranks = read_ranks(job["out_dir"], world)
     block = build_profile(recipe, plan, ranks)
     comments = summary_lines(plan, ranks)
+    if args.in_pipeline:
+        sched = args.schedule or DEFAULT_REFERENCE
+        ref = reference_job(recipe, rc, plan, sched, REFERENCE_WARMUP + args.samples,
+                            os.path.join(run_dir, "reference", "result"))
+        print(f"in-pipeline: {sched} on {world} ranks, {REFERENCE_WARMUP} warm-up + {args.samples} steps, "
+              f"every action timed", flush=True)
+        res = launch(ref, world, os.path.join(run_dir, "reference", "logs"), timeout_s=args.timeout,
+                     script=BENCH_WORKER)
+        if res.returncode != 0:
+            print(f"error: reference run failed (exit {res.returncode}): {res.message}", file=sys.stderr)
+            return res.returncode
+        times = pipeline_action_medians([read_ranks(ref["out_dir"], world)], REFERENCE_WARMUP)
+        block = apply_pipeline_costs(block, plan, times, mean_data_ms(ranks))
+        comments = pipeline_lines(sched, times) + comments
     write_profile(out, args.recipe, block, comments, sys.argv[1:])
     for c in comments:
         print(c)
