@@ -20,12 +20,8 @@ import json
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    print(f"hyperparallel worker rank {os.environ.get('RANK_ID', '?')} pid {os.getpid()}", flush=True)
-    with open(argv[0]) as f:
-        job = json.load(f)
-    from hyperparallel.mindspore import compat
-    compat.setup_device(job.get("device", "CPU"))
+    from hyperparallel.mindspore.worker import end_job, start_job
+    job = start_job(sys.argv[1:] if argv is None else argv)
     from hyperparallel.mindspore.comm import Comm
     from hyperparallel.bench import measure
     comm = Comm(int(job.get("data_parallel", 1)))
@@ -38,10 +34,7 @@ def main(argv=None) -> int:
     os.makedirs(job["out_dir"], exist_ok=True)
     with open(os.path.join(job["out_dir"], f"rank_{comm.rank}.json"), "w") as f:
         json.dump(res, f)
-    comm.barrier()  # a peer's in-flight send fails if its receiver exits first
-    if comm.rank == 0:
-        print("job finished", flush=True)
-    return 0
+    return end_job(comm)
 
 
 if __name__ == "__main__":

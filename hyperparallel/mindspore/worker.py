@@ -123,14 +123,27 @@ def run_case(case: dict, comm) -> None:
             json.dump({"start": start, "losses": losses}, f)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def start_job(argv) -> dict:
+    """Common start of every msrun entry: announce rank and pid, load the job, set up the device."""
     # the launcher maps msrun's "Worker process PID exit" reports to ranks with this line
     print(f"hyperparallel worker rank {os.environ.get('RANK_ID', '?')} pid {os.getpid()}", flush=True)
     with open(argv[0]) as f:
         job = json.load(f)
     from hyperparallel.mindspore import compat
     compat.setup_device(job.get("device", "CPU"))
+    return job
+
+
+def end_job(comm) -> int:
+    """Common end of every msrun entry."""
+    comm.barrier()  # a peer's in-flight send fails if its receiver exits first
+    if comm.rank == 0:
+        print("job finished", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    job = start_job(sys.argv[1:] if argv is None else argv)
     from hyperparallel.mindspore.comm import Comm
     D = {int(c["plan"].get("data_parallel", 1)) for c in job["cases"]}
     if len(D) != 1:
@@ -138,10 +151,7 @@ def main(argv=None) -> int:
     comm = Comm(D.pop())
     for case in job["cases"]:
         run_case(case, comm)
-    comm.barrier()  # a peer's in-flight send fails if its receiver exits first
-    if comm.rank == 0:
-        print("job finished", flush=True)
-    return 0
+    return end_job(comm)
 
 
 if __name__ == "__main__":
