@@ -85,7 +85,7 @@ def test_ascend_recipe_settings():
 def tiny():
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.mindspore.config import RunConfig
-    from hyperparallel.mindspore.model import ChunkCell, build_full
+    from hyperparallel.models.tiny_cells import ChunkCell, build_full
     rc = RunConfig.from_raw(load_recipe(TINY).raw)
     return rc, build_full, ChunkCell
 
@@ -93,7 +93,7 @@ def tiny():
 def test_full_model_1f1b(tiny):
     from hyperparallel.mindspore.annotate import annotate
     rc, build_full, _ = tiny
-    vision, llm = model = build_full(rc.model, 0)
+    vision, llm = model = build_full(rc.model.cfg, 0)
     gp = annotate(model, plan_of("1f1b"))
     # encoder place(0): every vision cell on stage 0; llm layers 0-1 stage 0, 2-3 stage 1
     assert vision.pipeline_stage == 0 and vision.proj.pipeline_stage == 0
@@ -116,7 +116,7 @@ def test_per_chunk_cells_interleaved(tiny):
     from hyperparallel.mindspore.annotate import annotate
     rc, _, ChunkCell = tiny
     plan = plan_of("interleaved", "parallel_config.pp_interleave_num=2")
-    cells = {f"{c.region}{c.index}": ChunkCell(rc.model, c.region, c.start, c.stop, 0) for c in plan.chunks}
+    cells = {f"{c.region}{c.index}": ChunkCell(rc.model.cfg, c.region, c.start, c.stop, 0) for c in plan.chunks}
     gp = annotate(cells, plan)
     assert [cells[f"llm{i}"].pipeline_stage for i in range(4)] == [0, 1, 0, 1]
     assert cells["vision0"].pipeline_stage == 0
@@ -127,7 +127,7 @@ def test_per_chunk_cells_interleaved(tiny):
 def test_transpose_refused_before_touching_cells(tiny):
     from hyperparallel.mindspore.annotate import annotate
     rc, build_full, _ = tiny
-    model = build_full(rc.model, 0)
+    model = build_full(rc.model.cfg, 0)
     with pytest.raises(GraphModeUnsupported, match="hyperparallel train"):
         annotate(model, plan_of("transpose"))
     with pytest.raises(AttributeError):
@@ -137,7 +137,7 @@ def test_transpose_refused_before_touching_cells(tiny):
 def test_layer_of_override(tiny):
     from hyperparallel.mindspore.annotate import annotate
     rc, build_full, _ = tiny
-    model = build_full(rc.model, 0)
+    model = build_full(rc.model.cfg, 0)
     # the final norm would go to the last stage by its parameters; the override pins it to layer 0's stage
     gp = annotate(model, plan_of("1f1b"), layer_of=lambda name, cell: ("llm", 0) if name == "1.head.norm" else None)
     assert model[1].head.norm.pipeline_stage == 0 and gp.cell_stages["1.head.norm"] == 0

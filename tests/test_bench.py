@@ -77,7 +77,7 @@ def _profile_rank():
                                 ("F", "llm", 1, 1.0), ("BW", "llm", 0, 2.0), ("BW", "llm", 1, 2.0)]]
     acts += [dict(mode="split", kind="B", region=r, chunk=c, micro=0, step=0, ms=1.0)
              for r, c in [("vision", 0), ("llm", 0), ("llm", 1)]]
-    return {"actions": acts, "data_ms": [0.5], "images": [3],
+    return {"actions": acts, "data_ms": [0.5], "output_bytes": {"vision": [1048], "llm": [2097]},
             "activation_mb": {"vision/0": 1.0, "llm/0": 0.1, "llm/1": 0.1},
             "param_mb": {"vision/0": 1.0, "llm/0": 0.1, "llm/1": 0.1},
             "output_mb": {"vision": 0.001, "llm": 0.002},
@@ -191,7 +191,7 @@ def test_build_profile_per_layer_costs_and_data_charge(tmp_path):
                                           ("fused", "BW", "llm", 0, 6.0), ("fused", "BW", "llm", 1, 6.0),
                                           ("split", "B", "llm", 0, 2.0), ("split", "B", "llm", 1, 2.0)]:
         acts.append(dict(mode=mode, kind=kind, region=region, chunk=chunk, micro=0, ms=ms))
-    rank = {"actions": acts, "data_ms": [1.0, 1.0], "images": [14, 15],
+    rank = {"actions": acts, "data_ms": [1.0, 1.0], "output_bytes": {"vision": [2000, 2200], "llm": [8388, 8388]},
             "activation_mb": {"vision/0": 4.0, "llm/0": 0.2, "llm/1": 0.2},
             "param_mb": {"vision/0": 2.0, "llm/0": 0.1, "llm/1": 0.1},
             "output_mb": {"vision": 0.002, "llm": 0.008},

@@ -83,7 +83,7 @@ def test_mindformers_style_recipe_is_accepted():
     args = argparse.Namespace(recipe=os.path.join(ROOT, "recipes", "tiny_mllm_mindformers.yaml"), overrides=[],
                               schedule=None, steps=None, save_every=None, resume=False, save_dir=None)
     recipe, rc, plan = _prepare(args)
-    assert rc.model.llm_layers == 4 and plan.num_devices == 2
+    assert rc.model.depth("llm") == 4 and plan.num_devices == 2
 
 
 @pytest.fixture(scope="module")

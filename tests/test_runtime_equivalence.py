@@ -78,7 +78,7 @@ def reference(frozen: bool, extra=()):
         from hyperparallel.mindspore.reference import Reference
         compat.setup_device("CPU")
         recipe = load_recipe(RECIPE, overrides=_overrides("1f1b", frozen, extra))
-        rc = RunConfig.from_raw(recipe.raw, {r.name: r.layers for r in recipe.profile.regions})
+        rc = RunConfig.from_raw(recipe.raw)
         ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
                         {r.name: r.trainable for r in recipe.profile.regions})
         losses, grads0 = [], None

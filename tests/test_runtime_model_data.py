@@ -62,13 +62,13 @@ def test_any_cut_of_the_model_equals_the_whole():
     from hyperparallel.mindspore import compat
     from hyperparallel.mindspore.config import RunConfig
     from hyperparallel.mindspore.data import MicroTensors
-    from hyperparallel.mindspore.model import ChunkCell, build_full
     compat.setup_device("CPU")
-    raw = {"mpipe": {"profile": {"regions": [{"name": "vision", "layers": 2}, {"name": "llm", "layers": 4}]}}}
+    raw = {"model": {"vision_layers": 2, "llm_layers": 4}, "train": {"seed": 7}}
     rc = RunConfig.from_raw(raw)
-    vision, llm = build_full(rc.model, 7)
-    cut = [ChunkCell(rc.model, "vision", 0, 1, 7), ChunkCell(rc.model, "vision", 1, 2, 7),
-           ChunkCell(rc.model, "llm", 0, 1, 7), ChunkCell(rc.model, "llm", 1, 3, 7), ChunkCell(rc.model, "llm", 3, 4, 7)]
+    m = rc.model
+    vision, llm = m.build_full()
+    cut = [m.build_chunk("vision", 0, 1), m.build_chunk("vision", 1, 2),
+           m.build_chunk("llm", 0, 1), m.build_chunk("llm", 1, 3), m.build_chunk("llm", 3, 4)]
     whole = {p.name: p.asnumpy() for c in (vision, llm) for p in c.get_parameters()}
     parts = {p.name: p.asnumpy() for c in cut for p in c.get_parameters()}
     assert whole.keys() == parts.keys()

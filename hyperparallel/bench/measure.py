@@ -170,22 +170,21 @@ class ActionClock:
 def profile_rank(job: dict, comm) -> dict:
     """Measurements of this rank (see module docstring); ``job['plan']`` gives the cut."""
     from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mindspore.data import data_source
     from hyperparallel.mindspore.interpreter import Interpreter
-    from hyperparallel.mindspore.model import ChunkCell
 
     plan = ir.Plan.from_json(job["plan"])
-    layers = {r: max(c.stop for c in plan.chunks if c.region == r) for r in plan.regions()}
-    rc = RunConfig.from_raw(job["raw"], layers)
-    cells = {(c.region, c.index): ChunkCell(rc.model, c.region, c.start, c.stop, rc.train.seed)
-             for c in plan.chunks}
+    rc = RunConfig.from_raw(job["raw"])
+    source = data_source(rc)
+    cells = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
     fake = SimpleNamespace(device=0, dp_index=0, rank=comm.rank)
     steps, warmup, passes = int(job.get("steps", 4)), int(job.get("warmup", 1)), int(job.get("passes", 3))
-    out: dict = {"rank": comm.rank, "actions": [], "data_ms": [], "images": []}
+    out: dict = {"rank": comm.rank, "actions": [], "data_ms": [], "output_bytes": {r: [] for r in plan.regions()}}
     for mode in ("fused", "split"):
         lp = local_plan(plan, mode)
         if mode == "split" and not any(a.kind == ir.B for a in lp.programs[0]):
             continue
-        interp = Interpreter(lp, fake, rc, cells)
+        interp = Interpreter(lp, fake, rc.model, source, cells)
         clock = ActionClock(interp)
         interp.hook = clock
         for step in range(warmup):   # first-time kernels of every shape, allocator
@@ -200,7 +199,10 @@ def profile_rank(job: dict, comm) -> dict:
                 interp.run_step(step)
                 clock.close()
                 if mode == "fused" and _ == 0:
-                    out["images"] += [mt.batch.num_images for _, mt in sorted(interp._mb.items())]
+                    for _k, (mb, _t) in sorted(interp._mb.items()):   # each region's output size
+                        for r in plan.regions():
+                            spec = rc.model.boundary(r, rc.model.depth(r), mb)
+                            out["output_bytes"][r].append(spec.nbytes)
         per: Dict[tuple, List[float]] = {}
         for s, k, r, c, m, ms in clock.times:
             per.setdefault((s, k, r, c, m), []).append(ms)
@@ -209,13 +211,11 @@ def profile_rank(job: dict, comm) -> dict:
         if mode == "fused":
             n = len(clock.data_ms) // passes
             out["data_ms"] = [float(np.median(clock.data_ms[i::n])) for i in range(n)] if n else []
-    out["activation_mb"] = _activation_mb(plan, rc, cells, fake)
+    out["activation_mb"] = _activation_mb(plan, rc, source, cells, fake)
     out["param_mb"] = {f"{r}/{c}": sum(int(np.prod(p.shape)) * 4 for p in cell.get_parameters()) / MB
                        for (r, c), cell in cells.items()}
     out["layers"] = {f"{c.region}/{c.index}": c.layers for c in plan.chunks}
-    cfg = rc.model
-    out["output_mb"] = {"llm": rc.data.micro_batch_size * cfg.seq_len * cfg.llm_dim * 4 / MB,
-                        "vision": float(np.mean(out["images"] or [1])) * cfg.llm_dim * 4 / MB}
+    out["output_mb"] = {r: float(np.mean(v or [0])) / MB for r, v in out["output_bytes"].items()}
     comm.barrier()
     out["link"] = ping_pong(comm, job.get("sizes", [4096, 65536, 262144, 1048576, 4194304]),
                             int(job.get("reps", 7))) if comm.world >= 2 else None
@@ -223,7 +223,7 @@ def profile_rank(job: dict, comm) -> dict:
     return out
 
 
-def _activation_mb(plan, rc, cells, fake) -> Dict[str, float]:
+def _activation_mb(plan, rc, source, cells, fake) -> Dict[str, float]:
     """RSS growth per recorded forward (what the tape keeps for backward), MB per chunk,
     averaged over the micro-batches of step 0: all forwards first, then all backwards."""
     from hyperparallel.mindspore.interpreter import Interpreter
@@ -234,7 +234,7 @@ def _activation_mb(plan, rc, cells, fake) -> Dict[str, float]:
     prog += [ir.Action(ir.BW, r, c, m) for m in range(plan.num_micro) for r, c in reversed(trained)]
     lp = ir.Plan(num_devices=1, num_micro=plan.num_micro, programs={0: prog}, chunks=chunks,
                  trainable=dict(plan.trainable))
-    interp = Interpreter(lp, fake, rc, cells)
+    interp = Interpreter(lp, fake, rc.model, source, cells)
     clock = ActionClock(interp)
     interp.hook = clock
     interp.run_step(0)   # warm the allocator

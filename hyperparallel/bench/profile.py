@@ -199,9 +199,10 @@ def mean_data_ms(ranks: List[dict]) -> float:
 
 def summary_lines(plan, ranks: List[dict]) -> List[str]:
     """Raw numbers worth keeping next to the profile (written as comments)."""
-    imgs = [x for r in ranks for x in r["images"]]
-    lines = [f"ranks: {len(ranks)}, micro-batches timed per rank: {len(imgs) // max(1, len(ranks))}, "
-             f"mean images per micro-batch: {_mean(imgs):.2f}",
+    outs = {reg: [x for r in ranks for x in r["output_bytes"][reg]] for reg in plan.regions()}
+    n = len(next(iter(outs.values()), [])) // max(1, len(ranks))
+    sizes = ", ".join(f"{reg} {_mean(v) / 2 ** 20:.4f} MB" for reg, v in outs.items())
+    lines = [f"ranks: {len(ranks)}, micro-batches timed per rank: {n}, mean output per micro-batch: {sizes}",
              f"data generation per micro-batch: {_mean([x for r in ranks for x in r['data_ms']]):.3f} ms "
              f"(added to the last region's forward_ms as data_ms x P / layers, P={plan.num_devices})"]
     per: Dict[tuple, List[float]] = {}

@@ -43,7 +43,7 @@ What maps (plan -> MindSpore), and why:
 Cells are mapped to plan chunks by region and layer index, generically:
 
 * a cell with ``region``, ``start`` and ``blocks`` attributes (the tiny MLLM's
-  :class:`~hyperparallel.mindspore.model.ChunkCell`, one per region or per chunk) gets the
+  :class:`~hyperparallel.models.tiny_cells.ChunkCell`, one per region or per chunk) gets the
   stage of its first layer, ``blocks[i]`` the stage of layer ``start + i``;
 * any other cell whose parameters all belong to one ``(region, layer)`` gets that layer's
   stage. Parameter names carry the region and layer: ``REGION.LAYER.name`` (e.g.

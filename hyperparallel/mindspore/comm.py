@@ -64,8 +64,8 @@ class Comm:
     def send(self, t: Tensor, peer_device: int) -> None:
         dist.send(t, self.global_rank(peer_device))
 
-    def recv(self, shape: Sequence[int], peer_device: int) -> Tensor:
-        buf = ops.zeros(tuple(shape), ms.float32)
+    def recv(self, shape: Sequence[int], peer_device: int, dtype: str = "float32") -> Tensor:
+        buf = ops.zeros(tuple(shape), getattr(ms, dtype))
         dist.recv(buf, self.global_rank(peer_device))
         return buf
 

@@ -1,48 +1,27 @@
 """Run configuration from the recipe's ``model:``, ``data:``, ``train:`` sections.
 
 Pure Python (no MindSpore): the launcher validates these before starting msrun.
-Errors are ValueErrors whose message starts with the offending field.
+Errors are ValueErrors whose message starts with the offending field. The model
+is an adapter (:mod:`hyperparallel.models`): it owns the region names and depths;
+the recipe's cost profile, where it gives layer counts, must agree with them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Optional
+from typing import Optional, Sequence
+
+from hyperparallel.models import ModelAdapter, adapter_for
 
 from .data import DataConfig
 
-VISION = "vision"
-LLM = "llm"
-# MindFormers' own keys under ``model:`` (read by the recipe loader, not by the tiny model)
-MINDFORMERS_MODEL_KEYS = ("model_config", "arch")
 
-
-def _take(cls, section: str, sec: Optional[dict], extra_ok=()):
+def _take(cls, section: str, sec: Optional[dict]):
     sec = dict(sec or {})
-    if not isinstance(sec, dict):
-        raise ValueError(f"{section}: must be a mapping")
-    known = {f.name for f in fields(cls)} - set(extra_ok)
+    known = {f.name for f in fields(cls)}
     bad = sorted(set(sec) - known)
     if bad:
         raise ValueError(f"{section}.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
     return sec
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of the tiny MLLM; layer counts come from the profile, shapes from the data."""
-
-    vision_layers: int = 2
-    llm_layers: int = 4
-    vision_dim: int = 32
-    vision_heads: int = 2
-    llm_dim: int = 32
-    llm_heads: int = 2
-    mlp_ratio: int = 2
-    vocab: int = 32
-    patch_dim: int = 48
-    num_patches: int = 4
-    seq_len: int = 24
-    init_std: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,30 +37,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: ModelConfig
+    model: ModelAdapter
     data: DataConfig
     train: TrainConfig
     device: str = "CPU"
 
     @staticmethod
-    def from_raw(raw: dict, layers: Optional[dict] = None) -> "RunConfig":
-        """``layers``: {region: layer count} from the parsed profile or the plan's chunks
-        (default: the raw ``mpipe.profile.regions``)."""
+    def from_raw(raw: dict) -> "RunConfig":
         data = DataConfig.from_section(raw.get("data"))
-        msec = _take(ModelConfig, "model", {k: v for k, v in (raw.get("model") or {}).items()
-                                            if k not in MINDFORMERS_MODEL_KEYS},
-                     extra_ok=("vision_layers", "llm_layers", "vocab", "patch_dim", "num_patches", "seq_len"))
-        if layers is None:
-            regions = (((raw.get("mpipe") or {}).get("profile") or {}).get("regions")) or []
-            layers = {r.get("name"): r.get("layers") for r in regions if isinstance(r, dict)}
-        for name in (VISION, LLM):
-            if name not in layers:
-                raise ValueError(f"mpipe.profile.regions: the tiny MLLM needs a region named {name!r}")
-        model = ModelConfig(vision_layers=int(layers[VISION]), llm_layers=int(layers[LLM]),
-                            **data.shapes(), **msec)
-        for dim, heads in (("vision_dim", "vision_heads"), ("llm_dim", "llm_heads")):
-            if getattr(model, dim) % getattr(model, heads):
-                raise ValueError(f"model.{heads}: must divide model.{dim}")
         tsec = _take(TrainConfig, "train", raw.get("train"))
         train = TrainConfig(**tsec)
         if train.optimizer not in ("adam", "sgd"):
@@ -91,7 +54,23 @@ class RunConfig:
         device = raw.get("device", "CPU")
         if device not in ("CPU", "Ascend"):
             raise ValueError(f"device: {device!r} unknown (CPU, Ascend)")
+        model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         return RunConfig(model=model, data=data, train=train, device=device)
+
+
+def check_regions(model: ModelAdapter, regions: Sequence, where: str = "mpipe.profile.regions") -> None:
+    """The profile's (or plan's) regions must be the model's, in order, with the model's depths.
+
+    ``regions``: objects with ``name`` and ``layers`` (profile regions). ValueError names both keys."""
+    names = [r.name for r in regions]
+    want = model.regions()
+    if names != [r.name for r in want]:
+        raise ValueError(f"{where}: regions {names} but the {model.family} model has "
+                         f"{[r.name for r in want]} (in data-flow order)")
+    for i, (got, w) in enumerate(zip(regions, want)):
+        if got.layers is not None and int(got.layers) != w.layers:
+            raise ValueError(f"{where}.{i}.layers: {got.layers} but {w.key or 'the model'} is {w.layers} "
+                             f"(the model owns its depth; the profile gives costs only)")
 
 
 def run_config_of(recipe) -> RunConfig:
@@ -99,7 +78,9 @@ def run_config_of(recipe) -> RunConfig:
     from hyperparallel.mpipe.errors import SpecError
 
     try:
-        return RunConfig.from_raw(recipe.raw, {r.name: r.layers for r in recipe.profile.regions})
+        rc = RunConfig.from_raw(recipe.raw)
+        check_regions(rc.model, recipe.profile.regions)
+        return rc
     except (TypeError, ValueError) as e:
         msg = str(e).splitlines()[0]
         field, _, rest = msg.partition(": ")

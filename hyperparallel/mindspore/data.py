@@ -176,3 +176,19 @@ class MicroTensors:
         self.onehot = Tensor(mb.onehot)
         self.mask = Tensor(mb.mask)
         self.loss_scale = float(loss_scale)
+
+
+class SyntheticSource:
+    """The synthetic generator as a data source: ``micro_batch(step, micro)`` for the global
+    micro-batch index ``micro`` (over data-parallel groups) of optimizer step ``step``."""
+
+    def __init__(self, cfg: DataConfig, seed: int):
+        self.cfg, self.seed = cfg, int(seed)
+
+    def micro_batch(self, step: int, micro: int) -> MicroBatch:
+        return make_micro_batch(self.cfg, self.seed, step, micro)
+
+
+def data_source(rc) -> SyntheticSource:
+    """The data source a run config asks for."""
+    return SyntheticSource(rc.data, rc.train.seed)

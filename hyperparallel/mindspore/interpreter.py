@@ -4,20 +4,25 @@ No schedule logic: the interpreter dispatches on ``action.kind`` and keeps
 per-step stores keyed by ``(region, chunk, micro)``:
 
 * ``F``: forward of the chunk (tape recording when this device will run its
-  backward from this forward); input = data, previous chunk's output, or the
-  previous region's last output (+ token ids from data for llm chunk 0).
+  backward from this forward); input = the model input (first chunk), or the
+  previous chunk's output, across regions; every chunk also gets the
+  micro-batch's side inputs (the adapter's ``tensors``).
 * ``R``: recompute a forward with the tape (central backward of a replica).
 * ``B``: input grad only (keeps the tape for ``W``); ``W``: weight grad;
   ``BW``: both at once. The incoming gradient is d loss / d output of the chunk
-  (1 for the last llm chunk, whose output is the scaled micro-batch loss).
-* ``SEND``/``RECV``: activations or output-gradients, shapes known from the
-  regenerated micro-batch (number of images) and the model config.
+  (1 for the model's last chunk, whose output is the scaled micro-batch loss).
+* ``SEND``/``RECV``: activations or output-gradients; the receiver allocates
+  with the adapter's ``boundary`` spec, the sender checks its tensor against
+  the same spec (a wrong adapter fails on the first step, naming chunk and
+  micro-batch, instead of corrupting the FIFO channel).
 * ``ALLREDUCE wgrad``: sum a region's weight grads over replicas;
   ``ALLREDUCE dp``: sum every gradient of this rank over its data-parallel group;
   ``BROADCAST weights``: copy a region's parameters from the root device.
 
 Which forwards record a tape, and which inputs need a gradient, is read off the
-plan (the backward actions it contains), not decided here.
+plan (the backward actions it contains), not decided here. The model is reached
+only through its adapter (:mod:`hyperparallel.models.base`): no region name,
+model class or shape formula lives here.
 """
 from __future__ import annotations
 
@@ -26,22 +31,24 @@ from typing import Dict, List, Optional, Tuple
 from mindspore import Parameter, Tensor, ops
 
 from hyperparallel.mpipe import ir
+from hyperparallel.models import ModelAdapter
 from .compat import Tape, acc, leaf
-from .config import LLM, RunConfig
-from .data import MicroTensors, make_micro_batch
-from .model import ChunkCell
 
 Key = Tuple[str, int, int]
 
 
 class Interpreter:
-    def __init__(self, plan: ir.Plan, comm, rc: RunConfig, chunks: Dict[Tuple[str, int], ChunkCell]):
-        self.plan, self.comm, self.rc, self.chunks = plan, comm, rc, chunks
+    def __init__(self, plan: ir.Plan, comm, model: ModelAdapter, source, chunks: Dict[Tuple[str, int], object]):
+        """``model``: the adapter; ``source``: the data source (``micro_batch(step, global micro)``);
+        ``chunks``: this rank's chunk Cells by (region, chunk index), built by the adapter."""
+        self.plan, self.comm, self.model, self.source, self.chunks = plan, comm, model, source, chunks
         self.device = comm.device
         self.program: List[ir.Action] = plan.programs.get(self.device, [])
         self.ahead_acts: Dict[Key, Tensor] = {}  # outputs of next-step (step=1) work, kept for the next step
         self.regions = plan.regions()
         self.num_chunks = {r: 1 + max(c.index for c in plan.chunks if c.region == r) for r in self.regions}
+        self.chunk_stop = {(c.region, c.index): c.stop for c in plan.chunks}
+        self.loss_chunk = (self.regions[-1], self.num_chunks[self.regions[-1]] - 1)  # returns the loss
         self.total_micro = plan.num_micro * max(1, plan.data_parallel)
         # Read off the plan: tasks with a backward anywhere (their inputs need grads),
         # and on this device: tasks backwarded here, tasks recomputed here.
@@ -63,13 +70,19 @@ class Interpreter:
         self.tape = Tape  # autograd entry points; ``hyperparallel bench`` swaps in a timing wrapper
 
     # -- helpers ---------------------------------------------------------------
-    def micro(self, m: int, ahead: int = 0) -> MicroTensors:
-        """Micro-batch m of this step, or of the next one (``ahead=1``) for next-step work."""
+    def micro(self, m: int, ahead: int = 0):
+        """Side-input tensors of micro-batch m of this step, or of the next one (``ahead=1``)."""
         g = self.comm.dp_index * self.plan.num_micro + m
         if (ahead, g) not in self._mb:
-            mb = make_micro_batch(self.rc.data, self.rc.train.seed, self._step + ahead, g)
-            self._mb[(ahead, g)] = MicroTensors(mb, 1.0 / self.total_micro)
-        return self._mb[(ahead, g)]
+            mb = self.source.micro_batch(self._step + ahead, g)
+            self._mb[(ahead, g)] = (mb, self.model.tensors(mb, 1.0 / self.total_micro))
+        return self._mb[(ahead, g)][1]
+
+    def boundary(self, key: Key, ahead: int = 0):
+        """Shape/dtype of the output of chunk ``key`` (the adapter's answer for this micro-batch)."""
+        g = self.comm.dp_index * self.plan.num_micro + key[2]
+        self.micro(key[2], ahead)
+        return self.model.boundary(key[0], self.chunk_stop[key[:2]], self._mb[(ahead, g)][0])
 
     def prev_key(self, key: Key) -> Optional[Key]:
         region, c, m = key
@@ -81,20 +94,10 @@ class Interpreter:
         prev = self.regions[i - 1]
         return (prev, self.num_chunks[prev] - 1, m)
 
-    def out_shape(self, key: Key, ahead: int = 0) -> Tuple[int, ...]:
-        region, c, m = key
-        cfg = self.rc.model
-        if region == LLM:
-            return (self.rc.data.micro_batch_size, cfg.seq_len, cfg.llm_dim)
-        n = self.micro(m, ahead).batch.num_images
-        if c == self.num_chunks[region] - 1:
-            return (n, cfg.llm_dim)
-        return (n, cfg.num_patches, cfg.vision_dim)
-
     def chunk_input(self, key: Key, recompute: bool = False, ahead: int = 0) -> Tensor:
         prev = self.prev_key(key)
         if prev is None:
-            return self.micro(key[2], ahead).patches
+            return self.model.model_input(self.micro(key[2], ahead))
         if ahead:
             src = self.ahead_acts.pop(prev)
         elif recompute and prev in self.recomputed:
@@ -146,7 +149,7 @@ class Interpreter:
             self.inputs[key], self.outputs[key] = x, out
         if ahead:
             self.ahead_acts[key] = ops.stop_gradient(out)
-        elif cell.region == LLM and cell.last:
+        elif key[:2] == self.loss_chunk:
             self.loss += float(out.asnumpy())
         elif recompute:
             self.recomputed[key] = ops.stop_gradient(out)  # only a later R consumes it
@@ -166,7 +169,7 @@ class Interpreter:
     def sens(self, key: Key, out: Tensor) -> Tensor:
         if key in self.out_grads:
             return self.out_grads.pop(key)
-        if key[0] == LLM and self.chunks[key[:2]].last:
+        if key[:2] == self.loss_chunk:
             return ops.ones_like(out)
         raise RuntimeError(f"device {self.device}: no output gradient for {key} (missing RECV grad?)")
 
@@ -211,11 +214,17 @@ class Interpreter:
             self.acts_kept[key] = t  # a second SEND of the same output may follow
         else:
             t = self.out_grads.pop(key)
+        spec = self.boundary(key, a.step)
+        if tuple(t.shape) != tuple(spec.shape):
+            raise RuntimeError(f"model adapter {self.model.family}: chunk {a.region}/{a.chunk} micro-batch "
+                               f"{a.micro}: {a.tensor} has shape {tuple(t.shape)} but the adapter's boundary "
+                               f"spec says {tuple(spec.shape)} (device {self.device}, before SEND to {a.peer})")
         self.comm.send(t, a.peer)
 
     def do_RECV(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
-        t = self.comm.recv(self.out_shape(key, a.step), a.peer)
+        spec = self.boundary(key, a.step)
+        t = self.comm.recv(spec.shape, a.peer, spec.dtype)
         if a.step:
             self.ahead_acts[key] = t
         else:

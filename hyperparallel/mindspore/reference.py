@@ -11,9 +11,8 @@ from typing import Dict
 
 import mindspore as ms
 
-from .config import LLM, VISION, RunConfig
-from .data import MicroTensors, make_micro_batch
-from .model import build_full
+from .config import RunConfig
+from .data import data_source
 from .optim import Optimizer
 
 
@@ -22,26 +21,29 @@ class Reference:
 
     def __init__(self, rc: RunConfig, num_micro: int, trainable: Dict[str, bool]):
         self.rc, self.num_micro = rc, num_micro
-        self.vision, self.llm = build_full(rc.model, rc.train.seed)
+        self.model, self.source = rc.model, data_source(rc)
+        self.cells = self.model.build_full()   # one chunk per region, in data-flow order
         self.params = []
-        for region, cell in ((VISION, self.vision), (LLM, self.llm)):
+        for region, cell in zip(self.model.region_names(), self.cells):
             if trainable.get(region, True):
                 self.params += list(cell.get_parameters())
         self.opt = Optimizer(self.params, rc.train)
 
     def all_params(self):
-        return list(self.vision.get_parameters()) + list(self.llm.get_parameters())
+        return [p for cell in self.cells for p in cell.get_parameters()]
 
     def step(self, step: int):
         """Returns (loss, {param name: grad}) of this step, after applying the update."""
-        mts = [MicroTensors(make_micro_batch(self.rc.data, self.rc.train.seed, step, m), 1.0 / self.num_micro)
+        mts = [self.model.tensors(self.source.micro_batch(step, m), 1.0 / self.num_micro)
                for m in range(self.num_micro)]
 
         def total(_):
             loss = 0.0
             for mt in mts:
-                img = self.vision.forward(mt.patches, mt)
-                loss = loss + self.llm.forward(img, mt)
+                x = self.model.model_input(mt)
+                for cell in self.cells:
+                    x = cell.forward(x, mt)
+                loss = loss + x
             return loss
         loss, grads = ms.value_and_grad(total, None, weights=self.params)(ms.Tensor(0.0))
         named = {p.name: g for p, g in zip(self.params, grads)}

@@ -46,13 +46,13 @@ def fault_hook(rank: int):
 def setup_case(case: dict, comm):
     """(plan, run config, this rank's chunk cells, interpreter) for one case; creates the groups."""
     from hyperparallel.mpipe import ir
-    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mindspore.config import RunConfig, check_regions
+    from hyperparallel.mindspore.data import data_source
     from hyperparallel.mindspore.interpreter import Interpreter
-    from hyperparallel.mindspore.model import ChunkCell
 
     plan = ir.Plan.from_json(case["plan"])
-    layers = {r: max(c.stop for c in plan.chunks if c.region == r) for r in plan.regions()}
-    rc = RunConfig.from_raw(case["raw"], layers)
+    rc = RunConfig.from_raw(case["raw"])
+    check_regions(rc.model, plan_regions(plan), where="plan")
     # every rank lists every group of every dp index, so all members create them in one order
     all_groups = set()
     for i in range(plan.data_parallel):
@@ -64,9 +64,16 @@ def setup_case(case: dict, comm):
         all_groups.add(tuple(d * plan.data_parallel + j for j in range(plan.data_parallel)))
     comm.ensure_groups(all_groups)
 
-    chunks = {(c.region, c.index): ChunkCell(rc.model, c.region, c.start, c.stop, rc.train.seed)
+    chunks = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop)
               for c in plan.chunks_on(comm.device)}
-    return plan, rc, chunks, Interpreter(plan, comm, rc, chunks)
+    return plan, rc, chunks, Interpreter(plan, comm, rc.model, data_source(rc), chunks)
+
+
+def plan_regions(plan):
+    """(name, layers) of every region of a plan, from its chunks, for :func:`check_regions`."""
+    from types import SimpleNamespace
+    return [SimpleNamespace(name=r, layers=max(c.stop for c in plan.chunks if c.region == r))
+            for r in plan.regions()]
 
 
 def run_case(case: dict, comm) -> None:

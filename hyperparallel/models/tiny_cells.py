@@ -1,4 +1,4 @@
-"""Tiny multimodal LLM in MindSpore, built chunk by chunk.
+"""Cells of the tiny multimodal LLM, built chunk by chunk (adapter: :mod:`.tiny_mllm`).
 
 Regions, in data-flow order:
 
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from .config import LLM, VISION, ModelConfig
 from typing import List, Optional
 
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
+
+from .tiny_mllm import LLM, VISION, ModelConfig
 
 def _rng(seed: int, region: str, layer: int, name: str) -> np.random.Generator:
     key = zlib.crc32(f"{region}/{layer}/{name}".encode())

@@ -1,0 +1,90 @@
+"""The model seam: everything the runtime needs from a model, and nothing more.
+
+The interpreter (:mod:`hyperparallel.mindspore.interpreter`) never names a region,
+a model class or a shape formula: it asks an adapter. One adapter per model family
+(the tiny MLLM, MindFormers' Llama, a user's own model):
+
+* ``regions()``: the model's regions in data-flow order, with their layer counts
+  (the model owns its depth; the cost profile only supplies costs);
+* ``build_chunk(region, start, stop)``: a Cell for layers ``[start, stop)`` of a
+  region; the region's input layers go with the chunk that starts at 0, its output
+  layers (and, for the last region, the loss) with the chunk that ends at the
+  region's depth. ``chunk.forward(x, batch)`` returns the chunk's output, or for
+  the model's last chunk the micro-batch loss times ``batch.loss_scale``;
+* ``tensors(micro_batch, loss_scale)``: the side inputs every chunk may read
+  (token ids, masks, positions, targets), as MindSpore tensors;
+* ``model_input(tensors)``: the input of the model's first chunk;
+* ``boundary(region, stop, micro_batch)``: shape and dtype of the tensor leaving
+  a chunk that ends at layer ``stop`` of ``region`` (so a RECV can allocate), from
+  the micro-batch's shape facts only.
+
+Constructing an adapter and ``regions()`` are pure Python (the launcher checks a
+recipe before any rank starts); the other methods may import MindSpore.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Tuple
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region of the model: a name, its number of layers and the config key that sets it."""
+
+    name: str
+    layers: int
+    key: str = ""   # e.g. ``model.llm_layers``: named in errors about the depth
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype (a MindSpore dtype name, e.g. ``float32``) of a tensor crossing a chunk boundary."""
+
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= int(d)
+        return n * _ITEMSIZE.get(self.dtype, 4)
+
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "float64": 8, "bool_": 1}
+
+
+class ModelAdapter:
+    """Base class of model adapters (see the module docstring for the contract)."""
+
+    #: short name of the family, shown in logs and errors
+    family: str = "model"
+
+    def regions(self) -> List[Region]:
+        raise NotImplementedError
+
+    def build_chunk(self, region: str, start: int, stop: int):
+        raise NotImplementedError
+
+    def tensors(self, micro_batch: Any, loss_scale: float) -> Any:
+        raise NotImplementedError
+
+    def model_input(self, tensors: Any):
+        raise NotImplementedError
+
+    def boundary(self, region: str, stop: int, micro_batch: Any) -> TensorSpec:
+        raise NotImplementedError
+
+    # -- derived helpers (not to be overridden) ------------------------------------
+    def region_names(self) -> List[str]:
+        return [r.name for r in self.regions()]
+
+    def depth(self, region: str) -> int:
+        for r in self.regions():
+            if r.name == region:
+                return r.layers
+        raise KeyError(f"{self.family}: no region {region!r} (regions: {', '.join(self.region_names())})")
+
+    def build_full(self) -> list:
+        """The whole model as one chunk per region (the single-process reference's model)."""
+        return [self.build_chunk(r.name, 0, r.layers) for r in self.regions()]
