@@ -208,15 +208,40 @@ def test_zero_bubble_v_refused_while_the_library_has_no_zbv(tmp_path):
     assert "ZB-V" in str(e.value) and "supported: 1f1b, gpipe" in str(e.value)
 
 
-@pytest.mark.skipif(not ZBV, reason="the schedule library has no zbv order yet")
-def test_zero_bubble_v_maps_to_zbv(tmp_path):
+@pytest.fixture
+def with_zbv(monkeypatch):
+    """The schedule library as it is once it has the ZB-V order (the mapping looks it up at run time)."""
+    from hyperparallel.mpipe import orders, schedule
+    if not ZBV:
+        monkeypatch.setitem(orders.ORDER_RULES, "zbv", orders.ORDER_RULES["interleaved"])
+        monkeypatch.setattr(schedule, "ORDERS", schedule.ORDERS + ("zbv",))
+
+
+def test_zero_bubble_v_maps_to_zbv_once_the_library_has_it(tmp_path, with_zbv):
     off = [[1, 0, 0, -1], [0, 1, -1, 0]]
     r = load_recipe(llama(tmp_path, L=16, M=8, V=2, offset=off, scheduler="zero_bubble_v", interleave=True))
     assert r.schedule == "zbv"
-    assert cut(r)[1] == [3, 2, 2, 1, 2, 1, 3, 2]   # second row reversed, as MindFormers' LayerSetting
+    assert list(r.chunk_layers("zbv")) == [3, 2, 2, 1, 2, 1, 3, 2]   # second row reversed, as LayerSetting
+    assert list(r.chunk_layers("interleaved")) == [3, 2, 2, 1, 2, 3, 1, 2]
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(L=24, M=8, V=3), "model.model_config.pp_interleave_num"),
+    (dict(L=16, M=6, V=2), "parallel_config.micro_batch_num"),
+    (dict(L=16, M=8, V=2, P=1), "parallel_config.pipeline_stage"),
+])
+def test_zero_bubble_v_checks_of_mindformers(tmp_path, with_zbv, kw, field):
     with pytest.raises(SpecError) as e:
-        load_recipe(llama(tmp_path, L=24, M=8, V=3, scheduler="zero_bubble_v", interleave=True))
-    assert e.value.field == "model.model_config.pp_interleave_num"
+        load_recipe(llama(tmp_path, scheduler="zero_bubble_v", interleave=True, **kw))
+    assert e.value.field == field
+
+
+@pytest.mark.skipif(not ZBV, reason="the schedule library has no zbv order yet")
+def test_zero_bubble_v_derives_with_the_real_zbv_order(tmp_path):
+    off = [[1, 0, 0, -1], [0, 1, -1, 0]]
+    r = load_recipe(llama(tmp_path, L=16, M=8, V=2, offset=off, scheduler="zero_bubble_v", interleave=True))
+    plan, layers = cut(r)
+    assert plan.meta["order"] == "zbv" and layers == [3, 2, 2, 1, 2, 1, 3, 2]
 
 
 def test_v_errors_name_the_key_the_user_set(tmp_path, cli):
