@@ -39,7 +39,7 @@ def simulate(recipe: str, *schedules: str, sets=()) -> List[dict]:
     return out if isinstance(out, list) else [out]
 
 
-def recipe_raw(name: str) -> dict:
+def recipe(name: str):
     sys.path.insert(0, ROOT)
     from hyperparallel.mpipe.recipe import load_recipe
     return load_recipe(os.path.join(ROOT, name))
@@ -60,7 +60,7 @@ def pct(x: float) -> str:
 
 # -- simulated ---------------------------------------------------------------------------------
 def encoder_heavy() -> str:
-    rec = recipe_raw("recipes/mllm_encoder_heavy.yaml")
+    rec = recipe("recipes/mllm_encoder_heavy.yaml")
     enc, llm = rec.profile.regions
     rows = simulate("recipes/mllm_encoder_heavy.yaml", "1f1b", "transpose",
                     "transpose(owners=balanced, spill=next_step)")
@@ -79,7 +79,7 @@ def encoder_heavy() -> str:
 
 
 def frozen_vit() -> str:
-    rec = recipe_raw("recipes/mllm_frozen_vit.yaml")
+    rec = recipe("recipes/mllm_frozen_vit.yaml")
     enc, llm = rec.profile.regions
     P, M = rec.pipeline_stage, rec.micro_batch_num
     work = M * enc.layers * enc.forward_ms
@@ -103,12 +103,12 @@ def paper_scale() -> str:
     dt = simulate(d, "1f1b", "transpose", "transpose(owners=balanced)", "transpose(order=zb_h1)")
     df = simulate(d, "1f1b", "transpose", "transpose(owners=balanced)", "transpose(spill=next_step)", sets=frz)
 
-    def row(setup, recipe, rows, best, paper):
-        return (f"| {setup} | {recipe} | {rows[0]['makespan_ms']:.0f} ms | {rows[1]['makespan_ms']:.0f} ms | "
+    def row(setup, rname, rows, best, paper):
+        return (f"| {setup} | {rname} | {rows[0]['makespan_ms']:.0f} ms | {rows[1]['makespan_ms']:.0f} ms | "
                 f"{rows[1]['speedup']:.2f}x | {best} | {paper} |")
 
-    def bold(rows, setup, recipe, best, paper):
-        line = row(setup, recipe, rows, best, paper)
+    def bold(rows, setup, rname, best, paper):
+        line = row(setup, rname, rows, best, paper)
         sp = f"{rows[1]['speedup']:.2f}x"
         return line.replace(f"| {sp} |", f"| **{sp}** |", 1)
 
@@ -127,7 +127,7 @@ def paper_scale() -> str:
             f"`owners=balanced`: {df[2]['speedup']:.2f}x; `spill`: {df[3]['speedup']:.2f}x", "-"),
         "",
         f"Peak memory (largest device): 1F1B {peak(qt[0]):.0f} GB at 8 devices (device 0 stashes the encoder "
-        f"activations of up to {recipe_raw(q).pipeline_stage} micro-batches), transpose {peak(qt[1]):.0f} GB.",
+        f"activations of up to {recipe(q).pipeline_stage} micro-batches), transpose {peak(qt[1]):.0f} GB.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -172,8 +172,6 @@ def bench_targets() -> str:
     errs = [s["error"] for d in (fz, tr) for s in d["schedules"]]
     ip_errs = [s["error"] for n in ("bench_2rank_inpipe.json", "bench_2rank_inpipe_trained.json")
                for s in bench(n)["schedules"]]
-    shares = [r["share"]["interp"] for d in (fz, tr) for s in d["schedules"] for r in s["ranks"]]
-    per_act = [r["interp_us_per_action"] for d in (fz, tr) for s in d["schedules"] for r in s["ranks"]]
     f1 = fz["schedules"][0]
     i1 = inp["schedules"][0]
     return (
