@@ -33,12 +33,24 @@ def cmd_plan(args) -> int:
     plan = assert_valid(derive_recipe(recipe, args.schedule))
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
           f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
+    print(cut_lines(plan))
     print(program_table(plan))
     if args.export:
         with open(args.export, "w") as f:
             f.write(plan.dumps())
         print(f"wrote {args.export}")
     return 0
+
+
+def cut_lines(plan) -> str:
+    """Layers of every chunk, per region: ``llm: chunk 0 layers 0-8 (9) on device 0``, one line a region."""
+    out = []
+    for region in dict.fromkeys(c.region for c in plan.chunks):
+        cs = [c for c in plan.chunks if c.region == region]
+        devs = lambda c: ",".join(str(d) for d in c.devices)  # noqa: E731
+        out.append(f"layers {region}: " + " ".join(f"{c.layers}@{devs(c)}" for c in cs)
+                   + f"  ({sum(c.layers for c in cs)} layers; chunk layers@device)")
+    return "\n".join(out)
 
 
 def cmd_check(args) -> int:

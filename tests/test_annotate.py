@@ -73,11 +73,29 @@ def test_ascend_recipe_settings():
     assert gp.mindformers() == {
         "parallel_config": {"data_parallel": 2, "pipeline_stage": 8, "micro_batch_num": 32},
         "parallel": {"pipeline_config": {"pipeline_interleave": True, "pipeline_scheduler": "1f1b"}},
-        "model": {"model_config": {"pp_interleave_num": 2}},
+        "model": {"model_config": {"pp_interleave_num": 2, "offset": 0}},
     }
     assert gp.frozen_regions == ["vision"]
     with pytest.raises(GraphModeUnsupported, match="PyNative"):
         graph_pipeline(plan_of(None, recipe=os.path.join(ROOT, "recipes", "qwen2_5_vl_72b.yaml")))
+
+
+@pytest.mark.parametrize("schedule,overrides", [
+    ("1f1b", ("parallel_config.pipeline_stage=4",)),                       # 4 layers on 4: offset 0
+    ("1f1b", ("parallel_config.pipeline_stage=3",)),                       # 2, 1, 1: offset [1, 0, 0]
+    ("[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]", ()),
+    ("interleaved", ("parallel_config.pp_interleave_num=2", "mpipe.profile.regions.1.layers=6")),
+])
+def test_emitted_offset_makes_mindformers_cut_like_the_plan(schedule, overrides):
+    """gp.mindformers()'s offset, fed to MindFormers' layout rule, gives the plan's own layers per chunk."""
+    from hyperparallel.mpipe.mindformers_rules import layer_layout
+    plan = plan_of(schedule, *overrides)
+    gp = graph_pipeline(plan)
+    mc = gp.mindformers()["model"]["model_config"]
+    llm = [c.layers for c in plan.chunks if c.region == "llm"]
+    assert list(layer_layout(sum(llm), mc["offset"], gp.stages, mc["pp_interleave_num"])) == llm
+    if len(set(llm)) > 1:
+        assert mc["offset"] != 0
 
 
 # -- on the tiny MLLM's cells (MindSpore needed to build them) -------------------------------------

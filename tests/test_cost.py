@@ -160,3 +160,18 @@ def test_balanced_spreads_round_robin_when_encoder_dwarfs_slack():
     rec = load_recipe(recipe("mllm_encoder_heavy.yaml"))
     plan = derive_recipe(rec, "transpose(owners=balanced)")
     assert sorted(plan.meta["owners"]["vision"].count(d) for d in range(4)) == [2, 2, 2, 2]
+
+
+def test_data_parallel_allreduce_costed_with_each_devices_own_parameter_bytes():
+    """Uneven cut (3 + 1 layers of 10 MB) and D=2: each device's gradient all-reduce moves its own bytes."""
+    prof = parse_profile({"link": {"latency_ms": 0.1, "bandwidth_gb_s": 1.0}, "regions": [
+        {"name": "llm", "layers": 4, "trainable": True, "forward_ms": 1.0, "backward_ms": 1.0, "param_mb": 10.0}]})
+    sched = [{"region": "llm", "skeleton": "pipe", "order": "1f1b", "layers": [3, 1]}]
+    plan = derive(prof, sched, 2, 4, 1, 2)
+    assert check(plan) == []
+    rep = simulate(plan, prof)
+    took = {d: [t.end - t.start for t in rep.execution.timeline[d] if t.action.kind == ALLREDUCE]
+            for d in (0, 1)}
+    assert took[0] == [pytest.approx(ring_ms(ALLREDUCE, 2, 30.0, prof.link))]
+    assert took[1] == [pytest.approx(ring_ms(ALLREDUCE, 2, 10.0, prof.link))]
+    assert took[0][0] > 2 * took[1][0]

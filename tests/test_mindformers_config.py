@@ -1,4 +1,4 @@
-"""Recipes as MindFormers YAML: MindFormerConfig loading without MindSpore, the fallback loader,
+"""Recipes as MindFormers YAML: the loader (conformance with MindFormers' own MindFormerConfig),
 the mpipe: section, and the shipped MindFormers recipes through plan/check/simulate."""
 import json
 import os
@@ -8,13 +8,14 @@ import textwrap
 
 import pytest
 
-from hyperparallel.mpipe import mfconfig
+import importlib.util
+
 from hyperparallel.mpipe.errors import SpecError
 from hyperparallel.mpipe.recipe import _load_yaml, load_raw, load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
-HAVE_MF = mfconfig.mindformers_dir() is not None
+HAVE_MF = importlib.util.find_spec("mindformers") is not None
 needs_mf = pytest.mark.skipif(not HAVE_MF, reason="mindformers is not installed (requirements.txt pins 1.9.0)")
 
 PROFILE = textwrap.dedent("""\
@@ -77,43 +78,65 @@ def test_fallback_loader_merges_like_mindformers(family):
     assert _load_yaml(family) == expected_child()
 
 
-@needs_mf
-def test_mindformerconfig_and_fallback_load_identically(family):
-    via_mf = mfconfig.load_config_dict(family)
-    assert via_mf == expected_child() == _load_yaml(family)
-    raw, loader = load_raw(family)
-    assert loader == "mindformers" and raw == via_mf
+#: loads files with MindFormers' own class (imports MindSpore), prints one JSON line per file; then
+#: applies MindFormers' ConfigTemplate (what MindFormerConfig(path) adds) to the files named after "--template"
+MF_LOAD = """
+import json, sys
+from mindformers.tools.register import MindFormerConfig as C
+from mindformers.tools.register.template import ConfigTemplate
+args = sys.argv[1:]
+cut = args.index("--template")
+for path in args[:cut]:
+    print("JSON", json.dumps([path, C(**C._file2dict(path)).to_dict()]))
+for path in args[cut + 1:]:
+    cfg = C(**C._file2dict(path)).to_dict()
+    cfg.setdefault("run_mode", "train")
+    try:
+        ConfigTemplate.apply_template(cfg)
+        print("TEMPLATE", json.dumps([path, "ok", cfg["parallel_config"]["pipeline_stage"], cfg.get("mpipe")]))
+    except (KeyError, ValueError) as e:
+        print("TEMPLATE", json.dumps([path, type(e).__name__ + ": " + str(e)]))
+"""
+
+
+def shipped_recipes():
+    out = []
+    for d, _, files in os.walk(RECIPES):
+        out += [os.path.join(d, f) for f in sorted(files) if f.endswith(".yaml")]
+    return sorted(out)
 
 
 @needs_mf
-def test_standalone_class_equals_mindformers_imported_normally(family):
-    """The standalone-loaded MindFormerConfig gives what `import mindformers` gives (that imports MindSpore)."""
-    code = ("import json, sys; from mindformers.tools.register import MindFormerConfig as C; "
-            f"print('JSON', json.dumps(C(**C._file2dict({family!r})).to_dict()))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(family), capture_output=True, text=True,
-                       timeout=300, env=mf_env())  # MindFormers' logger writes ./output/log
+def test_every_shipped_recipe_loads_as_mindformers_own_class_loads_it(family, tmp_path):
+    """Conformance: the built-in merge == MindFormerConfig._file2dict + MindFormerConfig(**d), file by file;
+    and MindFormers' template accepts the Ascend recipes and refuses the CPU recipes' interleave spelling."""
+    files = shipped_recipes() + [family]
+    templ = [os.path.join(RECIPES, n) for n in ("qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml", "llm_pipeline.yaml")]
+    r = subprocess.run([sys.executable, "-c", MF_LOAD, *files, "--template", *templ], cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=300, env=mf_env())  # MindFormers logs to ./output
     assert r.returncode == 0, r.stderr[-2000:]
-    line = [l for l in r.stdout.splitlines() if l.startswith("JSON ")][-1]
-    assert json.loads(line[5:]) == mfconfig.load_config_dict(family)
+    got = dict(json.loads(l[5:]) for l in r.stdout.splitlines() if l.startswith("JSON "))
+    assert sorted(got) == sorted(files) and len(files) > 10
+    for path in files:
+        assert _load_yaml(path) == got[path], path
+    assert got[family] == expected_child()
+    t = {x[0]: x[1:] for x in (json.loads(l[9:]) for l in r.stdout.splitlines() if l.startswith("TEMPLATE "))}
+    for name in templ[:2]:
+        raw, _ = load_raw(name)
+        assert t[name] == ["ok", raw["parallel_config"]["pipeline_stage"], raw["mpipe"]]
+    # documented difference: MindFormers 1.9 wants pp_interleave_num in model.model_config
+    assert t[templ[2]][0].startswith("KeyError") and "pp_interleave_num" in t[templ[2]][0]
 
 
 def test_loading_imports_no_mindspore_or_mindformers(family):
     code = ("import sys; from hyperparallel.mpipe.recipe import load_recipe; "
             f"r = load_recipe({family!r}); "
             f"r2 = load_recipe({os.path.join(RECIPES, 'qwen2_5_vl_72b.yaml')!r}); "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('mindspore', 'mindformers') "
-            "or 'hyperparallel_mindformers' in m]; print('LOADER', r.loader, 'IMPORTED', bad)")
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('mindspore', 'mindformers')]; "
+            "print('IMPORTED', bad)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "IMPORTED []" in r.stdout
-    assert f"LOADER {'mindformers' if HAVE_MF else 'builtin'}" in r.stdout
-
-
-def test_builtin_loader_can_be_forced(family):
-    env = dict(os.environ, HYPERPARALLEL_RECIPE_LOADER="builtin")
-    code = f"from hyperparallel.mpipe.recipe import load_recipe; print(load_recipe({family!r}).loader)"
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
-    assert r.stdout.strip() == "builtin", r.stderr
 
 
 def test_recipe_values_from_inherited_sections(family):
@@ -157,8 +180,11 @@ def test_encoder_options(family):
 
 
 def test_pp_interleave_num_in_mindformers_place(family):
-    r = load_recipe(family, ["model.model_config.pp_interleave_num=2"])
-    assert r.pp_interleave_num == 2
+    r = load_recipe(family, ["model.model_config.pp_interleave_num=2", "parallel_config.pipeline_stage=2",
+                             "parallel.pipeline_config.pipeline_interleave=true"])
+    assert r.pp_interleave_num == 2 and r.v_key == "model.model_config.pp_interleave_num"
+    # MindFormers' LayerSetting: pp_interleave_num counts only with pipeline_interleave on
+    assert load_recipe(family, ["model.model_config.pp_interleave_num=2"]).pp_interleave_num == 1
     with pytest.raises(SpecError) as e:
         load_recipe(family, ["model.model_config.pp_interleave_num=2", "parallel_config.pp_interleave_num=1"])
     assert e.value.field == "parallel_config.pp_interleave_num"
@@ -183,27 +209,23 @@ def test_missing_base_and_cycle_are_one_line_errors(tmp_path):
     p = write(tmp_path, "y.yaml", "base_config: x.yaml\n")
     with pytest.raises(SpecError) as e:
         load_recipe(p)
-    assert e.value.field == "base_config"
+    assert e.value.field == "base_config" and str(e.value) == "base_config: inheritance cycle: y.yaml -> x.yaml -> y.yaml"
+    p = write(tmp_path, "self.yaml", "base_config: [ok.yaml, sub/../self.yaml]\n")
+    write(tmp_path, "ok.yaml", "a: 1\n")
+    with pytest.raises(SpecError, match="inheritance cycle: self.yaml -> self.yaml"):
+        load_recipe(p)
+    # a file inherited twice along different branches is no cycle
+    write(tmp_path, "common.yaml", PROFILE + "parallel_config: {pipeline_stage: 2, micro_batch_num: 4}\n")
+    write(tmp_path, "left.yaml", "base_config: common.yaml\n")
+    p = write(tmp_path, "both.yaml", "base_config: [left.yaml, common.yaml]\n")
+    assert load_recipe(p).pipeline_stage == 2
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml"])
-def test_ascend_recipes_are_valid_mindformers_configs(name):
+def test_ascend_recipes_are_mindformers_configs(name):
     raw, _ = load_raw(os.path.join(RECIPES, name))
     assert raw["device"] == "Ascend" and raw["context"]["device_target"] == "Ascend"
-    mc = raw["model"]["model_config"]
-    assert mc["vision_config"]["depth"] == 32
-    if HAVE_MF:
-        full = mfconfig.template_check(raw)  # MindFormers' own template accepts every section
-        assert full["parallel_config"]["pipeline_stage"] == raw["parallel_config"]["pipeline_stage"]
-        assert full["mpipe"] == raw["mpipe"]
-
-
-@needs_mf
-def test_template_refuses_hyperparallel_spelling_of_interleave():
-    """Documented difference: MindFormers 1.9 wants pp_interleave_num in model.model_config."""
-    raw, _ = load_raw(os.path.join(RECIPES, "llm_pipeline.yaml"))
-    with pytest.raises(KeyError, match="pp_interleave_num"):
-        mfconfig.template_check(raw)
+    assert raw["model"]["model_config"]["vision_config"]["depth"] == 32
 
 
 @pytest.mark.parametrize("args,expect", [
@@ -239,24 +261,3 @@ def test_train_accepts_a_mindformers_recipe(tmp_path):
     assert "schedule transpose(owners=min)" in r.stdout
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == [0, 1] and all(x["schedule"] == "transpose(owners=min)" for x in rows)
-
-
-def test_forced_mindformers_loader_says_why_when_unavailable(tmp_path, family):
-    env = dict(os.environ, HYPERPARALLEL_RECIPE_LOADER="mindformers")
-    code = (f"from hyperparallel.cli import main; import sys; sys.exit(main(['check', {family!r}]))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
-    if HAVE_MF:
-        assert r.returncode == 0, r.stderr
-    else:
-        assert r.returncode == 2 and "HYPERPARALLEL_RECIPE_LOADER=mindformers but mindformers is not installed" \
-            in r.stderr
-
-
-@needs_mf
-def test_real_mindformers_class_used_when_already_imported(family):
-    code = ("import sys; import mindformers.tools.register.config as real; "
-            "from hyperparallel.mpipe import mfconfig; "
-            f"assert mfconfig.config_module() is real; print(mfconfig.load_config_dict({family!r}) is not None)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(family), capture_output=True, text=True,
-                       timeout=300, env=mf_env())
-    assert r.returncode == 0 and r.stdout.strip().endswith("True"), r.stderr[-2000:]

@@ -25,6 +25,7 @@ STEPS = 3
 SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(backward=central)"]
 SPILL = "transpose(spill=next_step)"
 SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
+UNEVEN = "[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]"
 
 
 def _slug(text: str) -> str:
@@ -114,6 +115,7 @@ def two_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("rt2"))
     cases = [_case(tmp, s, fz) for s in SCHEDULES_2 for fz in (False, True)]
     cases.append(_case(tmp, SPILL, True))  # next-step spill: frozen encoders only
+    cases.append(_case(tmp, UNEVEN, False))  # explicit uneven cut of the LLM (3 + 1 layers)
     ckpt = os.path.join(tmp, "ckpt")
     cases.append(_case(tmp, "transpose", False, steps=2, save_dir=ckpt, save_every=1,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first")))
@@ -136,6 +138,13 @@ def test_two_ranks_next_step_spill_matches_reference(two_rank):
     case = two_rank[_slug(f"{SPILL}_frozen_")]
     assert any(a.get("step") for p in case["plan"]["programs"].values() for a in p), "plan must spill"
     assert_matches_reference(case, True)
+
+
+@pytest.mark.msrun
+def test_two_ranks_uneven_cut_matches_reference(two_rank):
+    case = two_rank[_slug(f"{UNEVEN}_trained_")]
+    assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [3, 1]
+    assert_matches_reference(case, False)
 
 
 @pytest.mark.msrun

@@ -16,7 +16,9 @@ What maps (plan -> MindSpore), and why:
   own placement rule (MindFormers' ``LayerSetting`` gives layer ``i`` the stage
   ``searchsorted(cumulative layers, i + 1) mod pp`` over a ``(pp_interleave_num, pp)``
   grid: consecutive layers, cyclic over stages), so each layer's cell gets the device of
-  the plan chunk that holds it.
+  the plan chunk that holds it. ``gp.mindformers()`` also gives the ``model.model_config.offset``
+  with which MindFormers' ``LayerSetting`` cuts the layers exactly as the plan does (the same
+  cut that ``plan``, ``simulate`` and the runtime use).
 * order ``1f1b`` -> scheduler ``1f1b``, ``pipeline_interleave: False`` (MindSpore's default).
 * order ``gpipe`` -> scheduler ``gpipe`` with ``pipeline_interleave: True``: MindSpore's
   ``set_pipeline_config`` refuses any scheduler but ``1f1b`` when interleave is off
@@ -65,8 +67,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from hyperparallel.mpipe.errors import SpecError
-
-SCHEDULERS = ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")  # MindSpore 2.9
+from hyperparallel.mpipe.mindformers_rules import SCHEDULERS, offset_of  # noqa: F401 (SCHEDULERS: MindSpore 2.9's)
 
 
 class GraphModeUnsupported(SpecError):
@@ -87,6 +88,7 @@ class GraphPipeline:
     param_stages: Dict[str, int] = field(default_factory=dict)
     conflicts: List[str] = field(default_factory=list)
     frozen_regions: List[str] = field(default_factory=list)
+    offset: object = 0   # model.model_config.offset giving MindFormers the plan's layers per chunk
 
     def pipeline_config(self) -> dict:
         """``parallel.pipeline_config`` / ``set_auto_parallel_context(pipeline_config=...)``."""
@@ -106,7 +108,7 @@ class GraphPipeline:
             "parallel_config": {"data_parallel": self.data_parallel, "pipeline_stage": self.stages,
                                 "micro_batch_num": self.micro_batches},
             "parallel": {"pipeline_config": self.pipeline_config()},
-            "model": {"model_config": {"pp_interleave_num": self.virtual_stages}},
+            "model": {"model_config": {"pp_interleave_num": self.virtual_stages, "offset": self.offset}},
         }
 
     def to_dict(self) -> dict:
@@ -160,9 +162,12 @@ def graph_pipeline(plan) -> GraphPipeline:
         raise GraphModeUnsupported("schedule.order", f"{order!r} has no MindSpore scheduler; allowed in graph "
                                                      "mode: gpipe, 1f1b, interleaved")
     frozen = [r for r, t in (plan.trainable or {}).items() if not t]
+    body_chunks = sorted((c for c in plan.chunks if c.region == body.get("region")), key=lambda c: c.index)
+    layers = [c.layers for c in body_chunks]
+    offset = offset_of(layers, plan.num_devices, V) if len(layers) == plan.num_devices * V else 0
     return GraphPipeline(stages=plan.num_devices, micro_batches=plan.num_micro, interleave=interleave,
                          virtual_stages=V, scheduler=sched, data_parallel=int(plan.data_parallel or 1),
-                         frozen_regions=frozen)
+                         frozen_regions=frozen, offset=offset)
 
 
 class _Placement:

@@ -6,7 +6,7 @@ runtime executes (see :mod:`execute`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List
 
 from .execute import Execution, execute
@@ -147,10 +147,29 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
     return out
 
 
+def _per_device_collectives(plan: Plan):
+    """(plan with a distinct action object for every data-parallel collective, {id(action): device}).
+
+    The executor runs a data-parallel all-reduce once per device and asks its duration by action;
+    each device's is costed with that device's own parameter bytes.
+    """
+    programs, device_of = {}, {}
+    for d, prog in plan.programs.items():
+        out = []
+        for a in prog:
+            if a.group == DP_GROUP:
+                a = replace(a)
+                device_of[id(a)] = d
+            out.append(a)
+        programs[d] = out
+    return replace(plan, programs=programs), device_of
+
+
 def simulate(plan: Plan, profile: ModelProfile, steps: int = 1) -> CostReport:
     """Execute ``steps`` optimizer steps; per-step figures come from the last step (steady state)."""
     dur = Durations(plan, profile)
-    ex = execute(plan, dur.compute, lambda a: dur.comm(a), steps=steps)
+    run, device_of = _per_device_collectives(plan)
+    ex = execute(run, dur.compute, lambda a: dur.comm(a, device_of.get(id(a), 0)), steps=steps)
     step_ms = ex.step_ends[-1] - (ex.step_ends[-2] if steps > 1 else 0.0)
     mem = _memory(plan, profile, dur, ex)
     devices = []

@@ -449,8 +449,8 @@ def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int =
 
 def derive_recipe(recipe, schedule=None) -> Plan:
     """Derive from a loaded recipe, with an optional schedule override (short name or list)."""
-    if schedule is not None and hasattr(recipe, "resolve_schedule"):
-        schedule = recipe.resolve_schedule(schedule)  # the recipe's mpipe.encoder options
+    if hasattr(recipe, "plan_schedule"):
+        schedule = recipe.plan_schedule(schedule)  # mpipe.encoder options, the recipe's cut of the body
     plan = derive(recipe.profile, recipe.schedule if schedule is None else schedule, recipe.pipeline_stage,
                   recipe.micro_batch_num, recipe.pp_interleave_num, recipe.data_parallel)
     plan.meta["recipe"] = recipe.path

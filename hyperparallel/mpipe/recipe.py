@@ -1,38 +1,44 @@
 """Recipes: MindFormers YAML with a ``parallel_config`` and an ``mpipe:`` section.
 
-Only this module reads recipe files. Files are loaded with MindFormers' own
-``MindFormerConfig`` when MindFormers is installed (``base_config`` inheritance exactly
-as in MindFormers, and without importing MindSpore: see :mod:`.mfconfig`), else with
-the built-in loader below, which implements the same merge. ``--set a.b=v`` overrides
-any value (``v`` is parsed as YAML; list items are addressed by index, e.g.
-``mpipe.profile.regions.0.trainable=false``).
+Only this module reads recipe files. ``base_config`` inheritance is merged as MindFormers'
+``MindFormerConfig`` merges it (a test loads every shipped recipe with MindFormers' own
+class and compares). ``--set a.b=v`` overrides any value (``v`` is parsed as YAML; list
+items are addressed by index, e.g. ``mpipe.profile.regions.0.trainable=false``).
 
-Keys read: ``parallel_config.{pipeline_stage, micro_batch_num, data_parallel}``,
+Keys read: ``parallel_config.{pipeline_stage, micro_batch_num, data_parallel, seq_split_num}``,
 ``pp_interleave_num`` from ``parallel_config`` (hyperparallel's spelling) or
-``model.model_config`` (MindFormers 1.9's), ``device``, and the ``mpipe:`` section:
+``model.model_config`` (MindFormers 1.9's), ``parallel.pipeline_config``, ``device``, and
+the ``mpipe:`` section:
 
-* ``schedule``: short name or list form (see :mod:`.schedule`);
+* ``schedule``: short name or list form (see :mod:`.schedule`); without it the schedule
+  comes from ``parallel.pipeline_config`` (see :mod:`.mindformers_rules`);
 * ``profile``: per-region costs; optional when ``model.model_config`` gives the layer
-  counts (``num_hidden_layers``/``num_layers``, and ``vision_config.depth`` or
-  ``.num_hidden_layers`` for the encoder), then every layer costs one unit;
+  counts (the language model's and its towers', see :func:`.mindformers_rules.towers`),
+  then every layer costs one unit and ``freeze_*`` flags set ``trainable``;
 * ``encoder``: ``{owners, backward, spill, trainable}``, options of the encoder regions
   (the transpose options fill in what the schedule does not say; ``trainable`` sets
   every region before the pipelined one).
+
+A MindFormers config (``model:`` with ``model_config`` or ``arch``) is planned as MindFormers
+runs it: V is 1 unless ``pipeline_interleave`` is true, and the language model's layers per
+chunk follow ``model.model_config.offset`` by MindFormers' rule. The project's own recipes
+split the layers evenly.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Optional, Tuple
 
 import yaml
 
+from . import mindformers_rules as mf
 from .errors import SpecError
 from .profile import ModelProfile, parse_profile
 
 MPIPE_KEYS = ("schedule", "profile", "encoder")
 ENCODER_KEYS = ("owners", "backward", "spill", "trainable")
-SCHEDULERS = ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")  # MindSpore's
+SCHEDULERS = mf.SCHEDULERS  # MindSpore's
 PARALLEL_KEYS = ("pipeline_stage", "micro_batch_num", "pp_interleave_num", "data_parallel", "model_parallel",
                  "vocab_emb_dp", "gradient_aggregation_group", "use_seq_parallel", "context_parallel",
                  "expert_parallel")
@@ -51,12 +57,45 @@ class Recipe:
     schedule: object = "1f1b"
     device: str = "CPU"
     overrides: list = field(default_factory=list)
-    loader: str = "builtin"          # "mindformers" (MindFormerConfig) or "builtin"
+    loader: str = "builtin"
     encoder: dict = field(default_factory=dict)   # mpipe.encoder options
+    v_key: str = "parallel_config.pp_interleave_num"  # the key that set V (named in errors)
+    layout: Optional[dict] = None  # MindFormers layer layout of the pipelined region: num_layers, offset, key
 
     def resolve_schedule(self, schedule):
         """``schedule`` (e.g. a ``--schedule`` value) with the recipe's ``mpipe.encoder`` options applied."""
         return apply_encoder_options(schedule, self.encoder)
+
+    def chunk_layers(self, order: str) -> Optional[Tuple[int, ...]]:
+        """Layers of every chunk of the pipelined region by MindFormers' rule (None: the even split)."""
+        if self.layout is None:
+            return None
+        return mf.layer_layout(self.layout["num_layers"], self.layout["offset"], self.pipeline_stage,
+                               self.pp_interleave_num, self.layout["key"], zbv=order == "zbv")
+
+    def plan_schedule(self, schedule=None):
+        """The parsed schedule to derive: the recipe's (or ``schedule``, with the ``mpipe.encoder``
+        options), its pipe order checked against P, V, M (errors name the key that set V), and the
+        recipe's cut of the pipelined region."""
+        from . import orders
+        from .schedule import parse_schedule
+        spec = self.schedule if schedule is None else self.resolve_schedule(schedule)
+        sched = parse_schedule(spec, self.profile)
+        body, pipe = sched.body
+        try:
+            orders.validate(pipe.order, self.pipeline_stage, self.pp_interleave_num, self.micro_batch_num)
+        except SpecError as e:
+            if e.field == "parallel_config.pp_interleave_num" and self.v_key != e.field:
+                raise SpecError(self.v_key, str(e)[len(e.field) + 2:]) from None
+            raise
+        layers = self.chunk_layers(pipe.order)
+        if layers is None:
+            return sched
+        if pipe.layers is not None and tuple(pipe.layers) != layers:
+            raise SpecError(f"schedule.{body}.layers", f"{list(pipe.layers)} contradicts {self.layout['key']} "
+                                                       f"(layers per chunk {list(layers)}); give it in one place")
+        parts = sched.parts[:-1] + ((body, replace(pipe, layers=layers)),)
+        return replace(sched, parts=parts)
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -87,9 +126,13 @@ def apply_override(raw: dict, item: str) -> None:
             node = node[p]
 
 
-def _load_yaml(path: str, seen=()) -> dict:
+def _load_yaml(path: str, chain: Tuple[str, ...] = ()) -> dict:
+    """One file with its ``base_config`` parents merged as MindFormers' ``MindFormerConfig`` does.
+
+    ``chain``: the files being loaded above this one (a file met again is an inheritance cycle).
+    """
     if not os.path.isfile(path):
-        raise SpecError("recipe", f"file not found: {path}")
+        raise SpecError("recipe" if not chain else "base_config", f"file not found: {path}")
     with open(path) as f:
         try:
             raw = yaml.safe_load(f) or {}
@@ -97,6 +140,7 @@ def _load_yaml(path: str, seen=()) -> dict:
             raise SpecError("recipe", f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise SpecError("recipe", f"{path} must be a YAML mapping")
+    chain = chain + (os.path.realpath(path),)
     base = raw.pop("base_config", None)
     if base:
         # MindFormers-style inheritance: the base is loaded first, this file's keys win (deep merge).
@@ -104,10 +148,13 @@ def _load_yaml(path: str, seen=()) -> dict:
         bases = base if isinstance(base, list) else [base]
         merged: dict = {}
         for b in bases:
+            if not isinstance(b, str):
+                raise SpecError("base_config", f"{path}: must be a file name or a list of them, got {b!r}")
             bp = os.path.join(os.path.dirname(path), b)
-            if os.path.abspath(bp) in seen:
-                raise SpecError("base_config", f"inheritance cycle at {b}")
-            merged.update(_load_yaml(bp, seen + (os.path.abspath(path),)))
+            if os.path.realpath(bp) in chain:
+                names = [os.path.basename(x) for x in chain] + [os.path.basename(bp)]
+                raise SpecError("base_config", f"inheritance cycle: {' -> '.join(names)}")
+            merged.update(_load_yaml(bp, chain))
         _merge(merged, raw)
         raw = merged
     return raw
@@ -123,18 +170,10 @@ def _merge(dst: dict, src: dict) -> None:
 
 
 def load_raw(path: str):
-    """(merged dict, loader name): MindFormerConfig when MindFormers is installed, else built-in."""
-    from . import mfconfig
-    if not os.path.isfile(path):
-        raise SpecError("recipe", f"file not found: {path}")
-    try:
-        raw = mfconfig.load_config_dict(path)
-    except RecursionError:
-        raise SpecError("base_config", f"inheritance cycle below {path}") from None
-    if raw is not None:
-        if not isinstance(raw, dict):
-            raise SpecError("recipe", f"{path} must be a YAML mapping")
-        return raw, "mindformers"
+    """(merged dict, loader name): the file with its ``base_config`` parents merged.
+
+    The loader name is always ``"builtin"`` (kept for callers that record it).
+    """
     return _load_yaml(path), "builtin"
 
 
@@ -178,21 +217,62 @@ def _model_config(raw: dict) -> dict:
     return mc if isinstance(mc, dict) else {}
 
 
+UNIT = dict(forward_ms=1.0, backward_ms=1.0, weight_ms=1.0, activation_mb=1.0, output_mb=1.0, param_mb=1.0)
+
+
 def _profile_from_model_config(raw: dict) -> Optional[dict]:
-    """Unit-cost profile from MindFormers' ``model.model_config`` layer counts, or None."""
-    mc = _model_config(raw)
-    llm = mc.get("num_hidden_layers", mc.get("num_layers"))
-    if not isinstance(llm, int) or isinstance(llm, bool):
+    """Unit-cost profile from the layer counts of ``model.model_config`` and its towers, or None."""
+    ts = mf.towers(_model_config(raw))
+    if not ts:
         return None
-    unit = dict(forward_ms=1.0, backward_ms=1.0, weight_ms=1.0, activation_mb=1.0, output_mb=1.0, param_mb=1.0)
-    regions = []
-    vc = mc.get("vision_config")
-    if isinstance(vc, dict):
-        depth = vc.get("depth", vc.get("num_hidden_layers"))
-        if isinstance(depth, int) and not isinstance(depth, bool):
-            regions.append(dict(name="vision", layers=depth, trainable=True, **unit))
-    regions.append(dict(name="llm", layers=llm, trainable=True, **unit))
-    return {"regions": regions}
+    return {"regions": [dict(name=t.name, layers=t.layers, trainable=True, **UNIT) for t in ts]}
+
+
+def _apply_freeze_flags(prof, raw: dict, enc: dict, hand_written: bool):
+    """``model.model_config.freeze_vision: true`` and the like set the region's ``trainable``.
+
+    A flag for a part that is no region of the profile (e.g. ``freeze_projector``: the projector has
+    no layer count, it is the tail of the encoder region before it) changes nothing. A flag that
+    contradicts ``mpipe.encoder.trainable`` or a hand-written region's ``trainable`` is refused.
+    """
+    flags = mf.freeze_flags(_model_config(raw))
+    if not flags or not isinstance(prof, dict) or not isinstance(prof.get("regions"), list):
+        return prof
+    regs = [dict(r) if isinstance(r, dict) else r for r in prof["regions"]]
+    for i, r in enumerate(regs):
+        if not isinstance(r, dict) or r.get("name") not in flags:
+            continue
+        frozen, key = flags[r["name"]]
+        if "trainable" in enc and i < len(regs) - 1 and enc["trainable"] == frozen:
+            raise SpecError(key, f"{frozen} contradicts mpipe.encoder.trainable: {enc['trainable']}; give it in "
+                                 "one place")
+        if hand_written and "trainable" in r and r["trainable"] == frozen:
+            raise SpecError(key, f"{frozen} contradicts mpipe.profile.regions[{i}].trainable: {r['trainable']}; "
+                                 "give it in one place")
+        r["trainable"] = not frozen
+    return dict(prof, regions=regs)
+
+
+def _layout(raw: dict, profile: ModelProfile, P: int, V: int) -> Optional[dict]:
+    """MindFormers' layer layout of the pipelined region, validated now (None: not a MindFormers config)."""
+    if not mf.is_mindformers_config(raw):
+        return None
+    mc = _model_config(raw)
+    body = profile.regions[-1]
+    ts = mf.towers(mc)
+    llm = ts[-1] if ts else None
+    num_layers, offset, key = body.layers, mc.get("offset"), "model.model_config.offset"
+    if llm is not None:
+        if llm.layers != body.layers:
+            raise SpecError(f"mpipe.profile.regions[{len(profile.regions) - 1}].layers",
+                            f"{body.layers} differs from {llm.key} ({llm.layers}); give the same layer count")
+        if llm.config is not mc and "offset" in llm.config:
+            offset, key = llm.config["offset"], llm.key.rsplit(".", 1)[0] + ".offset"
+        if llm.layers < P * V:
+            raise SpecError(llm.key, f"{llm.layers} layers cannot be cut into pipeline_stage x pp_interleave_num "
+                                     f"= {P} x {V} = {P * V} chunks")
+    layout = {"num_layers": num_layers, "offset": offset, "key": key}
+    return layout
 
 
 def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[str] = ()) -> Recipe:
@@ -206,13 +286,8 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     for k in ("pipeline_stage", "micro_batch_num"):
         if k not in pc:
             raise SpecError(f"parallel_config.{k}", "missing")
-
-    def whole(key: str, default=None) -> int:
-        v = pc.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpecError(f"parallel_config.{key}", f"must be a whole number >= 1, got {v!r}")
-        return v
-
+    is_mf = mf.is_mindformers_config(raw)
+    v_key = "parallel_config.pp_interleave_num"
     mc_v = _model_config(raw).get("pp_interleave_num")
     if mc_v is not None:
         if "pp_interleave_num" in pc and pc["pp_interleave_num"] != mc_v:
@@ -220,8 +295,26 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
                             f"{pc['pp_interleave_num']!r} differs from model.model_config.pp_interleave_num "
                             f"{mc_v!r}; give one of them")
         pc = dict(pc, pp_interleave_num=mc_v)
+        v_key = "model.model_config.pp_interleave_num"
+
+    def whole(key: str, default=None, name=None) -> int:
+        v = pc.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpecError(name or f"parallel_config.{key}", f"must be a whole number >= 1, got {v!r}")
+        return v
+
+    P, M = whole("pipeline_stage"), whole("micro_batch_num")
+    V = whole("pp_interleave_num", 1, v_key)
+    interleave = mf.pipeline_interleave(raw)
+    if interleave is False or (interleave is None and is_mf):
+        # MindFormers' LayerSetting: pp_interleave_num only counts with pipeline_interleave on
+        # (MindSpore's default is off)
+        V = 1
+    mf.seq_split_num(raw)
 
     mp = raw.get("mpipe")
+    if mp is None and is_mf and _profile_from_model_config(raw) is not None:
+        mp = {}
     if not isinstance(mp, dict):
         raise SpecError("mpipe", "missing; add an mpipe: section (schedule, and profile unless "
                                  "model.model_config gives the layer counts)")
@@ -237,18 +330,25 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     if "trainable" in enc and not isinstance(enc["trainable"], bool):
         raise SpecError("mpipe.encoder.trainable", f"must be true or false, got {enc['trainable']!r}")
     prof = mp.get("profile")
+    hand_written = prof is not None
     if prof is None:
         prof = _profile_from_model_config(raw)
         if prof is None:
             raise SpecError("mpipe.profile", "missing; give the regions with their per-layer costs (or "
                                              "model.model_config.num_hidden_layers for a unit-cost profile)")
+    prof = _apply_freeze_flags(prof, raw, enc, hand_written)
     if "trainable" in enc and isinstance(prof, dict) and isinstance(prof.get("regions"), list):
         regs = [dict(r) if isinstance(r, dict) else r for r in prof["regions"]]
         for r in regs[:-1]:
             if isinstance(r, dict):
                 r["trainable"] = enc["trainable"]
         prof = dict(prof, regions=regs)
-    sched = mp.get("schedule", "1f1b")
+    if "schedule" in mp:
+        sched = mp["schedule"]
+    elif interleave is not None:
+        sched = mf.order_from_keys(raw, P, V, M, v_key)  # MindFormers' scheduler keys
+    else:
+        sched = "1f1b"
     for opt in ("owners", "backward", "spill"):
         if opt in enc and not isinstance(enc[opt], str):
             raise SpecError(f"mpipe.encoder.{opt}", f"must be a name, got {enc[opt]!r}")
@@ -261,19 +361,19 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     device = raw.get("device", "CPU")
     if device not in DEVICES:
         raise SpecError("device", f"{device!r} unknown; allowed: {', '.join(DEVICES)}")
-    ppc = (raw.get("parallel") or {}).get("pipeline_config") if isinstance(raw.get("parallel"), dict) else None
-    if isinstance(ppc, dict) and "pipeline_scheduler" in ppc and ppc["pipeline_scheduler"] not in SCHEDULERS:
-        raise SpecError("parallel.pipeline_config.pipeline_scheduler",
-                        f"{ppc['pipeline_scheduler']!r} unknown; allowed: {', '.join(SCHEDULERS)}")
-    return Recipe(path=path, raw=raw, pipeline_stage=whole("pipeline_stage"),
-                  micro_batch_num=whole("micro_batch_num"), pp_interleave_num=whole("pp_interleave_num", 1),
-                  data_parallel=whole("data_parallel", 1), profile=parse_profile(prof),
-                  schedule=apply_encoder_options(sched, enc), device=device, overrides=overrides,
-                  encoder=dict(enc))
+    profile = parse_profile(prof)
+    recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
+                    data_parallel=whole("data_parallel", 1), profile=profile,
+                    schedule=apply_encoder_options(sched, enc), device=device, overrides=overrides,
+                    encoder=dict(enc), v_key=v_key, layout=_layout(raw, profile, P, V))
+    if recipe.layout is not None:
+        # refuse a bad offset now, whatever schedule is derived later
+        recipe.chunk_layers(sched if sched == "zbv" else "")
+    return recipe
 
 
 def load_recipe(path: str, overrides: Iterable[str] = ()) -> Recipe:
-    """Load (MindFormerConfig or built-in), merge ``base_config`` parents, apply ``--set`` overrides, validate."""
+    """Load, merge ``base_config`` parents, apply ``--set`` overrides, validate."""
     raw, loader = load_raw(path)
     recipe = recipe_from_dict(raw, path=path, overrides=overrides)
     recipe.loader = loader

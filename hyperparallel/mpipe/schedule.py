@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import List, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 from .errors import SpecError
 from .profile import ModelProfile
@@ -27,10 +27,15 @@ SHORT_NAMES = ORDERS + ("transpose",)
 
 @dataclass(frozen=True)
 class Pipe:
-    """Chunks of the region on devices ``c mod P``, ordered per device by ``order``."""
+    """Chunks of the region on devices ``c mod P``, ordered per device by ``order``.
+
+    ``layers``: layers of every chunk in data-flow order (P x V of them), or None for the
+    even split (see :mod:`.cut`).
+    """
 
     order: str = "1f1b"
     skeleton: str = "pipe"
+    layers: Optional[Tuple[int, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,15 @@ class Schedule:
         return dict(self.parts)[region]
 
     def to_list(self) -> List[dict]:
-        return [dict(region=r, **asdict(s)) for r, s in self.parts]
+        out = []
+        for r, s in self.parts:
+            d = dict(region=r, **asdict(s))
+            if d.get("layers", 0) is None:
+                del d["layers"]  # the even split
+            elif "layers" in d:
+                d["layers"] = list(d["layers"])
+            out.append(d)
+        return out
 
     def name(self) -> str:
         """Compact name, e.g. ``transpose`` or ``transpose(order=interleaved)``."""
@@ -146,9 +159,20 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule") -> S
     raise SpecError(field, f"{name!r} unknown; allowed: {', '.join(SHORT_NAMES)}")
 
 
-_ITEM_KEYS = {"pipe": ("region", "skeleton", "order"),
+_ITEM_KEYS = {"pipe": ("region", "skeleton", "order", "layers"),
               "place": ("region", "skeleton", "device"),
               "transpose": ("region", "skeleton", "owners", "backward", "spill")}
+
+
+def _layers(field: str, value) -> Optional[Tuple[int, ...]]:
+    """Explicit per-chunk layer counts of a pipe item: a list of whole numbers >= 1 (checked against P x V
+    and the region's layers by :func:`.cut.cut`)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not value or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value):
+        raise SpecError(field, f"must be a list of whole numbers >= 1 (layers of every chunk), got {value!r}")
+    return tuple(value)
 
 
 def parse_list(items, profile: ModelProfile, field: str = "schedule") -> Schedule:
@@ -169,7 +193,8 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule") -> Schedul
         sk = _choice(f"{w}.skeleton", it["skeleton"], SKELETONS)
         _check_opts(w, {k: v for k, v in it.items()}, _ITEM_KEYS[sk])
         if sk == "pipe":
-            s = Pipe(order=_choice(f"{w}.order", it.get("order", "1f1b"), ORDERS))
+            s = Pipe(order=_choice(f"{w}.order", it.get("order", "1f1b"), ORDERS),
+                     layers=_layers(f"{w}.layers", it.get("layers")))
         elif sk == "place":
             dev = it.get("device", 0)
             if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:

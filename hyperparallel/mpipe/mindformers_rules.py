@@ -1,0 +1,301 @@
+"""MindFormers' own rules for a training config: layer layout, scheduler keys, model towers.
+
+Pure functions over the recipe dictionary, no MindSpore. Each rule cites the MindFormers 1.9.0 /
+MindSpore 2.9.0 function it reproduces, and refuses (one-line :class:`SpecError` naming the key
+the user set) exactly where that function raises, plus where the planner cannot follow
+(a chunk without layers, a scheduler the schedule algebra has no order for).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import SpecError
+
+#: ``parallel.pipeline_config.pipeline_scheduler`` values MindSpore 2.9 accepts.
+SCHEDULERS = ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")
+#: Layer-count keys of a model (or tower) config, in the order they are looked for.
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "depth")
+#: Tower keys under ``model.model_config`` that hold the language model.
+LLM_TOWERS = ("llm_model", "language_model", "text_model", "text_config", "llm_config")
+_SUFFIXES = ("_model", "_config", "_tower", "_encoder")
+_ALIASES = {"visual": "vision", "vit": "vision", "image": "vision", "language": "llm", "language_model": "llm",
+            "text": "llm", "llm": "llm"}
+
+
+def is_mindformers_config(raw: dict) -> bool:
+    """A MindFormers training config: its ``model:`` section has ``model_config`` or ``arch``."""
+    model = raw.get("model")
+    return isinstance(model, dict) and ("model_config" in model or "arch" in model)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# -- layer layout ------------------------------------------------------------------------------
+
+def _offset_grid(offset, P: int, V: int, key: str) -> List[List[int]]:
+    """``offset`` broadcast to V rows of P, after MindFormers' shape and sum checks."""
+    if _whole(offset):
+        return [[offset] * P for _ in range(V)]
+    if isinstance(offset, list) and offset and all(_whole(x) for x in offset):
+        if len(offset) != P:
+            raise SpecError(key, f"{offset} has {len(offset)} entries; MindFormers needs pipeline_stage ({P}) "
+                                 "entries (offset.shape[-1] == pp)")
+        return [list(offset) for _ in range(V)]
+    if isinstance(offset, list) and offset and all(isinstance(r, list) and r and all(_whole(x) for x in r)
+                                                   for r in offset):
+        bad = [len(r) for r in offset if len(r) != P]
+        if bad:
+            raise SpecError(key, f"{offset} has rows of {bad[0]} entries; MindFormers needs pipeline_stage ({P}) "
+                                 "entries per row (offset.shape[-1] == pp)")
+        if len(offset) != V:
+            raise SpecError(key, f"{offset} has {len(offset)} rows; MindFormers needs pp_interleave_num ({V}) "
+                                 "rows of pipeline_stage entries (offset.shape[-2] == pp_interleave_num)")
+        return [list(r) for r in offset]
+    raise SpecError(key, f"must be a whole number, a list of pipeline_stage ({P}) whole numbers, or "
+                         f"pp_interleave_num ({V}) such lists; got {offset!r}")
+
+
+def _flat_sum(offset) -> int:
+    if _whole(offset):
+        return offset
+    return sum(x if _whole(x) else sum(x) for x in offset)
+
+
+def layer_layout(num_layers: int, offset, P: int, V: int, key: str = "model.model_config.offset",
+                 zbv: bool = False) -> Tuple[int, ...]:
+    """Layers of every pipeline chunk (data-flow order, chunk ``v*P + p``) as MindFormers lays them out.
+
+    Reproduces ``LayerSetting.__init__`` and ``LayerSetting._check_inputs`` of
+    ``mindformers/parallel_core/training_graph/transformer/utils.py`` (used by the legacy Llama
+    and the mcore transformer block alike): ``offset`` (scalar 0 when absent) must have P
+    entries per row and V rows, and its entries (before broadcasting) must sum to
+    ``num_layers % (P*V)``; it is broadcast to V x P and added to ``num_layers // (P*V)``
+    (for ``zero_bubble_v`` the second row is reversed: chunk ``P + k`` runs on stage
+    ``P - 1 - k``); layer ``i`` goes to the first chunk whose cumulative count exceeds ``i``
+    (``np.searchsorted``), so a broadcast total above ``num_layers`` leaves the last chunks
+    short, as MindFormers does. MindFormers lets the first and last chunk be empty; the planner
+    needs every chunk to hold a layer and refuses that too.
+    """
+    total = P * V
+    if total <= 1:
+        return (num_layers,)
+    base, rem = divmod(num_layers, total)
+    grid = _offset_grid(0 if offset is None else offset, P, V, key)
+    given = 0 if offset is None else offset
+    if _flat_sum(given) != rem:
+        what = "absent (MindFormers' default 0)" if offset is None else f"{offset!r} sums to {_flat_sum(given)}"
+        example = [1] * rem + [0] * (P - rem) if V == 1 and rem <= P else None
+        hint = f"; e.g. offset: {example}" if example else ""
+        raise SpecError(key, f"{what}; MindFormers requires the offsets to sum to num_layers % (pipeline_stage x "
+                             f"pp_interleave_num) = {num_layers} % ({P} x {V}) = {rem} "
+                             f"(LayerSetting._check_inputs){hint}")
+    rows = [[base + x for x in row] for row in grid]
+    if zbv and V >= 2:
+        rows[1] = rows[1][::-1]
+    flat = [n for row in rows for n in row]
+    if flat[0] < 0 or flat[-1] < 0 or any(n < 1 for n in flat[1:-1]):
+        raise SpecError(key, f"{offset!r} gives chunks of {flat} layers; MindFormers needs the first and last chunk "
+                             ">= 0 layers and every middle chunk >= 1 (LayerSetting._check_inputs)")
+    if sum(flat) < num_layers:
+        raise SpecError(key, f"{offset!r} gives chunks of {flat} layers, {sum(flat)} in all, fewer than num_layers "
+                             f"{num_layers}")
+    out, acc = [], 0
+    for n in flat:
+        out.append(min(acc + n, num_layers) - min(acc, num_layers))
+        acc += n
+    empty = [i for i, n in enumerate(out) if n < 1]
+    if empty:
+        c = empty[0]
+        raise SpecError(key, f"{'absent' if offset is None else repr(offset)} leaves pipeline chunk {c} (virtual "
+                             f"stage {c // P}, stage {c % P}) without layers (layers per chunk: {out}); every chunk "
+                             "of the plan needs at least 1 layer")
+    return tuple(out)
+
+
+def offset_of(layers: Sequence[int], P: int, V: int):
+    """The ``model.model_config.offset`` that makes MindFormers lay out ``layers`` (no ``zero_bubble_v``).
+
+    0 when every chunk has ``num_layers // (P*V)`` layers, a flat list for V = 1, else V lists of P.
+    """
+    base = sum(layers) // (P * V)
+    off = [n - base for n in layers]
+    if not any(off):
+        return 0
+    if V == 1:
+        return off
+    return [off[v * P:(v + 1) * P] for v in range(V)]
+
+
+# -- pipeline scheduler keys --------------------------------------------------------------------
+
+def pipeline_interleave(raw: dict) -> Optional[bool]:
+    """``parallel.pipeline_config.pipeline_interleave`` (None when there is no pipeline_config).
+
+    MindSpore's ``_AutoParallelContext.set_pipeline_config`` needs both ``pipeline_interleave``
+    (a bool) and ``pipeline_scheduler`` when ``pipeline_config`` is given.
+    """
+    par = raw.get("parallel")
+    ppc = par.get("pipeline_config") if isinstance(par, dict) else None
+    if ppc is None:
+        return None
+    if not isinstance(ppc, dict):
+        raise SpecError("parallel.pipeline_config", "must be a mapping with pipeline_interleave and "
+                                                    "pipeline_scheduler")
+    for k in ("pipeline_interleave", "pipeline_scheduler"):
+        if k not in ppc:
+            raise SpecError(f"parallel.pipeline_config.{k}", "missing; MindSpore's set_pipeline_config needs "
+                                                             "pipeline_interleave and pipeline_scheduler")
+    if not isinstance(ppc["pipeline_interleave"], bool):
+        raise SpecError("parallel.pipeline_config.pipeline_interleave",
+                        f"must be true or false, got {ppc['pipeline_interleave']!r}")
+    if ppc["pipeline_scheduler"] not in SCHEDULERS:
+        raise SpecError("parallel.pipeline_config.pipeline_scheduler",
+                        f"{ppc['pipeline_scheduler']!r} unknown; allowed: {', '.join(SCHEDULERS)}")
+    return ppc["pipeline_interleave"]
+
+
+def seq_split_num(raw: dict) -> None:
+    """Refuse ``parallel_config.seq_split_num`` > 1: no order of the schedule algebra splits the sequence."""
+    pc = raw.get("parallel_config")
+    v = pc.get("seq_split_num", 1) if isinstance(pc, dict) else 1
+    if v is None or v == 1:
+        return
+    if not _whole(v) or v < 1:
+        raise SpecError("parallel_config.seq_split_num", f"must be a whole number >= 1, got {v!r}")
+    raise SpecError("parallel_config.seq_split_num",
+                    f"{v} splits every micro-batch along the sequence (MindSpore's seqpipe); no order of the "
+                    "schedule algebra does that; supported: 1")
+
+
+def known_orders() -> Tuple[str, ...]:
+    """Pipe orders the schedule library has now (looked up at run time)."""
+    from . import orders, schedule
+    return tuple(o for o in orders.ORDER_RULES if o in schedule.ORDERS)
+
+
+def order_from_keys(raw: dict, P: int, V: int, M: int, v_key: str) -> str:
+    """The pipe order MindSpore runs for ``parallel.pipeline_config`` (V already the effective count).
+
+    ``1f1b`` -> ``interleaved`` when V > 1, else ``1f1b``; ``gpipe`` -> ``gpipe``;
+    ``zero_bubble_v`` -> ``zbv`` when the schedule library has that order (MindFormers'
+    ``TransformerConfig`` checks: pp_interleave_num 2, pipeline_stage >= 2, micro_batch_num >=
+    2 x pipeline_stage). Everything else is refused naming the key.
+    """
+    key = "parallel.pipeline_config.pipeline_scheduler"
+    interleave = pipeline_interleave(raw)
+    sched = raw["parallel"]["pipeline_config"]["pipeline_scheduler"] if interleave is not None else "1f1b"
+    have = known_orders()
+    supported = ["1f1b", "gpipe"] + (["zero_bubble_v"] if "zbv" in have else [])
+    if sched in ("seqpipe", "seqvpp", "seqsmartvpp"):
+        raise SpecError(key, f"{sched!r} (sequence-pipelined) has no order in the schedule algebra; supported: "
+                             f"{', '.join(supported)} (or give mpipe.schedule)")
+    if sched != "1f1b" and not interleave:
+        # MindSpore's set_pipeline_config: "When pipeline_interleave is False, ... only '1f1b' is allowed."
+        raise SpecError(key, f"{sched!r} needs parallel.pipeline_config.pipeline_interleave: true (MindSpore "
+                             "allows only '1f1b' without interleave)")
+    if sched == "gpipe":
+        return "gpipe"
+    if sched == "1f1b":
+        return "interleaved" if V > 1 else "1f1b"
+    # zero_bubble_v
+    if "zbv" not in have:
+        raise SpecError(key, f"'zero_bubble_v' needs the ZB-V order, which this schedule library does not have "
+                             f"(orders: {', '.join(have)}); supported: {', '.join(supported)} (or give mpipe.schedule)")
+    if V != 2:
+        raise SpecError(v_key, f"must be 2 for pipeline_scheduler 'zero_bubble_v' (MindFormers' TransformerConfig), "
+                               f"got {V}")
+    if P < 2:
+        raise SpecError("parallel_config.pipeline_stage", f"must be >= 2 for 'zero_bubble_v', got {P}")
+    if M < 2 * P:
+        raise SpecError("parallel_config.micro_batch_num",
+                        f"must be >= 2 x pipeline_stage ({2 * P}) for 'zero_bubble_v', got {M}")
+    return "zbv"
+
+
+# -- towers of a (vision-)language model config ------------------------------------------------
+
+class Tower(tuple):
+    """(region name, layers, key of the layer count, config dict)."""
+
+    name = property(lambda s: s[0])
+    layers = property(lambda s: s[1])
+    key = property(lambda s: s[2])
+    config = property(lambda s: s[3])
+
+
+def _count(cfg: dict, where: str) -> Optional[Tuple[int, str, dict]]:
+    """(layers, key, the dict holding it) of a tower config, looking into a nested ``model_config``."""
+    for node, path in ((cfg, where), (cfg.get("model_config"), where + ".model_config")):
+        if not isinstance(node, dict):
+            continue
+        for k in LAYER_KEYS:
+            if k in node:
+                v = node[k]
+                if not _whole(v) or v < 1:
+                    raise SpecError(f"{path}.{k}", f"must be a whole number >= 1, got {v!r}")
+                return v, f"{path}.{k}", node
+    return None
+
+
+def region_name(key: str) -> str:
+    """``vision_model`` -> ``vision``, ``llm_model`` -> ``llm``, ``audio_encoder`` -> ``audio``."""
+    if key in LLM_TOWERS:
+        return "llm"
+    name = key
+    for s in _SUFFIXES:
+        if name.endswith(s) and len(name) > len(s):
+            name = name[: -len(s)]
+            break
+    return _ALIASES.get(name, name)
+
+
+def towers(mc: dict) -> List[Tower]:
+    """The model's towers in data-flow order (encoders as they appear, the language model last).
+
+    The language model is a tower under one of ``LLM_TOWERS`` (MindFormers' multi-modal configs:
+    ``llm_model.model_config.num_layers``), else ``model.model_config`` itself
+    (``num_hidden_layers`` / ``num_layers``). Encoders are the other mappings under
+    ``model.model_config`` with a layer count (``vision_model.model_config.num_hidden_layers``,
+    ``vision_config.depth``, ...). Empty when there is no language-model layer count.
+    """
+    base = "model.model_config"
+    enc, llm = [], None
+    for k, v in mc.items():
+        if not isinstance(v, dict):
+            continue
+        c = _count(v, f"{base}.{k}")
+        if c is None:
+            continue
+        t = Tower((region_name(k), c[0], c[1], c[2]))
+        if t.name == "llm":
+            if llm is not None:
+                raise SpecError(f"{base}.{k}", f"a second language-model tower (the first: {llm.key}); give "
+                                               "mpipe.profile")
+            llm = t
+        else:
+            if any(e.name == t.name for e in enc):
+                raise SpecError(f"{base}.{k}", f"a second {t.name!r} tower; give mpipe.profile")
+            enc.append(t)
+    if llm is None:
+        for k in ("num_hidden_layers", "num_layers"):
+            if k in mc:
+                if not _whole(mc[k]) or mc[k] < 1:
+                    raise SpecError(f"{base}.{k}", f"must be a whole number >= 1, got {mc[k]!r}")
+                llm = Tower(("llm", mc[k], f"{base}.{k}", mc))
+                break
+    return enc + [llm] if llm is not None else []
+
+
+def freeze_flags(mc: dict) -> Dict[str, Tuple[bool, str]]:
+    """``freeze_vision: true`` and the like: {region name: (frozen, key)}."""
+    out = {}
+    for k, v in mc.items():
+        if not k.startswith("freeze_") or len(k) == len("freeze_"):
+            continue
+        key = f"model.model_config.{k}"
+        if not isinstance(v, bool):
+            raise SpecError(key, f"must be true or false, got {v!r}")
+        out[region_name(k[len("freeze_"):])] = (v, key)
+    return out
