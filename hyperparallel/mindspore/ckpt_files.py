@@ -219,7 +219,7 @@ def check_names(ckpt: Dict[str, Tuple[int, ...]], params: Dict[str, Tuple[int, .
         problems.append(f"names not in this model: {_first(extra)}")
     need = {n: tuple(s) for n, s in state.items() if n not in hyper}
     load_state = bool(set(need) & set(shape))
-    if load_state:
+    if load_state and not problems:  # another model's state differs wherever its parameters do
         miss = sorted(set(need) - set(shape))
         if miss:
             problems.append(f"optimizer state missing: {_first(miss)}")
