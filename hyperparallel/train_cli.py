@@ -36,6 +36,12 @@ def add_parser(subparsers) -> None:
                         "step) or a single-process MindSpore .safetensors/.ckpt file (step 0)")
     p.add_argument("--timeout", type=float, default=3600, help="stop the job after this many seconds")
     p.set_defaults(func=run)
+    p = subparsers.add_parser("ckpt", help="list the checkpoints of a save directory; merge a step into one file")
+    p.add_argument("path", help="a save directory (--save-dir), a step directory or a checkpoint file")
+    p.add_argument("--merge", default=None, metavar="OUT",
+                   help="write the step (newest complete of a save directory) as one .safetensors/.ckpt file")
+    p.add_argument("--with-optimizer", action="store_true", help="--merge also writes the optimizer state")
+    p.set_defaults(func=run_ckpt)
 
 
 def _error(msg: str) -> int:
@@ -162,4 +168,37 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
             dt = time.perf_counter() - t0
             print(f"[reference] step {step + 1}/{steps} loss {loss:.6f} step_time {dt:.3f}s", flush=True)
             f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "schedule": "reference"}) + "\n")
+    return 0
+
+
+def run_ckpt(args) -> int:
+    """``hyperparallel ckpt``: the step directories of a save directory (complete or not), or
+    ``--merge OUT``: one MindSpore file of a step for single-process use."""
+    from .mindspore.ckpt_files import CheckpointError, list_steps, read_meta, resolve
+
+    if args.merge:
+        if not args.merge.endswith((".safetensors", ".ckpt")):
+            return _error(f"--merge: {args.merge} must end with .safetensors or .ckpt")
+        try:
+            src = resolve(args.path)
+        except CheckpointError as e:
+            return _error(f"ckpt: {e}")
+        os.environ.setdefault("GLOG_v", "3")
+        from .mindspore import compat
+        from .mindspore.checkpoint import merge
+        compat.setup_device("CPU")
+        n = merge(src, args.merge, args.with_optimizer)
+        print(f"wrote {args.merge}: {n} names from {src.path}")
+        return 0
+    complete, incomplete = list_steps(args.path)
+    if not complete and not incomplete:
+        return _error(f"ckpt: no step directories in {args.path}")
+    for step, path in sorted(complete + incomplete):
+        if (step, path) in complete:
+            m = read_meta(path)
+            size = sum(os.path.getsize(os.path.join(path, f)) for f in m["files"])
+            print(f"{os.path.basename(path)}: complete, {m['schedule']} P={m['P']} V={m['V']} D={m['D']}, "
+                  f"{len(m['files'])} {m['format']} files, {size / 1024:.0f} KiB")
+        else:
+            print(f"{os.path.basename(path)}: incomplete (ignored by --resume)")
     return 0

@@ -200,3 +200,20 @@ def test_cli_refuses_bad_checkpoints_before_launch(saved, tmp_path):
     p = train("--resume-from", str(tmp_path / "nope.safetensors"), "--run-dir", str(tmp_path / "run"))
     assert p.returncode == 2 and "no such checkpoint" in p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "run" / "logs").exists()  # nothing launched
+
+
+def test_ckpt_command_lists_steps(saved, tmp_path):
+    save_dir, _, _ = saved
+    d = str(tmp_path / "ck")
+    shutil.copytree(save_dir, d)
+    shutil.copytree(os.path.join(d, "step_3"), os.path.join(d, "step_4"))
+    os.remove(os.path.join(d, "step_4", "COMPLETE"))
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", d], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("step_3: complete, transpose P=2 V=1 D=1, 2 safetensors files, ")
+    assert lines[1] == "step_4: incomplete (ignored by --resume)"
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", d, "--merge", "x.npz"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: --merge:")

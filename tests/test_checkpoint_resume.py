@@ -201,6 +201,29 @@ def test_step_directories_load_into_the_reference_with_mindspore(resumed, dp2, r
     np.testing.assert_allclose(_load_into_reference_and_step(files, "ckpt"), ref_losses[4], rtol=1e-5)
 
 
+@pytest.mark.msrun
+def test_merged_single_file_loads_with_one_mindspore_call(resumed, ref_losses, tmp_path):
+    import mindspore as ms
+    _, ckpt, _ = resumed
+    params_only, full = str(tmp_path / "model.safetensors"), str(tmp_path / "full.ckpt")
+    for out, extra in ((params_only, []), (full, ["--with-optimizer"])):
+        p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", ckpt, "--merge", out, *extra],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and f"from {os.path.join(ckpt, 'step_4')}" in p.stdout, p.stderr[-2000:]
+    ref = _reference()
+    names = {q.name for q in ref.all_params()}
+    merged = ms.load_checkpoint(params_only, format="safetensors")
+    assert set(merged) == names  # parameters only: what a single-process model needs
+    step4 = {}
+    for f in glob.glob(os.path.join(ckpt, "step_4", "*.safetensors")):
+        step4.update(ms.load_checkpoint(f, format="safetensors"))
+    assert all((merged[n].asnumpy() == step4[n].asnumpy()).all() for n in names)
+    full_dict = ms.load_checkpoint(full)
+    for cell in (ref.vision, ref.llm, ref.opt.opt):
+        assert ms.load_param_into_net(cell, full_dict)[0] == []
+    np.testing.assert_allclose(ref.step(4)[0], ref_losses[4], rtol=1e-5)
+
+
 def _digest(*dirs):
     h = {}
     for d in dirs:

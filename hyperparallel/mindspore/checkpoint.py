@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from typing import Dict, Optional, Tuple
 
 import mindspore as ms
@@ -72,8 +73,10 @@ class Saver:
                      "optimizer": (case["raw"].get("train") or {}).get("optimizer", "adam"),
                      "files": self.files}
 
-    def save(self, step: int) -> str:
-        """Write checkpoint ``step`` (steps done); every rank calls this at the same point."""
+    def save(self, step: int) -> float:
+        """Write checkpoint ``step`` (steps done); every rank calls this at the same point.
+        Returns the seconds it took (barriers included); rank 0 logs a ``saved`` line."""
+        t0 = time.perf_counter()
         d = step_dir(self.save_dir, step)
         if self.comm.rank == 0:
             if os.path.exists(os.path.join(d, MARKER)):
@@ -97,7 +100,12 @@ class Saver:
         self.comm.barrier()
         if self.comm.rank == 0:
             _write_json(os.path.join(d, MARKER), {"step": step, "files": self.files})
-        return d
+        dt = time.perf_counter() - t0
+        if self.comm.rank == 0:
+            size = sum(os.path.getsize(os.path.join(d, f)) for f in self.files
+                       if os.path.exists(os.path.join(d, f)))
+            print(f"saved {d} ({len(self.files)} files, {size} bytes) in {dt:.4f}s", flush=True)
+        return dt
 
     def _die(self, step: int) -> None:
         if self.fault[1]:
@@ -191,3 +199,19 @@ def restore_case(case: dict, comm, chunks, opt, name: str, start: int) -> int:
         print(f"[{name}] resumed from {src.path} at step {step} "
               f"({'with its' if with_state else 'fresh'} optimizer state)", flush=True)
     return step
+
+
+def merge(src: Source, out: str, with_state: bool = False) -> int:
+    """Write the step's files as one MindSpore checkpoint file (format from ``out``'s extension):
+    the parameters, and the optimizer state too with ``with_state``. Returns the number of names."""
+    from .ckpt_files import optimizer_state_names
+    params = {}
+    for f in src.files:
+        params.update(ms.load_checkpoint(f, format="safetensors" if f.endswith(".safetensors") else "ckpt"))
+    if not with_state:
+        for n in optimizer_state_names(params):
+            params.pop(n)
+    fmt = "safetensors" if out.endswith(".safetensors") else "ckpt"
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    ms.save_checkpoint(params, out, format=fmt)
+    return len(params)

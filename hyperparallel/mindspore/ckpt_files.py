@@ -227,3 +227,10 @@ def check_names(ckpt: Dict[str, Tuple[int, ...]], params: Dict[str, Tuple[int, .
         if bad:
             problems.append("optimizer state of wrong shape: " + _first(bad, 3))
     return problems, load_state
+
+
+def optimizer_state_names(names) -> List[str]:
+    """The names of a checkpoint that are optimizer state by MindSpore's naming: ``<slot>.<name>``
+    of another name in it, or undotted globals (``beta1_power``, ``global_step``)."""
+    names = set(names)
+    return sorted(n for n in names if "." not in n or n.partition(".")[2] in names)
