@@ -155,6 +155,9 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     overrides = msrun_overrides(world)
     log_dir = overrides.get("log_dir", log_dir)  # HP_MSRUN_ARGS may move the logs
     os.makedirs(log_dir, exist_ok=True)
+    for name in os.listdir(log_dir):  # msrun appends to old worker logs: a previous run's lines would mislead
+        if re.match(r"worker_\d+\.log$", name):
+            os.remove(os.path.join(log_dir, name))
     job_path = os.path.join(log_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f)

@@ -27,9 +27,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--run-dir", default=None, help="metrics.jsonl and logs go here (default runs/<recipe>)")
     p.add_argument("--save-dir", default=None, help="save every rank's parameters and optimizer state here")
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (default train.save_every)")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --save-dir")
+    p.add_argument("--save-format", choices=("safetensors", "ckpt"), default="safetensors",
+                   help="MindSpore checkpoint file format (default safetensors)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in --save-dir")
+    p.add_argument("--resume-from", default=None, metavar="PATH",
+                   help="start from a checkpoint: a step directory, a save directory (its newest complete "
+                        "step) or a single-process MindSpore .safetensors/.ckpt file (step 0)")
     p.add_argument("--timeout", type=float, default=3600, help="stop the job after this many seconds")
     p.set_defaults(func=run)
+    p = subparsers.add_parser("ckpt", help="list the checkpoints of a save directory; merge a step into one file")
+    p.add_argument("path", help="a save directory (--save-dir), a step directory or a checkpoint file")
+    p.add_argument("--merge", default=None, metavar="OUT",
+                   help="write the step (newest complete of a save directory) as one .safetensors/.ckpt file")
+    p.add_argument("--with-optimizer", action="store_true", help="--merge also writes the optimizer state")
+    p.set_defaults(func=run_ckpt)
 
 
 def _error(msg: str) -> int:
@@ -53,12 +65,26 @@ def _prepare(args):
         raise SpecError("--save-every", f"must be >= 0, got {args.save_every}")
     from .launch import msrun_overrides
     msrun_overrides(plan.num_devices * plan.data_parallel)  # HP_MSRUN_ARGS, checked before launch
-    if args.resume:
-        if not args.save_dir:
-            raise SpecError("--resume", "needs --save-dir (where the checkpoint is)")
-        if not os.path.exists(os.path.join(args.save_dir, "rank_0.npz")):
-            raise SpecError("--resume", f"no checkpoint in {args.save_dir}")
+    args.source = _source(args)
     return recipe, rc, plan
+
+
+def _source(args):
+    """The checkpoint to start from (resolved and its files checked here, before launch), or None."""
+    from .mindspore.ckpt_files import CheckpointError, resolve
+
+    resume, resume_from = getattr(args, "resume", False), getattr(args, "resume_from", None)
+    if resume and resume_from:
+        raise SpecError("--resume-from", "give either --resume (newest in --save-dir) or --resume-from PATH")
+    if resume and not args.save_dir:
+        raise SpecError("--resume", "needs --save-dir (where the checkpoints are)")
+    if not (resume or resume_from):
+        return None
+    flag, path = ("--resume", args.save_dir) if resume else ("--resume-from", resume_from)
+    try:
+        return resolve(path)
+    except CheckpointError as e:
+        raise SpecError(flag, str(e)) from None
 
 
 def _slug(text: str) -> str:
@@ -82,17 +108,50 @@ def run(args) -> int:
     case = dict(name=sched_name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=sched_name,
                 run_dir=os.path.abspath(run_dir),
                 save_dir=os.path.abspath(args.save_dir) if args.save_dir else None,
-                save_every=args.save_every, resume=bool(args.resume))
+                save_every=args.save_every, save_format=args.save_format, resume=bool(args.resume))
+    src = args.source
+    if src is not None:
+        case["resume_from"] = src.to_json()
+        for path in src.ignored:
+            print(f"ignoring incomplete checkpoint {path} (not every rank finished writing it)", flush=True)
+        print(f"resuming from {src.path} at step {src.step}" + _position_note(src, plan), flush=True)
     print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps; run dir {run_dir}", flush=True)
     from .launch import launch
     res = launch({"device": rc.device, "cases": [case]}, world, os.path.join(run_dir, "logs"),
                  timeout_s=args.timeout)
     if res.returncode != 0:
+        refused = _refusal(res.log_dir, world, "--resume" if args.resume else "--resume-from")
+        if refused:
+            return _error(refused)
         print(f"error: job failed (exit {res.returncode}): {res.message}", file=sys.stderr)
         return res.returncode
     print(f"done in {res.wall_s:.1f} s; metrics in {os.path.join(run_dir, 'metrics.jsonl')}", flush=True)
     return 0
+
+
+def _position_note(src, plan) -> str:
+    pos = (src.meta or {}).get("data_position") or {}
+    per = pos.get("micro_batches_per_step")
+    if per and per != plan.num_micro * plan.data_parallel:
+        return (f" (note: the checkpoint's run took {per} micro-batches per step, this one "
+                f"{plan.num_micro * plan.data_parallel}; data continue at step {src.step})")
+    return ""
+
+
+def _refusal(log_dir: str, world: int, flag: str):
+    """A rank's checkpoint refusal (``checkpoint refused: ...`` in its log), or None."""
+    from .mindspore.ckpt_files import REFUSED
+
+    for r in range(world):
+        try:
+            with open(os.path.join(log_dir, f"worker_{r}.log"), errors="replace") as f:
+                for line in f:
+                    if line.startswith(REFUSED):
+                        return f"{flag}: " + line[len(REFUSED):].strip()
+        except OSError:
+            continue
+    return None
 
 
 def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
@@ -109,4 +168,37 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
             dt = time.perf_counter() - t0
             print(f"[reference] step {step + 1}/{steps} loss {loss:.6f} step_time {dt:.3f}s", flush=True)
             f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "schedule": "reference"}) + "\n")
+    return 0
+
+
+def run_ckpt(args) -> int:
+    """``hyperparallel ckpt``: the step directories of a save directory (complete or not), or
+    ``--merge OUT``: one MindSpore file of a step for single-process use."""
+    from .mindspore.ckpt_files import CheckpointError, list_steps, read_meta, resolve
+
+    if args.merge:
+        if not args.merge.endswith((".safetensors", ".ckpt")):
+            return _error(f"--merge: {args.merge} must end with .safetensors or .ckpt")
+        try:
+            src = resolve(args.path)
+        except CheckpointError as e:
+            return _error(f"ckpt: {e}")
+        os.environ.setdefault("GLOG_v", "3")
+        from .mindspore import compat
+        from .mindspore.checkpoint import merge
+        compat.setup_device("CPU")
+        n = merge(src, args.merge, args.with_optimizer)
+        print(f"wrote {args.merge}: {n} names from {src.path}")
+        return 0
+    complete, incomplete = list_steps(args.path)
+    if not complete and not incomplete:
+        return _error(f"ckpt: no step directories in {args.path}")
+    for step, path in sorted(complete + incomplete):
+        if (step, path) in complete:
+            m = read_meta(path)
+            size = sum(os.path.getsize(os.path.join(path, f)) for f in m["files"])
+            print(f"{os.path.basename(path)}: complete, {m['schedule']} P={m['P']} V={m['V']} D={m['D']}, "
+                  f"{len(m['files'])} {m['format']} files, {size / 1024:.0f} KiB")
+        else:
+            print(f"{os.path.basename(path)}: incomplete (ignored by --resume)")
     return 0

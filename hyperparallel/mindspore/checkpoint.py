@@ -1,45 +1,217 @@
-"""Per-rank checkpoints: parameters, optimizer state and the next step, as .npz.
+"""Save and restore on the ranks with MindSpore's own ``save_checkpoint`` / ``load_checkpoint``.
 
-Each rank writes ``SAVE_DIR/rank_<r>.npz`` (write to a temp file, then rename,
-so a crash never leaves a half-written checkpoint) and ``--resume`` loads it
-back with ``Parameter.set_data`` (never in-place tensor ops, see compat).
+Layout, completeness and ownership are in :mod:`.ckpt_files`. Saving step N:
+
+1. rank 0 removes an old ``step_<N>/`` (marker first), then a barrier;
+2. every writing rank saves the names it owns to a temporary file and renames it;
+   rank 0 also writes ``meta.json``;
+3. a barrier, then rank 0 writes the ``COMPLETE`` marker.
+
+A rank that dies in between leaves a directory without the marker, which ``--resume`` ignores.
+Restoring loads by global name (``Parameter.name``) into whatever chunks this rank holds, so a
+checkpoint saved under one (schedule, P, V, D) resumes under any other; names and shapes are
+checked against the whole model (all ranks' names, gathered) before anything is loaded.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Dict, Optional
+import shutil
+import signal
+import time
+from typing import Dict, Optional, Tuple
 
-import numpy as np
-from mindspore import Parameter, Tensor
+import mindspore as ms
 
-
-def _path(save_dir: str, rank: int) -> str:
-    return os.path.join(save_dir, f"rank_{rank}.npz")
-
-
-def save(save_dir: str, rank: int, next_step: int, params: Dict[str, Parameter],
-         opt_state: Dict[str, Parameter]) -> str:
-    os.makedirs(save_dir, exist_ok=True)
-    arrays = {f"param/{k}": v.asnumpy() for k, v in params.items()}
-    arrays.update({f"opt/{k}": v.asnumpy() for k, v in opt_state.items()})
-    arrays["next_step"] = np.array(next_step)
-    tmp = _path(save_dir, rank) + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, _path(save_dir, rank))
-    return _path(save_dir, rank)
+from .ckpt_files import (MARKER, META, REFUSED, CheckpointError, Source, check_names, chunk_owners,
+                         rank_file, resolve, safetensors_header, scalar_owner, step_dir, writers)
+from .optim import HYPER_PARAMS
 
 
-def load(save_dir: str, rank: int, params: Dict[str, Parameter],
-         opt_state: Dict[str, Parameter]) -> Optional[int]:
-    """Restore into params/opt_state; returns the step to continue from (None: no checkpoint)."""
-    path = _path(save_dir, rank)
-    if not os.path.exists(path):
+def recipe_hash(raw: dict) -> str:
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_fault(rank: int) -> Optional[Tuple[int, bool]]:
+    """``HP_FAULT=RANK:save:N[:kill]``: (N, kill) when this rank must die while saving step N."""
+    spec = os.environ.get("HP_FAULT", "").split(":")
+    if len(spec) < 3 or spec[0] != str(rank) or spec[1] != "save":
         return None
-    data = np.load(path)
-    for prefix, target in (("param/", params), ("opt/", opt_state)):
-        for name, p in target.items():
-            key = prefix + name
-            if key not in data:
-                raise ValueError(f"checkpoint {path} has no {key!r} (different recipe or plan?)")
-            p.set_data(Tensor(data[key]))
-    return int(data["next_step"])
+    return int(spec[2]), spec[3:] == ["kill"]
+
+
+def _write_json(path: str, obj: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+class Saver:
+    """Writes this rank's part of each checkpoint (nothing when it owns no name)."""
+
+    def __init__(self, case: dict, comm, plan, chunks, opt, fmt: str = "safetensors"):
+        self.comm, self.plan, self.fmt = comm, plan, fmt
+        self.save_dir = case["save_dir"]
+        owners = chunk_owners(plan)
+        mine = comm.dp_index == 0
+        params = [p for key, cell in sorted(chunks.items()) if mine and owners[key] == comm.device
+                  for p in cell.get_parameters()]
+        per, glob = opt.state_groups()
+        state = opt.state()
+        self.items = {p.name: p for p in params}
+        for p in params:
+            self.items.update({n: state[n] for n in per.get(p.name, [])})
+        if mine and comm.device == scalar_owner(plan):
+            self.items.update({n: state[n] for n in glob})
+        self.files = [rank_file(r, fmt) for r in writers(plan)]
+        self.fault = save_fault(comm.rank)
+        self.meta = {"format_version": 1, "format": fmt, "recipe_hash": recipe_hash(case["raw"]),
+                     "schedule": case.get("schedule", plan.meta.get("schedule_name")),
+                     "P": plan.num_devices, "V": int(plan.meta.get("pp_interleave_num", 1)),
+                     "D": plan.data_parallel, "M": plan.num_micro,
+                     "optimizer": (case["raw"].get("train") or {}).get("optimizer", "adam"),
+                     "files": self.files}
+
+    def save(self, step: int) -> float:
+        """Write checkpoint ``step`` (steps done); every rank calls this at the same point.
+        Returns the seconds it took (barriers included); rank 0 logs a ``saved`` line."""
+        t0 = time.perf_counter()
+        d = step_dir(self.save_dir, step)
+        if self.comm.rank == 0:
+            if os.path.exists(os.path.join(d, MARKER)):
+                os.remove(os.path.join(d, MARKER))
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+        self.comm.barrier()
+        if self.items:
+            name = rank_file(self.comm.rank, self.fmt)
+            tmp = os.path.join(d, f".tmp_{name}")
+            ms.save_checkpoint([{"name": n, "data": p} for n, p in self.items.items()], tmp,
+                               format=self.fmt)
+            if self.fault and self.fault[0] == step:
+                self._die(step)
+            os.replace(tmp, os.path.join(d, name))
+        if self.comm.rank == 0:
+            _write_json(os.path.join(d, META), dict(
+                self.meta, step=step,
+                data_position={"next_step": step, "micro_batch": 0,
+                               "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel}))
+        self.comm.barrier()
+        if self.comm.rank == 0:
+            _write_json(os.path.join(d, MARKER), {"step": step, "files": self.files})
+        dt = time.perf_counter() - t0
+        if self.comm.rank == 0:
+            size = sum(os.path.getsize(os.path.join(d, f)) for f in self.files
+                       if os.path.exists(os.path.join(d, f)))
+            print(f"saved {d} ({len(self.files)} files, {size} bytes) in {dt:.4f}s", flush=True)
+        return dt
+
+    def _die(self, step: int) -> None:
+        if self.fault[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        print(f"fault injection: rank {self.comm.rank} exits while saving step {step}", flush=True)
+        os._exit(13)
+
+
+def _index(src: Source) -> Tuple[Dict[str, Tuple[int, ...]], Dict[str, str], Dict[str, object]]:
+    """({name: shape}, {name: file}, values already read) of the source's files."""
+    shapes, where, values = {}, {}, {}
+    for f in src.files:
+        if f.endswith(".safetensors"):
+            names = {n: s for n, (_, s) in safetensors_header(f).items()}
+        else:
+            try:
+                got = ms.load_checkpoint(f)
+            except (ValueError, RuntimeError, OSError) as e:
+                raise CheckpointError(f"{f}: corrupt checkpoint file ({str(e).splitlines()[0][:120]})") from None
+            values.update(got)
+            names = {n: tuple(v.shape) for n, v in got.items()}
+        for n, s in names.items():
+            shapes.setdefault(n, s)
+            where.setdefault(n, f)
+    return shapes, where, values
+
+
+def _all_gather(comm, obj) -> list:
+    """[obj of every rank]; a comm may bring its own ``all_gather_object`` (in-process tests)."""
+    if hasattr(comm, "all_gather_object"):
+        return comm.all_gather_object(obj)
+    if comm.world == 1:
+        return [obj]
+    import mindspore.mint.distributed as dist
+    out = [None] * comm.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def restore(src: Source, comm, chunks, opt) -> Tuple[int, bool]:
+    """Load ``src`` into this rank's chunks (and optimizer state when the checkpoint has it).
+
+    Returns (step to continue from, optimizer state loaded). Every rank reaches the same
+    verdict (names gathered from all ranks), so a refused checkpoint stops all ranks alike.
+    """
+    shapes, where, values = _index(src)
+    params = {p.name: tuple(p.shape) for cell in chunks.values() for p in cell.get_parameters()}
+    state = {n: tuple(p.shape) for n, p in opt.state().items()}
+    gathered = _all_gather(comm, (params, state))
+    all_params, all_state = {}, {}
+    for p, s in gathered:
+        all_params.update(p)
+        all_state.update(s)
+    problems, load_state = check_names(shapes, all_params, all_state, HYPER_PARAMS)
+    if problems:
+        raise CheckpointError(f"{src.path} does not fit this model: " + "; ".join(problems))
+    need = set(params) | ({n for n in state if n not in HYPER_PARAMS} if load_state else set())
+    for f in sorted({where[n] for n in need} - {None}):
+        if f.endswith(".safetensors"):
+            values.update(ms.load_checkpoint(f, format="safetensors",
+                                             choice_func=lambda n, f=f: n in need and where[n] == f))
+    for cell in chunks.values():  # every name of the cell is given: no prefix guessing
+        ms.load_param_into_net(cell, {p.name: values[p.name] for p in cell.get_parameters()})
+    if load_state and opt.opt is not None:  # strict: hyper-parameters stay the recipe's
+        ms.load_param_into_net(opt.opt, {n: values[n] for n in need}, strict_load=True)
+    return (src.step if src.meta else 0), load_state
+
+
+def source_of(case: dict) -> Optional[Source]:
+    """The checkpoint a case starts from: ``resume_from`` (resolved by the launcher) or, with
+    ``resume``, the newest complete step of ``save_dir``."""
+    if case.get("resume_from"):
+        return Source.from_json(case["resume_from"])
+    if case.get("resume") and case.get("save_dir"):
+        return resolve(case["save_dir"])
+    return None
+
+
+def restore_case(case: dict, comm, chunks, opt, name: str, start: int) -> int:
+    """The worker's resume: restore the case's checkpoint, if any, and return the first step.
+    A checkpoint that does not fit stops every rank with exit status 2 and a ``REFUSED`` line."""
+    try:
+        src = source_of(case)
+        if src is None:
+            return start
+        step, with_state = restore(src, comm, chunks, opt)
+    except CheckpointError as e:
+        print(REFUSED + str(e), flush=True)
+        raise SystemExit(2) from None
+    if comm.rank == 0:
+        print(f"[{name}] resumed from {src.path} at step {step} "
+              f"({'with its' if with_state else 'fresh'} optimizer state)", flush=True)
+    return step
+
+
+def merge(src: Source, out: str, with_state: bool = False) -> int:
+    """Write the step's files as one MindSpore checkpoint file (format from ``out``'s extension):
+    the parameters, and the optimizer state too with ``with_state``. Returns the number of names."""
+    from .ckpt_files import optimizer_state_names
+    params = {}
+    for f in src.files:
+        params.update(ms.load_checkpoint(f, format="safetensors" if f.endswith(".safetensors") else "ckpt"))
+    if not with_state:
+        for n in optimizer_state_names(params):
+            params.pop(n)
+    fmt = "safetensors" if out.endswith(".safetensors") else "ckpt"
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    ms.save_checkpoint(params, out, format=fmt)
+    return len(params)

@@ -28,9 +28,10 @@ import numpy as np
 
 def fault_hook(rank: int):
     """Fault injection for tests: ``HP_FAULT=RANK:STEP[:kill]`` makes that rank die in the
-    middle of that step: ``os._exit(13)`` after a log line, or with ``kill`` a silent SIGKILL."""
+    middle of that step: ``os._exit(13)`` after a log line, or with ``kill`` a silent SIGKILL.
+    (``HP_FAULT=RANK:save:N[:kill]``, dying while saving step N, is handled by the checkpoint saver.)"""
     spec = os.environ.get("HP_FAULT", "").split(":")
-    if spec[0] != str(rank) or len(spec) < 2:
+    if spec[0] != str(rank) or len(spec) < 2 or spec[1] == "save":
         return None
     step_k, kill = int(spec[1]), spec[2:] == ["kill"]
 
@@ -41,6 +42,18 @@ def fault_hook(rank: int):
             print(f"fault injection: rank {rank} exits at step {step}, action {index}/{length}", flush=True)
             os._exit(13)
     return hook
+
+
+def open_metrics(path: str, start: int):
+    """metrics.jsonl for appending, keeping only the lines of steps before ``start`` (a resumed
+    run replaces what a failed run logged after its checkpoint)."""
+    kept = []
+    if start > 0 and os.path.exists(path):
+        with open(path) as f:
+            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) < start]
+    f = open(path, "w")
+    f.writelines(kept)
+    return f
 
 
 def setup_case(case: dict, comm):
@@ -84,23 +97,18 @@ def run_case(case: dict, comm) -> None:
     name = case.get("name", "run")
     interp.hook = fault_hook(comm.rank)
     opt = Optimizer(interp.updated, rc.train)
-    all_params = {p.name: p for cell in chunks.values() for p in cell.get_parameters()}
 
     start = int(case.get("start_step", 0))
     steps = int(case.get("steps", rc.train.steps))
     save_dir, save_every = case.get("save_dir"), int(case.get("save_every") or rc.train.save_every or 0)
-    if case.get("resume") and save_dir:
-        got = checkpoint.load(save_dir, comm.rank, all_params, opt.state())
-        if got is None:
-            raise SystemExit(f"rank {comm.rank}: --resume but no checkpoint in {save_dir}")
-        start = got
-        if comm.rank == 0:
-            print(f"[{name}] resumed from {save_dir} at step {start}", flush=True)
+    saver = checkpoint.Saver(case, comm, plan, chunks, opt, case.get("save_format") or "safetensors") \
+        if save_dir else None
+    start = checkpoint.restore_case(case, comm, chunks, opt, name, start)
     run_dir, dump_dir = case.get("run_dir"), case.get("dump_dir")
     metrics = None
     if comm.rank == 0 and run_dir:
         os.makedirs(run_dir, exist_ok=True)
-        metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a" if case.get("resume") else "w")
+        metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
     losses = []
     interp.run_prologue(start)  # next-step (spill) work for the first step; nothing for most plans
     for step in range(start, steps):
@@ -122,7 +130,7 @@ def run_case(case: dict, comm) -> None:
                                           "schedule": case.get("schedule", name)}) + "\n")
                 metrics.flush()
         if save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps):
-            checkpoint.save(save_dir, comm.rank, step + 1, all_params, opt.state())
+            saver.save(step + 1)
     if metrics:
         metrics.close()
     if dump_dir and comm.rank == 0:

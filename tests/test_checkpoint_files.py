@@ -1,0 +1,219 @@
+"""Checkpoint layout, owners, name checks and refusals before launch (no msrun job).
+
+Checkpoints here are written in this process by the ranks' own :class:`Saver`, one fake rank
+after the other (a no-op barrier), so the files are exactly what a job writes.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from hyperparallel.mindspore import ckpt_files as cf
+from hyperparallel.mpipe.derive import derive_recipe
+from hyperparallel.mpipe.recipe import load_recipe
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
+
+
+def plan_of(schedule, *overrides):
+    return derive_recipe(load_recipe(RECIPE, overrides=list(overrides)), schedule)
+
+
+@pytest.mark.parametrize("schedule,overrides", [
+    ("transpose", ()), ("transpose(backward=central)", ()), ("1f1b", ()),
+    ("interleaved", ("parallel_config.pp_interleave_num=2",)),
+    ("transpose", ("parallel_config.pipeline_stage=4",)),
+    ("transpose", ("parallel_config.data_parallel=2",)),
+    ("transpose", ("mpipe.profile.regions.0.trainable=false",)),
+])
+def test_every_chunk_has_one_owner_that_holds_and_updates_it(schedule, overrides):
+    from hyperparallel.mpipe import ir
+    plan = plan_of(schedule, *overrides)
+    owners = cf.chunk_owners(plan)
+    assert set(owners) == {(c.region, c.index) for c in plan.chunks}
+    for c in plan.chunks:
+        d = owners[(c.region, c.index)]
+        assert d in c.devices
+        prog = plan.programs[d]
+        updates = any(a.kind in (ir.B, ir.BW, ir.W) and a.region == c.region and a.chunk == c.index
+                      for a in prog) or any(a.kind == ir.ALLREDUCE and a.tensor == ir.WGRAD
+                                            and a.region == c.region for a in prog)
+        assert updates == plan.trainable.get(c.region, True), (c, d)
+    assert all(r % plan.data_parallel == 0 for r in cf.writers(plan))  # dp copies: written by dp index 0
+    if len(plan.chunk("vision", 0).devices) > 1:  # transpose: replicas on every rank, one writer
+        assert owners[("vision", 0)] == min(plan.chunk("vision", 0).devices) or "central" in schedule
+
+
+def test_central_backward_owner_is_the_device_that_updates():
+    plan = plan_of("transpose(backward=central)")
+    from hyperparallel.mpipe import ir
+    w = {d for d, p in plan.programs.items() for a in p if a.kind in (ir.W, ir.BW) and a.region == "vision"}
+    assert cf.chunk_owners(plan)[("vision", 0)] == min(w)
+
+
+def test_check_names():
+    params = {"a.w": (2, 3), "a.b": (3,)}
+    state = {"moment1.a.w": (2, 3), "moment1.a.b": (3,), "beta1_power": (), "learning_rate": ()}
+    full = dict(params, **state)
+    assert cf.check_names(full, params, state, ("learning_rate",)) == ([], True)
+    assert cf.check_names(params, params, state, ("learning_rate",)) == ([], False)  # fresh optimizer
+    problems, _ = cf.check_names({"a.w": (2, 4), "x.y": (1,), "moment1.x.y": (1,)}, params, state)
+    text = "; ".join(problems)
+    assert "missing parameters: a.b" in text and "wrong shapes: a.w [2, 4] (model [2, 3])" in text
+    assert "names not in this model: moment1.x.y, x.y" in text
+    problems, load = cf.check_names(dict(params, beta1_power=()), params, state, ("learning_rate",))
+    assert load and problems == ["optimizer state missing: moment1.a.b, moment1.a.w"]
+    many = {f"l.{i}.w": (1,) for i in range(9)}
+    problems, _ = cf.check_names({}, many, {})
+    assert problems[0].endswith("... (9 in all)") and problems[0].count("l.") == 4
+
+
+# ---------------------------------------------------------------- written by the ranks' Saver
+class FakeComm:
+    def __init__(self, rank, D=1):
+        self.rank, self.D, self.device, self.dp_index, self.world = rank, D, rank // D, rank % D, 2
+
+    def barrier(self):
+        pass
+
+
+def _ranks(schedule="transpose", overrides=()):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from hyperparallel.mindspore import compat
+    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mindspore.interpreter import Interpreter
+    from hyperparallel.mindspore.data import data_source
+    from hyperparallel.mindspore.optim import Optimizer
+    compat.setup_device("CPU")
+    recipe = load_recipe(RECIPE, overrides=list(overrides))
+    plan = derive_recipe(recipe, schedule)
+    rc = RunConfig.from_raw(recipe.raw)
+    out = []
+    for d in range(plan.num_devices):
+        comm = FakeComm(d)
+        chunks = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop)
+                  for c in plan.chunks_on(d)}
+        out.append((comm, chunks, Optimizer(Interpreter(plan, comm, rc.model, data_source(rc), chunks).updated, rc.train)))
+    return recipe, plan, out
+
+
+def write_checkpoint(save_dir, step, fmt="safetensors", schedule="transpose", overrides=()):
+    from hyperparallel.mindspore.checkpoint import Saver
+    recipe, plan, ranks = _ranks(schedule, overrides)
+    case = {"save_dir": save_dir, "raw": recipe.raw, "schedule": schedule}
+    for comm, chunks, opt in ranks:  # rank 0 first: its clean-up must not remove the others' files
+        Saver(case, comm, plan, chunks, opt, fmt).save(step)
+    return cf.step_dir(save_dir, step), ranks
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ck"))
+    path, ranks = write_checkpoint(d, 3)
+    return d, path, ranks
+
+
+def test_step_dir_layout_and_names_written_once(saved):
+    save_dir, path, ranks = saved
+    assert sorted(os.listdir(path)) == ["COMPLETE", "meta.json", "rank_0.safetensors", "rank_1.safetensors"]
+    meta = cf.read_meta(path)
+    assert (meta["step"], meta["P"], meta["D"], meta["V"], meta["schedule"]) == (3, 2, 1, 1, "transpose")
+    assert meta["data_position"] == {"next_step": 3, "micro_batch": 0, "micro_batches_per_step": 4}
+    heads = [cf.safetensors_header(os.path.join(path, f)) for f in meta["files"]]
+    assert not set(heads[0]) & set(heads[1])  # the encoder replica of rank 1 is not written again
+    names = set(heads[0]) | set(heads[1])
+    params = {p.name for _, chunks, _ in ranks for c in chunks.values() for p in c.get_parameters()}
+    state = {n for _, _, opt in ranks for n in opt.state()}
+    assert names == params | state
+    assert {"moment1.llm.0.attn.wq", "moment2.vision.0.attn.wq", "beta1_power", "global_step"} <= names
+
+
+def test_resolve_newest_complete_and_incomplete_ignored(saved, tmp_path):
+    save_dir, path, _ = saved
+    d = str(tmp_path / "ck")
+    shutil.copytree(save_dir, d)
+    shutil.copytree(os.path.join(d, "step_3"), os.path.join(d, "step_5"))
+    os.remove(os.path.join(d, "step_5", "COMPLETE"))  # a save that did not finish
+    src = cf.resolve(d)
+    assert src.step == 3 and src.path == os.path.join(d, "step_3")
+    assert src.ignored == [os.path.join(d, "step_5")]
+    with pytest.raises(cf.CheckpointError, match="incomplete"):
+        cf.resolve(os.path.join(d, "step_5"))
+    f = os.path.join(d, "step_3", "rank_1.safetensors")
+    os.chmod(f, 0o600)
+    os.truncate(f, os.path.getsize(f) - 100)
+    with pytest.raises(cf.CheckpointError, match="rank_1.safetensors: corrupt checkpoint file \\(truncated"):
+        cf.resolve(d)
+
+
+def test_restore_refuses_another_model(saved):
+    from hyperparallel.mindspore.checkpoint import restore
+    _, path, _ = saved
+    _, _, ranks = _ranks("transpose", ("model.llm_dim=64",))
+
+    class Comm(FakeComm):
+        def all_gather_object(self, obj):
+            return [({p.name: tuple(p.shape) for c in ch.values() for p in c.get_parameters()},
+                     {n: tuple(p.shape) for n, p in o.state().items()}) for _, ch, o in ranks]
+    comm, chunks, opt = ranks[0]
+    before = {p.name: p.asnumpy().copy() for c in chunks.values() for p in c.get_parameters()}
+    with pytest.raises(cf.CheckpointError, match=r"step_3 does not fit this model: wrong shapes: "
+                       r"llm\.-1\.embed\.pos \[14, 32\] \(model \[14, 64\]\), .* \(48 in all\)$"):
+        restore(cf.resolve(path), Comm(0), chunks, opt)
+    after = {p.name: p.asnumpy() for c in chunks.values() for p in c.get_parameters()}
+    assert all((before[k] == after[k]).all() for k in before)  # nothing loaded
+
+
+def test_corrupt_ckpt_file_is_named(tmp_path):
+    from hyperparallel.mindspore.checkpoint import _index
+    path, _ = write_checkpoint(str(tmp_path / "ck"), 1, fmt="ckpt")
+    f = os.path.join(path, "rank_0.ckpt")
+    os.chmod(f, 0o600)
+    os.truncate(f, 1000)
+    with pytest.raises(cf.CheckpointError, match="rank_0.ckpt: corrupt checkpoint file"):
+        _index(cf.resolve(path))
+
+
+def train(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "hyperparallel", "train", RECIPE, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_refuses_bad_checkpoints_before_launch(saved, tmp_path):
+    save_dir, _, _ = saved
+    d = str(tmp_path / "ck")
+    shutil.copytree(save_dir, d)
+    os.remove(os.path.join(d, "step_3", "COMPLETE"))
+    p = train("--resume", "--save-dir", d, "--run-dir", str(tmp_path / "run"))
+    assert p.returncode == 2 and p.stderr.startswith("error: --resume: no complete checkpoint in"), p.stderr
+    assert "incomplete: step_3" in p.stderr
+    f = os.path.join(d, "step_3", "rank_0.safetensors")
+    os.chmod(f, 0o600)
+    os.truncate(f, 50)
+    p = train("--resume-from", f, "--run-dir", str(tmp_path / "run"))
+    assert p.returncode == 2 and "--resume-from: " + f + ": corrupt checkpoint file" in p.stderr, p.stderr
+    p = train("--resume", "--resume-from", f, "--save-dir", d, "--run-dir", str(tmp_path / "run"))
+    assert p.returncode == 2 and "either --resume" in p.stderr
+    p = train("--resume-from", str(tmp_path / "nope.safetensors"), "--run-dir", str(tmp_path / "run"))
+    assert p.returncode == 2 and "no such checkpoint" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "run" / "logs").exists()  # nothing launched
+
+
+def test_ckpt_command_lists_steps(saved, tmp_path):
+    save_dir, _, _ = saved
+    d = str(tmp_path / "ck")
+    shutil.copytree(save_dir, d)
+    shutil.copytree(os.path.join(d, "step_3"), os.path.join(d, "step_4"))
+    os.remove(os.path.join(d, "step_4", "COMPLETE"))
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", d], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("step_3: complete, transpose P=2 V=1 D=1, 2 safetensors files, ")
+    assert lines[1] == "step_4: incomplete (ignored by --resume)"
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", d, "--merge", "x.npz"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: --merge:")

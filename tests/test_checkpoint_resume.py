@@ -1,0 +1,248 @@
+"""Checkpoints on real msrun jobs, against the single-process reference.
+
+Five launches: (1) 1f1b P=2 saving every step, rank 1 SIGKILLed while saving step 2;
+(2) ``--resume`` with transpose P=2 takes step 1 (the newest complete one) and trains to step 4;
+(3) 4 ranks, 1f1b P=4: resume from (2)'s transpose step 2, and start from a plain single-process
+MindSpore file; (4) 4 ranks, D=2 x P=2 (2 micro-batches each, the same global batch): resume
+from (1)'s D=1 step 1, saving ``.ckpt``; (5) a checkpoint of another model refused by the ranks.
+The step directories of (2) and (4) load into the reference model with MindSpore's own
+``load_checkpoint`` / ``load_param_into_net`` and its next step equals the reference's.
+"""
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore", reason="mindspore is not installed")
+
+from hyperparallel.launch import launch  # noqa: E402
+from hyperparallel.mindspore import ckpt_files as cf  # noqa: E402
+from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
+from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
+P4 = ("parallel_config.pipeline_stage=4",)
+DP2 = ("parallel_config.data_parallel=2", "parallel_config.micro_batch_num=2")
+
+
+def train(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "hyperparallel", "train", RECIPE, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _reference():
+    from hyperparallel.mindspore import compat
+    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mindspore.reference import Reference
+    compat.setup_device("CPU")
+    recipe = load_recipe(RECIPE)
+    rc = RunConfig.from_raw(recipe.raw)
+    return Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
+                     {r.name: r.trainable for r in recipe.profile.regions})
+
+
+@pytest.fixture(scope="module")
+def ref_losses():
+    ref = _reference()
+    return [ref.step(s)[0] for s in range(5)]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A plain single-process MindSpore file (reference after 2 steps, parameters only) and the
+    losses of a reference that starts from it at step 0 with a fresh optimizer."""
+    import mindspore as ms
+    path = str(tmp_path_factory.mktemp("pre") / "pretrained.safetensors")
+    ref = _reference()
+    for s in range(2):
+        ref.step(s)
+    ms.save_checkpoint(ref.all_params(), path, format="safetensors")
+    fresh = _reference()
+    for cell in fresh.cells:
+        assert ms.load_param_into_net(cell, ms.load_checkpoint(path, format="safetensors"))[0] == []
+    return path, [fresh.step(s)[0] for s in range(2)]
+
+
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fault")
+    ckpt, run = str(d / "ckpt"), str(d / "run")
+    p = train("--schedule", "1f1b", "--steps", "3", "--save-every", "1", "--save-dir", ckpt, "--run-dir", run,
+              env={"HP_FAULT": "1:save:2:kill"})
+    complete, incomplete = cf.list_steps(ckpt)
+    state = {"complete": [s for s, _ in complete], "incomplete": [s for s, _ in incomplete],
+             "step_2": sorted(os.listdir(os.path.join(ckpt, "step_2")))}
+    return p, ckpt, run, state
+
+
+@pytest.fixture(scope="module")
+def resumed(faulted):
+    _, ckpt, run, _ = faulted
+    p = train("--steps", "4", "--save-every", "1", "--save-dir", ckpt, "--run-dir", run, "--resume")
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    return p, ckpt, run
+
+
+def _case(tmp, name, schedule, overrides, src, steps=4, **kw):
+    recipe = load_recipe(RECIPE, overrides=list(overrides))
+    plan = derive_recipe(recipe, schedule)
+    case = dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=schedule,
+                resume_from=cf.resolve(src).to_json(), dump_dir=os.path.join(tmp, "dump", name))
+    case.update(kw)
+    return case
+
+
+def _run(tmp, cases, world):
+    res = launch({"cases": cases, "device": "CPU"}, world, os.path.join(tmp, "log"), timeout_s=400, echo=False)
+    assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
+    out = {}
+    for c in cases:
+        with open(os.path.join(c["dump_dir"], "losses.json")) as f:
+            out[c["name"]] = json.load(f)
+    return out, res
+
+
+@pytest.fixture(scope="module")
+def p4(resumed, pretrained, tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("p4"))
+    _, ckpt, _ = resumed
+    cases = [_case(tmp, "from_transpose_p2", "1f1b", P4, os.path.join(ckpt, "step_2")),
+             _case(tmp, "from_single_process", "1f1b", P4, pretrained[0], steps=2)]
+    return _run(tmp, cases, 4)
+
+
+@pytest.fixture(scope="module")
+def dp2(faulted, tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("dp2"))
+    _, ckpt, _, _ = faulted
+    save = os.path.join(tmp, "ckpt")
+    cases = [_case(tmp, "from_d1", "transpose", DP2, os.path.join(ckpt, "step_1"), save_dir=save,
+                   save_format="ckpt")]
+    return _run(tmp, cases, 4), save
+
+
+@pytest.mark.msrun
+def test_rank_killed_while_saving_leaves_the_step_incomplete(faulted):
+    p, _, _, state = faulted
+    assert p.returncode != 0 and "rank 1 failed" in p.stderr, p.stderr[-2000:]
+    assert state["complete"] == [1] and state["incomplete"] == [2]
+    assert "COMPLETE" not in state["step_2"] and "rank_1.safetensors" not in state["step_2"]
+    assert "rank_0.safetensors" in state["step_2"]  # the survivor's part is there, and ignored
+
+
+@pytest.mark.msrun
+def test_resume_takes_newest_complete_step_and_equals_uninterrupted(faulted, resumed, ref_losses):
+    p, ckpt, run = resumed
+    assert f"ignoring incomplete checkpoint {os.path.join(ckpt, 'step_2')}" in p.stdout, p.stdout
+    assert f"resuming from {os.path.join(ckpt, 'step_1')} at step 1" in p.stdout
+    m = metrics(run)  # step 0 from the killed 1f1b run, steps 1-3 from the resumed transpose run
+    assert [r["step"] for r in m] == [0, 1, 2, 3]
+    assert [r["schedule"] for r in m] == ["1f1b", "transpose", "transpose", "transpose"]
+    np.testing.assert_allclose([r["loss"] for r in m], ref_losses[:4], rtol=1e-5)
+    assert [s for s, _ in cf.list_steps(ckpt)[0]] == [4, 3, 2, 1]  # step 2 rewritten, complete
+
+
+@pytest.mark.msrun
+def test_resume_transpose_p2_as_1f1b_p4(p4, ref_losses):
+    got = p4[0]["from_transpose_p2"]
+    assert got["start"] == 2
+    np.testing.assert_allclose(got["losses"], ref_losses[2:4], rtol=1e-5)
+
+
+@pytest.mark.msrun
+def test_start_from_single_process_mindspore_file(p4, pretrained):
+    got = p4[0]["from_single_process"]
+    assert got["start"] == 0
+    np.testing.assert_allclose(got["losses"], pretrained[1], rtol=1e-5)
+    assert any("fresh optimizer state" in line for line in p4[1].lines)
+
+
+@pytest.mark.msrun
+def test_resume_d1_as_d2(dp2, ref_losses):
+    (out, _), save = dp2
+    assert out["from_d1"]["start"] == 1
+    np.testing.assert_allclose(out["from_d1"]["losses"], ref_losses[1:4], rtol=1e-5)
+    meta = cf.read_meta(os.path.join(save, "step_4"))
+    assert (meta["D"], meta["P"], meta["format"]) == (2, 2, "ckpt")
+    assert meta["files"] == ["rank_0.ckpt", "rank_2.ckpt"]  # data-parallel copies written once
+
+
+def _load_into_reference_and_step(files, fmt):
+    """Plain MindSpore: every file of the step into the reference's cells and nn.Adam; one step."""
+    import mindspore as ms
+    ref = _reference()
+    params = {}
+    for f in files:
+        params.update(ms.load_checkpoint(f, format=fmt))
+    for cell in (*ref.cells, ref.opt.opt):
+        not_loaded, _ = ms.load_param_into_net(cell, params)
+        assert not_loaded == [], not_loaded[:5]
+    return ref.step(4)[0]
+
+
+@pytest.mark.msrun
+def test_step_directories_load_into_the_reference_with_mindspore(resumed, dp2, ref_losses):
+    _, ckpt, _ = resumed
+    files = sorted(glob.glob(os.path.join(ckpt, "step_4", "*.safetensors")))
+    assert len(files) == 2
+    np.testing.assert_allclose(_load_into_reference_and_step(files, "safetensors"), ref_losses[4], rtol=1e-5)
+    files = sorted(glob.glob(os.path.join(dp2[1], "step_4", "*.ckpt")))
+    np.testing.assert_allclose(_load_into_reference_and_step(files, "ckpt"), ref_losses[4], rtol=1e-5)
+
+
+@pytest.mark.msrun
+def test_merged_single_file_loads_with_one_mindspore_call(resumed, ref_losses, tmp_path):
+    import mindspore as ms
+    _, ckpt, _ = resumed
+    params_only, full = str(tmp_path / "model.safetensors"), str(tmp_path / "full.ckpt")
+    for out, extra in ((params_only, []), (full, ["--with-optimizer"])):
+        p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", ckpt, "--merge", out, *extra],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and f"from {os.path.join(ckpt, 'step_4')}" in p.stdout, p.stderr[-2000:]
+    ref = _reference()
+    names = {q.name for q in ref.all_params()}
+    merged = ms.load_checkpoint(params_only, format="safetensors")
+    assert set(merged) == names  # parameters only: what a single-process model needs
+    step4 = {}
+    for f in glob.glob(os.path.join(ckpt, "step_4", "*.safetensors")):
+        step4.update(ms.load_checkpoint(f, format="safetensors"))
+    assert all((merged[n].asnumpy() == step4[n].asnumpy()).all() for n in names)
+    full_dict = ms.load_checkpoint(full)
+    for cell in (*ref.cells, ref.opt.opt):
+        assert ms.load_param_into_net(cell, full_dict)[0] == []
+    np.testing.assert_allclose(ref.step(4)[0], ref_losses[4], rtol=1e-5)
+
+
+def _digest(*dirs):
+    h = {}
+    for d in dirs:
+        for f in sorted(glob.glob(os.path.join(d, "**", "*"), recursive=True)):
+            if os.path.isfile(f) and "/logs/" not in f:
+                with open(f, "rb") as fh:
+                    h[f] = hashlib.sha256(fh.read()).hexdigest()
+    return h
+
+
+@pytest.mark.msrun
+def test_checkpoint_of_another_model_refused_by_the_ranks(resumed):
+    _, ckpt, run = resumed
+    before = _digest(ckpt, run)
+    p = train("--set", "model.llm_dim=64", "--steps", "6", "--save-every", "1", "--save-dir", ckpt,
+              "--run-dir", run, "--resume")
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1, p.stderr[-2000:]
+    assert err[0].startswith(f"error: --resume: {os.path.join(ckpt, 'step_4')} does not fit this model: "
+                             "wrong shapes: llm.-1.embed.pos [14, 32] (model [14, 64])"), err[0]
+    assert " step 5/6" not in p.stdout
+    assert _digest(ckpt, run) == before  # nothing overwritten
