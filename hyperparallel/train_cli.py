@@ -58,6 +58,10 @@ def _prepare(args):
             raise SpecError("--resume", "needs --save-dir (where the checkpoint is)")
         if not os.path.exists(os.path.join(args.save_dir, "rank_0.npz")):
             raise SpecError("--resume", f"no checkpoint in {args.save_dir}")
+    from .data.check import precheck
+    line = precheck(rc, args.recipe)   # the whole data set scanned: bad samples stop here, named
+    if line:
+        print(line, flush=True)
     return recipe, rc, plan
 
 

@@ -102,6 +102,9 @@ def run_case(case: dict, comm) -> None:
         os.makedirs(run_dir, exist_ok=True)
         metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a" if case.get("resume") else "w")
     losses = []
+    skipped = int(getattr(interp.source, "skipped", 0))   # bad samples left out (data.on_bad_sample: skip)
+    if skipped and comm.rank == 0:
+        print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
     interp.run_prologue(start)  # next-step (spill) work for the first step; nothing for most plans
     for step in range(start, steps):
         t0 = time.perf_counter()
@@ -119,12 +122,15 @@ def run_case(case: dict, comm) -> None:
             print(f"[{name}] step {step + 1}/{steps} loss {loss:.6f} step_time {dt:.3f}s", flush=True)
             if metrics:
                 metrics.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt,
-                                          "schedule": case.get("schedule", name)}) + "\n")
+                                          "schedule": case.get("schedule", name),
+                                          "data_skipped": skipped}) + "\n")
                 metrics.flush()
         if save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps):
             checkpoint.save(save_dir, comm.rank, step + 1, all_params, opt.state())
     if metrics:
         metrics.close()
+    if hasattr(interp.source, "close"):
+        interp.source.close()   # stop the decode pipeline's threads
     if dump_dir and comm.rank == 0:
         with open(os.path.join(dump_dir, "losses.json"), "w") as f:
             json.dump({"start": start, "losses": losses}, f)
