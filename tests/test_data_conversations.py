@@ -108,6 +108,20 @@ def test_image_that_passes_the_header_but_fails_to_decode_is_found_by_check(tmp_
                      r.stderr), r.stderr
 
 
+def test_image_that_breaks_after_the_index_stops_the_run_naming_it(tmp_path):
+    paths = write_demo(str(tmp_path), 12, seed=2)
+    src = _source(paths, ["data.shuffle=false", "data.on_bad_sample=skip"])
+    src.will_read_pixels(range(src.cfg.micro_per_step))
+    victim = src.batch_samples(1, 2)[0].files or src.batch_samples(1, 2)[1].files
+    with open(victim[0], "wb") as f:
+        f.write(b"garbage")                 # after every rank built its index
+    with pytest.raises(RuntimeError, match=rf"^data: cannot decode image {re.escape(victim[0])}: .*Decode"):
+        for step in range(2):
+            for g in range(src.cfg.micro_per_step):
+                src.micro_batch(step, g).patches
+    src.close()
+
+
 def test_train_scans_the_data_before_launch(broken):
     r = run_cli("train", RECIPE, *_cli_sets(broken), timeout=300)
     assert r.returncode == 2
@@ -359,6 +373,19 @@ def _assert_matches(case, ref):
 @pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
 def test_two_ranks_match_reference_on_conversations(two_rank, clean, schedule):
     _assert_matches(two_rank[schedule], _reference(clean))
+
+
+@pytest.mark.msrun
+def test_pixels_are_decoded_by_the_pipeline_only_where_the_encoder_starts(two_rank):
+    """1f1b: the encoder is on rank 0 only; rank 1 never decodes an image. Every rank that
+    does gets all its images from the prefetching mindspore.dataset pipeline."""
+    for name in ("1f1b", "transpose"):
+        d = two_rank[name]["dump_dir"]
+        stats = [json.load(open(os.path.join(d, f"data_rank{r}.json"))) for r in (0, 1)]
+        assert all(s["eager"] == 0 for s in stats), (name, stats)
+        assert stats[0]["stream"] > 0, (name, stats)
+        if name == "1f1b":
+            assert stats[1]["stream"] == 0, stats
 
 
 @pytest.mark.msrun

@@ -357,5 +357,10 @@ class ConversationsSource:
             imgs = np.zeros((1, cfg.channels, cfg.image_size, cfg.image_size), np.float32)
         return np.stack([patchify(im, cfg.patch) for im in imgs]).astype(np.float32)
 
+    @property
+    def stats(self) -> dict:
+        """Micro-batches whose pixels came from the prefetching pipeline / were decoded eagerly."""
+        return dict(self.pixels.stats, skipped=self.skipped)
+
     def close(self) -> None:
         self.pixels.close()

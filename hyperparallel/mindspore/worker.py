@@ -129,6 +129,9 @@ def run_case(case: dict, comm) -> None:
             checkpoint.save(save_dir, comm.rank, step + 1, all_params, opt.state())
     if metrics:
         metrics.close()
+    if dump_dir and hasattr(interp.source, "stats"):   # which ranks decoded pixels, and how
+        with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
+            json.dump(interp.source.stats, f)
     if hasattr(interp.source, "close"):
         interp.source.close()   # stop the decode pipeline's threads
     if dump_dir and comm.rank == 0:
