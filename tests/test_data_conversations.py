@@ -93,6 +93,21 @@ def test_data_check_cli_reports_every_problem_with_counts(clean, broken):
     assert r.returncode == 2 and "error: data.on_bad_sample: 'maybe' unknown (error, skip)" in r.stderr
 
 
+def test_json_list_files_name_the_sample_index(tmp_path, clean):
+    recs = _records(clean)[:6]
+    recs[4]["conversations"][0]["value"] += " <image>"       # one placeholder too many
+    p = tmp_path / "list.json"
+    p.write_text(json.dumps(recs))
+    paths = dict(clean, path=str(p))
+    cfg = data_config(_raw(paths))
+    samples, problems = build_index(cfg, 1)
+    assert len(samples) == 5 and [(pr.where, pr.kind) for pr in problems] == \
+        [(f"{p} sample 4 (id {recs[4]['id']})", "placeholder_mismatch")]
+    p.write_text(json.dumps(recs)[:-30])                    # the whole list is unusable
+    r = run_cli("data", "check", RECIPE, *_cli_sets(paths), timeout=300)
+    assert r.returncode == 1 and re.search(rf"error: data.path: {re.escape(str(p))}:1: malformed JSON", r.stderr)
+
+
 def test_image_that_passes_the_header_but_fails_to_decode_is_found_by_check(tmp_path, clean):
     d = str(tmp_path)
     paths = write_demo(d, 12, seed=2)
@@ -249,6 +264,8 @@ def test_resume_at_step_k_reads_the_same_micro_batches(clean):
     assert pos == {"epoch": 0, "index": 40, "num_samples": N_SAMPLES}
     assert full.position(6) == {"epoch": 1, "index": 0, "num_samples": N_SAMPLES}
     resumed = _source(clean)
+    resumed.will_read_pixels(range(resumed.cfg.micro_per_step))
+    resumed.micro_batch(0, 0).patches                    # its pipeline already reads ahead from step 0
     resumed.seek(json.loads(json.dumps(pos)), k)        # as stored in a checkpoint's metadata
     restarted = _source(clean)
     restarted.seek(pos, 0)                               # a run whose step counter starts again at 0
@@ -256,8 +273,10 @@ def test_resume_at_step_k_reads_the_same_micro_batches(clean):
         for g in range(full.cfg.micro_per_step):
             _same(resumed.micro_batch(k + j, g), full.micro_batch(k + j, g))
             _same(restarted.micro_batch(j, g), full.micro_batch(k + j, g))
+    assert resumed.pixels.stats["stream"] > 1 and resumed.pixels.stats["eager"] == 0
     with pytest.raises(ValueError, match="saved data position is for 40 usable samples"):
         resumed.seek(dict(pos, num_samples=40), k)
+    resumed.close()
 
 
 def test_shape_facts_need_no_pixels_and_stream_equals_eager(clean):

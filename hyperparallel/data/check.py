@@ -101,8 +101,9 @@ def run(args) -> int:
     _tokens_per_image(rc)
     try:
         n, samples, problems = scan(rc)
-    except ValueError as e:
-        raise SpecError(*_split(str(e))) from None
+    except ValueError as e:   # the file as a whole is unusable (a malformed .json list)
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     print(f"data check {args.recipe}: {rc.data.path}: {n} samples, {len(samples)} usable, "
           f"{len(problems)} with problems")
     for p in problems:

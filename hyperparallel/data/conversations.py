@@ -127,6 +127,10 @@ class ConversationsConfig:
                 raise ValueError(f"data.{k}: a list of 3 numbers (R, G, B)")
         if any(float(s) <= 0 for s in self.std):
             raise ValueError("data.std: must be > 0")
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"data.shuffle: true or false, got {self.shuffle!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"data.seed: an integer (or null: train.seed), got {self.seed!r}")
         size = self.load_tokenizer().vocab_size
         if self.vocab is not None and int(self.vocab) < size:
             raise ValueError(f"data.vocab: {self.vocab} is smaller than the vocabulary of the tokenizer "
@@ -304,6 +308,7 @@ class ConversationsSource:
                              f"{len(self.samples)} now (data set or on_bad_sample changed)")
         self.base = int(position["epoch"]) * n + int(position["index"]) - int(step) * self.samples_per_step
         self._meta.clear()
+        self.pixels.reset()   # a running pipeline read ahead in the old order
 
     # -- micro-batches ----------------------------------------------------------------------
     def files_of(self, step: int, micro: int) -> List[str]:

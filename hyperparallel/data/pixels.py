@@ -72,8 +72,10 @@ class PixelStream:
 
     def plan(self, micros: Sequence[int]) -> None:
         """The global micro-batches of each step this process feeds to the encoder (a hint)."""
-        if self._it is None:
-            self.micros = sorted(set(int(m) for m in micros))
+        new = sorted(set(int(m) for m in micros))
+        if new != self.micros:
+            self.reset()
+            self.micros = new
 
     # -- the pipeline ---------------------------------------------------------------------
     def _rows(self, start: int):
@@ -93,13 +95,21 @@ class PixelStream:
         atexit.register(self.close)
 
     def close(self) -> None:
+        """Stop the pipeline; later requests are decoded eagerly."""
+        self.reset()
+        self._broken = True
+
+    def reset(self) -> None:
+        """Stop the pipeline and forget its position (the sample order changed); the next request
+        starts a new one."""
         if self._it is not None:
             try:
                 self._it.stop()
             except Exception:  # already stopped at interpreter exit
                 pass
             self._it = None
-            self._broken = True
+        self._start = self._last = None
+        self._buf.clear()
 
     def _order(self, key: Key) -> Tuple[int, int]:
         return key[0], self.micros.index(key[1])
