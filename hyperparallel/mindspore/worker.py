@@ -130,6 +130,7 @@ def run_case(case: dict, comm) -> None:
     if metrics:
         metrics.close()
     if dump_dir and hasattr(interp.source, "stats"):   # which ranks decoded pixels, and how
+        os.makedirs(dump_dir, exist_ok=True)
         with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
             json.dump(interp.source.stats, f)
     if hasattr(interp.source, "close"):
