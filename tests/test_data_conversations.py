@@ -167,6 +167,9 @@ def test_vocabulary_must_fit_the_tokenizer(clean):
 def test_missing_demo_set_tells_how_to_make_it(tmp_path):
     with pytest.raises(ValueError, match=r"^data.path: file not found: .*python tools/make_demo_data.py"):
         data_config(_raw({"path": str(tmp_path / "none.jsonl")}))
+    r = run_cli("train", RECIPE, "--set", f"data.path={tmp_path / 'none.jsonl'}")
+    assert r.returncode == 2 and "error: data.path: file not found:" in r.stderr
+    assert "python tools/make_demo_data.py data/demo" in r.stderr
     with pytest.raises(ValueError, match=r"^data.type: 'nope' unknown \(known: synthetic, conversations\)"):
         data_config({"data": {"type": "nope"}})
 
