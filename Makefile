@@ -19,4 +19,8 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
-.PHONY: install demo test
+# the demo conversations data set that recipes/tiny_mllm_data.yaml reads (see README "Your own data")
+demo-data: install
+	$(PY) tools/make_demo_data.py data/demo
+
+.PHONY: install demo test demo-data

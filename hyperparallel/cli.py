@@ -1,4 +1,4 @@
-"""The ``hyperparallel`` command: plan, check, simulate (pure Python); train, profile, bench (MindSpore, via msrun).
+"""The ``hyperparallel`` command: plan, check, simulate (pure Python); train, profile, bench (MindSpore, via msrun); data check.
 
 Bad input exits with status 2 and a one-line ``error: field: message``; no traceback.
 """
@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import train_cli
     from .bench import bench as bench_cmd, profile as profile_cmd
+    from .data import check as data_check
     train_cli.add_parser(sub)
+    data_check.add_parser(sub)
     profile_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
     return ap

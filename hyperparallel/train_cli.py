@@ -66,6 +66,10 @@ def _prepare(args):
     from .launch import msrun_overrides
     msrun_overrides(plan.num_devices * plan.data_parallel)  # HP_MSRUN_ARGS, checked before launch
     args.source = _source(args)
+    from .data.check import precheck
+    line = precheck(rc, args.recipe)   # the whole data set scanned: bad samples stop here, named
+    if line:
+        print(line, flush=True)
     return recipe, rc, plan
 
 

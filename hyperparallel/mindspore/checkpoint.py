@@ -50,7 +50,7 @@ def _write_json(path: str, obj: dict) -> None:
 class Saver:
     """Writes this rank's part of each checkpoint (nothing when it owns no name)."""
 
-    def __init__(self, case: dict, comm, plan, chunks, opt, fmt: str = "safetensors"):
+    def __init__(self, case: dict, comm, plan, chunks, opt, fmt: str = "safetensors", source=None):
         self.comm, self.plan, self.fmt = comm, plan, fmt
         self.save_dir = case["save_dir"]
         owners = chunk_owners(plan)
@@ -66,6 +66,7 @@ class Saver:
             self.items.update({n: state[n] for n in glob})
         self.files = [rank_file(r, fmt) for r in writers(plan)]
         self.fault = save_fault(comm.rank)
+        self.source = source   # the data source: its position() goes into meta.json
         self.meta = {"format_version": 1, "format": fmt, "recipe_hash": recipe_hash(case["raw"]),
                      "schedule": case.get("schedule", plan.meta.get("schedule_name")),
                      "P": plan.num_devices, "V": int(plan.meta.get("pp_interleave_num", 1)),
@@ -96,7 +97,8 @@ class Saver:
             _write_json(os.path.join(d, META), dict(
                 self.meta, step=step,
                 data_position={"next_step": step, "micro_batch": 0,
-                               "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel}))
+                               "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel,
+                               **(self.source.position(step) if hasattr(self.source, "position") else {})}))
         self.comm.barrier()
         if self.comm.rank == 0:
             _write_json(os.path.join(d, MARKER), {"step": step, "files": self.files})
@@ -184,14 +186,23 @@ def source_of(case: dict) -> Optional[Source]:
     return None
 
 
-def restore_case(case: dict, comm, chunks, opt, name: str, start: int) -> int:
+def restore_case(case: dict, comm, chunks, opt, name: str, start: int, data=None) -> int:
     """The worker's resume: restore the case's checkpoint, if any, and return the first step.
+    With a saved data position, the data source ``data`` continues there (``data.seek``).
     A checkpoint that does not fit stops every rank with exit status 2 and a ``REFUSED`` line."""
     try:
         src = source_of(case)
         if src is None:
             return start
         step, with_state = restore(src, comm, chunks, opt)
+        pos = dict((src.meta or {}).get("data_position") or {})
+        for k in ("next_step", "micro_batch", "micro_batches_per_step"):
+            pos.pop(k, None)
+        if pos and hasattr(data, "seek"):
+            try:
+                data.seek(pos, step)
+            except (KeyError, ValueError) as e:
+                raise CheckpointError(f"{src.path}: data position {pos}: {str(e).splitlines()[0]}") from None
     except CheckpointError as e:
         print(REFUSED + str(e), flush=True)
         raise SystemExit(2) from None

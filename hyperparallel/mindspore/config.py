@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from hyperparallel.models import ModelAdapter, adapter_for
 
-from .data import DataConfig
+from hyperparallel.data import data_config
 
 
 def _take(cls, section: str, sec: Optional[dict]):
@@ -38,13 +38,13 @@ class TrainConfig:
 @dataclass(frozen=True)
 class RunConfig:
     model: ModelAdapter
-    data: DataConfig
+    data: object   # DataConfig (synthetic) or ConversationsConfig
     train: TrainConfig
     device: str = "CPU"
 
     @staticmethod
     def from_raw(raw: dict) -> "RunConfig":
-        data = DataConfig.from_section(raw.get("data"))
+        data = data_config(raw)
         tsec = _take(TrainConfig, "train", raw.get("train"))
         train = TrainConfig(**tsec)
         if train.optimizer not in ("adam", "sgd"):

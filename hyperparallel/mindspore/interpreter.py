@@ -39,7 +39,8 @@ Key = Tuple[str, int, int]
 
 class Interpreter:
     def __init__(self, plan: ir.Plan, comm, model: ModelAdapter, source, chunks: Dict[Tuple[str, int], object]):
-        """``model``: the adapter; ``source``: the data source (``micro_batch(step, global micro)``);
+        """``model``: the adapter; ``source``: the data source (``micro_batch(step, global micro)``,
+        pixels loaded lazily, so a boundary spec never needs them; see :mod:`hyperparallel.data`);
         ``chunks``: this rank's chunk Cells by (region, chunk index), built by the adapter."""
         self.plan, self.comm, self.model, self.source, self.chunks = plan, comm, model, source, chunks
         self.device = comm.device
@@ -65,6 +66,11 @@ class Interpreter:
                 continue
             if region in reduced or any(k[0] == region and k[1] == idx for k in self.backward_here):
                 self.updated += list(cell.get_parameters())
+        # a prefetch hint for the source: the micro-batches whose model input (pixels) this rank reads
+        first = (self.regions[0], 0)
+        if hasattr(source, "will_read_pixels"):
+            source.will_read_pixels(sorted({comm.dp_index * plan.num_micro + a.micro for a in self.program
+                                            if (a.region, a.chunk) == first and a.kind in (ir.F, ir.R)}))
         self.grads: Dict[str, Optional[Tensor]] = {}
         self.hook = None  # called as hook(step, action index, program length); fault injection
         self.tape = Tape  # autograd entry points; ``hyperparallel bench`` swaps in a timing wrapper

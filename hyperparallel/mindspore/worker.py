@@ -101,15 +101,18 @@ def run_case(case: dict, comm) -> None:
     start = int(case.get("start_step", 0))
     steps = int(case.get("steps", rc.train.steps))
     save_dir, save_every = case.get("save_dir"), int(case.get("save_every") or rc.train.save_every or 0)
-    saver = checkpoint.Saver(case, comm, plan, chunks, opt, case.get("save_format") or "safetensors") \
-        if save_dir else None
-    start = checkpoint.restore_case(case, comm, chunks, opt, name, start)
+    saver = checkpoint.Saver(case, comm, plan, chunks, opt, case.get("save_format") or "safetensors",
+                              source=interp.source) if save_dir else None
+    start = checkpoint.restore_case(case, comm, chunks, opt, name, start, data=interp.source)
     run_dir, dump_dir = case.get("run_dir"), case.get("dump_dir")
     metrics = None
     if comm.rank == 0 and run_dir:
         os.makedirs(run_dir, exist_ok=True)
         metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
     losses = []
+    skipped = int(getattr(interp.source, "skipped", 0))   # bad samples left out (data.on_bad_sample: skip)
+    if skipped and comm.rank == 0:
+        print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
     interp.run_prologue(start)  # next-step (spill) work for the first step; nothing for most plans
     for step in range(start, steps):
         t0 = time.perf_counter()
@@ -127,12 +130,19 @@ def run_case(case: dict, comm) -> None:
             print(f"[{name}] step {step + 1}/{steps} loss {loss:.6f} step_time {dt:.3f}s", flush=True)
             if metrics:
                 metrics.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt,
-                                          "schedule": case.get("schedule", name)}) + "\n")
+                                          "schedule": case.get("schedule", name),
+                                          "data_skipped": skipped}) + "\n")
                 metrics.flush()
         if save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps):
             saver.save(step + 1)
     if metrics:
         metrics.close()
+    if dump_dir and hasattr(interp.source, "stats"):   # which ranks decoded pixels, and how
+        os.makedirs(dump_dir, exist_ok=True)
+        with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
+            json.dump(interp.source.stats, f)
+    if hasattr(interp.source, "close"):
+        interp.source.close()   # stop the decode pipeline's threads
     if dump_dir and comm.rank == 0:
         with open(os.path.join(dump_dir, "losses.json"), "w") as f:
             json.dump({"start": start, "losses": losses}, f)

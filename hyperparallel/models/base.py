@@ -16,7 +16,9 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
 * ``model_input(tensors)``: the input of the model's first chunk;
 * ``boundary(region, stop, micro_batch)``: shape and dtype of the tensor leaving
   a chunk that ends at layer ``stop`` of ``region`` (so a RECV can allocate), from
-  the micro-batch's shape facts only.
+  the micro-batch's shape facts only (never its pixels: they load lazily);
+* ``image_tokens()``: LLM tokens per image, the expansion of an image placeholder
+  in real conversation data.
 
 Constructing an adapter and ``regions()`` are pure Python (the launcher checks a
 recipe before any rank starts); the other methods may import MindSpore.
@@ -74,6 +76,12 @@ class ModelAdapter:
 
     def boundary(self, region: str, stop: int, micro_batch: Any) -> TensorSpec:
         raise NotImplementedError
+
+    def image_tokens(self) -> int:
+        """LLM tokens the encoder emits per image: a data source expands each image placeholder
+        to this many positions (data.type conversations needs it)."""
+        raise NotImplementedError(f"model adapter {self.family}: image_tokens() not implemented, so "
+                                  "data.type conversations cannot lay out its sequences")
 
     # -- derived helpers (not to be overridden) ------------------------------------
     def region_names(self) -> List[str]:

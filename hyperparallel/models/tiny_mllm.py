@@ -73,6 +73,9 @@ class TinyMLLM(ModelAdapter):
     def model_input(self, tensors):
         return tensors.patches
 
+    def image_tokens(self) -> int:
+        return 1   # the encoder pools its patches into one LLM-width token per image
+
     def boundary(self, region: str, stop: int, micro_batch) -> TensorSpec:
         cfg = self.cfg
         if region == LLM:

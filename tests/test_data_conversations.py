@@ -1,0 +1,437 @@
+"""LLaVA-style conversations with image files: index, sequence rule, order, resume, bad input,
+and (one msrun launch) 2-rank training equal to the single-process reference.
+
+Data sets are written into temp dirs by :func:`hyperparallel.data.demo.write_demo`
+(the code behind ``tools/make_demo_data.py``), a clean one and one with a bad sample
+of each kind interleaved.
+"""
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from hyperparallel.data import data_config
+from hyperparallel.data.conversations import ConversationsSource, build_index
+from hyperparallel.data.demo import BROKEN_KINDS, write_demo
+from hyperparallel.data.text import Tok
+from hyperparallel.mpipe.recipe import load_recipe
+
+from conftest import ROOT, run_cli
+
+RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm_data.yaml")
+N_SAMPLES = 48
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    return write_demo(str(tmp_path_factory.mktemp("clean")), N_SAMPLES, seed=1)
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    return write_demo(str(tmp_path_factory.mktemp("broken")), N_SAMPLES, seed=1, broken=True)
+
+
+def _sets(paths, extra=()):
+    return [f"data.{k}={v}" for k, v in paths.items()] + list(extra)
+
+
+def _raw(paths, extra=()):
+    return load_recipe(RECIPE, overrides=_sets(paths, extra)).raw
+
+
+def _source(paths, extra=(), tokens_per_image=1, seed=0):
+    return ConversationsSource(data_config(_raw(paths, extra)), tokens_per_image, seed)
+
+
+def _cli_sets(paths, extra=()):
+    out = []
+    for s in _sets(paths, extra):
+        out += ["--set", s]
+    return out
+
+
+# -- index and bad input ---------------------------------------------------------------------
+
+def test_index_names_every_bad_sample_with_file_and_line(broken):
+    cfg = data_config(_raw(broken, ["data.on_bad_sample=skip"]))
+    samples, problems = build_index(cfg, 1)
+    assert len(samples) == N_SAMPLES
+    assert sorted(p.kind for p in problems) == sorted(BROKEN_KINDS)
+    lines = [int(re.search(r"train\.jsonl:(\d+)", p.where).group(1)) for p in problems]
+    assert lines == [3 + 7 * j for j in range(len(BROKEN_KINDS))]   # where write_demo put them
+    msgs = {p.kind: str(p) for p in problems}
+    assert "no_such_file.png" in msgs["missing_image"] and "broken.png" in msgs["unreadable_image"]
+    assert "> data.seq_len 40" in msgs["too_long"]
+
+
+def test_error_policy_stops_at_the_first_bad_sample(broken):
+    with pytest.raises(ValueError, match=r"^data: 6 bad sample\(s\) in .*train\.jsonl.*first: .*train\.jsonl:3 "
+                                         r"\(id bad_missing\): missing_image"):
+        _source(broken)
+    src = _source(broken, ["data.on_bad_sample=skip"])
+    assert src.skipped == 6 and len(src.samples) == N_SAMPLES
+
+
+def test_data_check_cli_reports_every_problem_with_counts(clean, broken):
+    r = run_cli("data", "check", RECIPE, *_cli_sets(broken), timeout=300)
+    assert r.returncode == 1, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 6 and all("train.jsonl:" in e for e in errors)
+    assert "problems by kind: malformed_json 1, missing_image 1, placeholder_mismatch 2, too_long 1, " \
+           "unreadable_image 1" in r.stderr
+    assert f"{N_SAMPLES + 6} samples, {N_SAMPLES} usable, 6 with problems" in r.stdout
+    r = run_cli("data", "check", RECIPE, *_cli_sets(clean), timeout=300)
+    assert r.returncode == 0 and f"{N_SAMPLES} usable, 0 with problems" in r.stdout, r.stderr
+    r = run_cli("data", "check", os.path.join(ROOT, "recipes", "nope.yaml"))
+    assert r.returncode == 2 and "error: recipe: file not found" in r.stderr
+    r = run_cli("data", "check", RECIPE, *_cli_sets(clean, ["data.on_bad_sample=maybe"]))
+    assert r.returncode == 2 and "error: data.on_bad_sample: 'maybe' unknown (error, skip)" in r.stderr
+
+
+def test_json_list_files_name_the_sample_index(tmp_path, clean):
+    recs = _records(clean)[:6]
+    recs[4]["conversations"][0]["value"] += " <image>"       # one placeholder too many
+    p = tmp_path / "list.json"
+    p.write_text(json.dumps(recs))
+    paths = dict(clean, path=str(p))
+    cfg = data_config(_raw(paths))
+    samples, problems = build_index(cfg, 1)
+    assert len(samples) == 5 and [(pr.where, pr.kind) for pr in problems] == \
+        [(f"{p} sample 4 (id {recs[4]['id']})", "placeholder_mismatch")]
+    p.write_text(json.dumps(recs)[:-30])                    # the whole list is unusable
+    r = run_cli("data", "check", RECIPE, *_cli_sets(paths), timeout=300)
+    assert r.returncode == 1 and re.search(rf"error: data.path: {re.escape(str(p))}:1: malformed JSON", r.stderr)
+
+
+def test_image_that_passes_the_header_but_fails_to_decode_is_found_by_check(tmp_path, clean):
+    d = str(tmp_path)
+    paths = write_demo(d, 12, seed=2)
+    recs = [json.loads(ln) for ln in open(paths["path"])]
+    i = next(i for i, r in enumerate(recs) if isinstance(r.get("image"), str))
+    img = os.path.join(d, recs[i]["image"])
+    data = open(img, "rb").read()
+    with open(img, "wb") as f:
+        f.write(data[:len(data) // 2])   # truncated PNG
+    r = run_cli("data", "check", RECIPE, *_cli_sets(paths), timeout=300)
+    assert r.returncode == 1
+    assert re.search(rf"train\.jsonl:{i + 1} .*(unreadable_image|undecodable_image).*{os.path.basename(img)}",
+                     r.stderr), r.stderr
+
+
+def test_image_that_breaks_after_the_index_stops_the_run_naming_it(tmp_path):
+    paths = write_demo(str(tmp_path), 12, seed=2)
+    src = _source(paths, ["data.shuffle=false", "data.on_bad_sample=skip"])
+    src.will_read_pixels(range(src.cfg.micro_per_step))
+    victim = src.batch_samples(1, 2)[0].files or src.batch_samples(1, 2)[1].files
+    with open(victim[0], "wb") as f:
+        f.write(b"garbage")                 # after every rank built its index
+    with pytest.raises(RuntimeError, match=rf"^data: cannot decode image {re.escape(victim[0])}: .*Decode"):
+        for step in range(2):
+            for g in range(src.cfg.micro_per_step):
+                src.micro_batch(step, g).patches
+    src.close()
+
+
+def test_train_scans_the_data_before_launch(broken):
+    r = run_cli("train", RECIPE, *_cli_sets(broken), timeout=300)
+    assert r.returncode == 2
+    assert re.search(r"error: data: 6 bad sample\(s\) in .*train\.jsonl \(malformed_json 1, .*\); first: "
+                     r".*train\.jsonl:3 \(id bad_missing\): missing_image: image file not found", r.stderr), r.stderr
+    assert "hyperparallel data check" in r.stderr and "data.on_bad_sample=skip" in r.stderr
+    assert "msrun" not in r.stdout   # nothing launched
+
+
+def test_tokenizer_that_does_not_load_names_the_file(tmp_path, clean):
+    bad = tmp_path / "tok.json"
+    bad.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(ValueError, match=rf"^data.tokenizer: cannot load {re.escape(str(bad))} as a Hugging Face"):
+        data_config(_raw(dict(clean, tokenizer=str(bad))))
+    r = run_cli("data", "check", RECIPE, *_cli_sets(dict(clean, tokenizer=str(bad))))
+    assert r.returncode == 2 and f"error: data.tokenizer: cannot load {bad}" in r.stderr
+
+
+def test_vocabulary_must_fit_the_tokenizer(clean):
+    size = Tok(clean["tokenizer"]).vocab_size
+    with pytest.raises(ValueError, match=rf"^data.vocab: 10 is smaller than the vocabulary of the tokenizer "
+                                         rf".*\({size} tokens\)"):
+        data_config(_raw(clean, ["data.vocab=10"]))
+    assert data_config(_raw(clean)).shapes()["vocab"] == size
+    assert data_config(_raw(clean, [f"data.vocab={size + 5}"])).shapes()["vocab"] == size + 5
+
+
+def test_missing_demo_set_tells_how_to_make_it(tmp_path):
+    with pytest.raises(ValueError, match=r"^data.path: file not found: .*python tools/make_demo_data.py"):
+        data_config(_raw({"path": str(tmp_path / "none.jsonl")}))
+    r = run_cli("train", RECIPE, "--set", f"data.path={tmp_path / 'none.jsonl'}")
+    assert r.returncode == 2 and "error: data.path: file not found:" in r.stderr
+    assert "python tools/make_demo_data.py data/demo" in r.stderr
+    with pytest.raises(ValueError, match=r"^data.type: 'nope' unknown \(known: synthetic, conversations\)"):
+        data_config({"data": {"type": "nope"}})
+
+
+# -- sequence rule ---------------------------------------------------------------------------
+
+def _records(paths):
+    return [json.loads(ln) for ln in open(paths["path"])]
+
+
+def test_loss_only_on_answer_tokens_and_padding_rule(clean):
+    src = _source(clean, ["data.shuffle=false"])
+    tok = Tok(clean["tokenizer"])
+    recs = {r["id"]: r for r in _records(clean)}
+    S, V = src.cfg.seq_len, src.vocab
+    seen_video = seen_text_only = False
+    for step in range(3):
+        for g in range(src.cfg.micro_per_step):
+            mb = src.micro_batch(step, g)
+            merge = mb.merge_index.reshape(-1, S)
+            for b, sid in enumerate(mb.sample_ids):
+                rec = recs[sid]
+                want = []
+                for t in rec["conversations"]:
+                    if t["from"] == "gpt":
+                        want += tok.encode(" " + t["value"]) + [tok.eos]
+                got = [int(np.argmax(mb.onehot[b, t])) for t in range(S) if mb.mask[b, t]]
+                assert got == want, sid                      # targets = the answers, nothing else
+                assert mb.onehot[b].sum() == mb.mask[b].sum()
+                n = mb.images_per_sample[b]
+                assert n == len([rec["image"]] if isinstance(rec.get("image"), str) else rec.get("image", [])) \
+                    + len(rec.get("video", []))
+                L = int((merge[b] > 0).sum())
+                assert (merge[b, :L] > 0).all() and (merge[b, L:] == 0).all()   # padded at the end with row 0
+                assert not mb.mask[b, L - 1:].any()          # no target past the sequence
+                seen_video |= "video" in rec
+                seen_text_only |= n == 0
+    assert seen_video and seen_text_only
+
+
+def test_placeholder_expansion_count_comes_from_the_model(clean):
+    from hyperparallel.models.base import ModelAdapter
+    with pytest.raises(ValueError, match=r"too_long: \d+ tokens \(images expanded to 3 token\(s\) each\)"):
+        _source(clean, tokens_per_image=3)   # 6-frame videos no longer fit in 40
+    one, three = _source(clean, ["data.seq_len=64"]), _source(clean, ["data.seq_len=64"], tokens_per_image=3)
+    for g in range(4):
+        a, b = one.micro_batch(0, g), three.micro_batch(0, g)
+        S = one.cfg.seq_len
+        la, lb = (a.merge_index.reshape(-1, S) > 0).sum(1), (b.merge_index.reshape(-1, S) > 0).sum(1)
+        np.testing.assert_array_equal(lb - la, 2 * np.asarray(a.images_per_sample))
+        rows = b.merge_index[(b.merge_index > 0) & (b.merge_index <= 3 * b.num_images)]
+        assert sorted(rows.tolist()) == list(range(1, 3 * sum(b.images_per_sample) + 1))
+    with pytest.raises(NotImplementedError, match="image_tokens"):
+        ModelAdapter().image_tokens()
+
+
+def test_text_only_micro_batch_gets_an_unread_filler_image(tmp_path, clean):
+    recs = [r for r in _records(clean) if "image" not in r and "video" not in r][:2]
+    p = tmp_path / "text.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    src = _source(dict(clean, path=str(p)))
+    mb = src.micro_batch(0, 0)
+    assert mb.images_per_sample == [0, 0] and mb.extra_images == 1 and mb.num_images == 1
+    assert 1 not in mb.merge_index.tolist()           # row 1 (the filler) is never read
+    assert mb.patches.shape == (1, src.cfg.num_patches, src.cfg.patch_dim) and not mb.patches.any()
+
+
+# -- order, position, resume, pixels --------------------------------------------------------------
+
+def test_shuffle_is_a_pure_function_of_seed_and_epoch(clean):
+    a, b, c = _source(clean), _source(clean), _source(clean, seed=5)
+    for e in range(3):
+        np.testing.assert_array_equal(a.order(e), b.order(e))
+        assert sorted(a.order(e)) == list(range(N_SAMPLES))
+    assert not np.array_equal(a.order(0), a.order(1))
+    assert not np.array_equal(a.order(0), c.order(0))
+    assert data_config(_raw(clean, ["data.seed=5"])).seed == 5
+    assert _source(clean, ["data.seed=5"]).order(0).tolist() == c.order(0).tolist()   # data.seed wins
+    # one step reads micro_per_step x micro_batch_size consecutive positions of the epoch order
+    per = a.samples_per_step
+    ids = [s for g in range(a.cfg.micro_per_step) for s in a.micro_batch(1, g).sample_ids]
+    assert ids == [a.samples[int(i)].id for i in a.order(0)[per:2 * per]]
+
+
+def _same(x, y):
+    for f in ("text_ids", "merge_index", "onehot", "mask", "patches"):
+        np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
+    assert x.images_per_sample == y.images_per_sample and x.sample_ids == y.sample_ids
+
+
+def test_resume_at_step_k_reads_the_same_micro_batches(clean):
+    full = _source(clean)
+    k = 5   # step 5 of 8 samples per step over 48 samples: crosses into epoch 1 at step 6
+    pos = full.position(k)
+    assert pos == {"epoch": 0, "index": 40, "num_samples": N_SAMPLES}
+    assert full.position(6) == {"epoch": 1, "index": 0, "num_samples": N_SAMPLES}
+    resumed = _source(clean)
+    resumed.will_read_pixels(range(resumed.cfg.micro_per_step))
+    resumed.micro_batch(0, 0).patches                    # its pipeline already reads ahead from step 0
+    resumed.seek(json.loads(json.dumps(pos)), k)        # as stored in a checkpoint's metadata
+    restarted = _source(clean)
+    restarted.seek(pos, 0)                               # a run whose step counter starts again at 0
+    for j in range(3):
+        for g in range(full.cfg.micro_per_step):
+            _same(resumed.micro_batch(k + j, g), full.micro_batch(k + j, g))
+            _same(restarted.micro_batch(j, g), full.micro_batch(k + j, g))
+    assert resumed.pixels.stats["stream"] > 1 and resumed.pixels.stats["eager"] == 0
+    with pytest.raises(ValueError, match="saved data position is for 40 usable samples"):
+        resumed.seek(dict(pos, num_samples=40), k)
+    resumed.close()
+
+
+def test_shape_facts_need_no_pixels_and_stream_equals_eager(clean):
+    from hyperparallel.mindspore.config import run_config_of
+    from hyperparallel.mpipe.recipe import load_recipe
+    rc = run_config_of(load_recipe(RECIPE, overrides=_sets(clean)))
+    streamed, eager = _source(clean), _source(clean)
+    streamed.will_read_pixels([0, 2, 3])
+    for step in range(3):
+        for g in range(4):
+            mb = streamed.micro_batch(step, g)
+            spec = rc.model.boundary("vision", rc.model.depth("vision"), mb)
+            assert spec.shape == (mb.num_images, 32) and not mb.pixels_loaded   # meta only
+            assert rc.model.boundary("llm", 4, mb).shape == (2, 40, 32) and not mb.pixels_loaded
+            _same(mb, eager.micro_batch(step, g))
+    assert streamed.pixels.stats["stream"] > 0 and streamed.pixels.stats["eager"] > 0   # micro 1: not hinted
+    assert eager.pixels.stats["stream"] == 0
+    streamed.close()
+
+
+def test_bench_counts_lazy_pixel_loading_as_data(clean):
+    from hyperparallel.bench.measure import Stopwatch, TimedSource
+    sw = Stopwatch()
+    src = TimedSource(_source(clean), sw)
+    mb = src.micro_batch(0, 0)
+    assert "data" not in sw.snapshot()
+    mb.patches
+    assert sw.snapshot()["data"] > 0
+    assert src.position(1) == src._source.position(1)   # the rest passes through
+
+
+def test_loss_falls_on_the_demo_data(clean):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from hyperparallel.mindspore import compat
+    from hyperparallel.mindspore.config import run_config_of
+    from hyperparallel.mindspore.reference import Reference
+    compat.setup_device("CPU")
+    recipe = load_recipe(RECIPE, overrides=_sets(clean))
+    ref = Reference(run_config_of(recipe), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
+    losses = [ref.step(s)[0] for s in range(12)]
+    assert np.isfinite(losses).all()
+    assert np.mean(losses[-3:]) < 0.75 * np.mean(losses[:2]), losses
+
+
+# -- 2 ranks, one msrun launch ------------------------------------------------------------------
+
+def _case(tmp, paths, schedule, name, extra=(), **kw):
+    from hyperparallel.mpipe.derive import derive_recipe
+    recipe = load_recipe(RECIPE, overrides=_sets(paths, [f"train.steps={STEPS}"] + list(extra)))
+    plan = derive_recipe(recipe, schedule)
+    case = dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=STEPS, schedule=schedule,
+                dump_dir=os.path.join(tmp, "dump", name))
+    case.update(kw)
+    return case
+
+
+@pytest.fixture(scope="module")
+def two_rank(tmp_path_factory, clean, broken):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from hyperparallel.launch import launch
+    tmp = str(tmp_path_factory.mktemp("conv2"))
+    ckpt = os.path.join(tmp, "ckpt")
+    skip = ["data.on_bad_sample=skip"]
+    cases = [_case(tmp, clean, "1f1b", "1f1b"),
+             _case(tmp, clean, "transpose", "transpose"),
+             _case(tmp, clean, "transpose", "ckpt_first", steps=2, save_dir=ckpt, save_every=1),
+             _case(tmp, clean, "transpose", "ckpt_resumed", save_dir=ckpt, resume=True),
+             _case(tmp, broken, "transpose", "skip", skip, steps=2, run_dir=os.path.join(tmp, "run_skip"))]
+    res = launch({"cases": cases, "device": "CPU"}, 2, os.path.join(tmp, "log"), timeout_s=500, echo=False)
+    assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
+    return {c["name"]: c for c in cases}
+
+
+def _dumped(case):
+    d = case["dump_dir"]
+    with open(os.path.join(d, "losses.json")) as f:
+        got = json.load(f)
+    grads = {}
+    for fn in sorted(os.listdir(d)):
+        if fn.startswith("grads_rank"):
+            for k, v in np.load(os.path.join(d, fn)).items():
+                grads.setdefault(k, []).append(v)
+    return got, grads
+
+
+def _reference(paths, extra=(), steps=STEPS):
+    from hyperparallel.mindspore import compat
+    from hyperparallel.mindspore.config import run_config_of
+    from hyperparallel.mindspore.reference import Reference
+    compat.setup_device("CPU")
+    recipe = load_recipe(RECIPE, overrides=_sets(paths, list(extra)))
+    ref = Reference(run_config_of(recipe), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
+    out = [ref.step(s) for s in range(steps)]
+    return [o[0] for o in out], out[0][1]
+
+
+def _assert_matches(case, ref):
+    got, grads = _dumped(case)
+    ref_losses, ref_grads = ref
+    np.testing.assert_allclose(got["losses"], ref_losses[:len(got["losses"])], rtol=1e-5,
+                               err_msg=f"{case['name']}: losses")
+    assert set(grads) == set(ref_grads)
+    assert any(k.startswith("vision.") for k in grads)   # trained encoder
+    for name, got_list in grads.items():
+        want = ref_grads[name]
+        scale = max(float(np.abs(want).max()), 1e-12)
+        assert np.abs(want).max() > 0, name
+        for g in got_list:
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{case['name']}: {name}")
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
+def test_two_ranks_match_reference_on_conversations(two_rank, clean, schedule):
+    _assert_matches(two_rank[schedule], _reference(clean))
+
+
+@pytest.mark.msrun
+def test_pixels_are_decoded_by_the_pipeline_only_where_the_encoder_starts(two_rank):
+    """1f1b: the encoder is on rank 0 only; rank 1 never decodes an image. Every rank that
+    does gets all its images from the prefetching mindspore.dataset pipeline."""
+    for name in ("1f1b", "transpose"):
+        d = two_rank[name]["dump_dir"]
+        stats = [json.load(open(os.path.join(d, f"data_rank{r}.json"))) for r in (0, 1)]
+        assert all(s["eager"] == 0 for s in stats), (name, stats)
+        assert stats[0]["stream"] > 0, (name, stats)
+        if name == "1f1b":
+            assert stats[1]["stream"] == 0, stats
+
+
+@pytest.mark.msrun
+def test_two_ranks_resume_reads_the_next_samples(two_rank):
+    first, _ = _dumped(two_rank["ckpt_first"])
+    resumed, _ = _dumped(two_rank["ckpt_resumed"])
+    full, _ = _dumped(two_rank["transpose"])
+    assert resumed["start"] == 2 and len(resumed["losses"]) == STEPS - 2
+    np.testing.assert_allclose(first["losses"] + resumed["losses"], full["losses"], rtol=1e-6)
+    # the checkpoint's metadata holds the data position the resumed run continued from
+    ckpt = two_rank["ckpt_first"]["save_dir"]
+    with open(os.path.join(ckpt, "step_2", "meta.json")) as f:
+        pos = json.load(f)["data_position"]
+    assert {"epoch", "index", "num_samples"} <= set(pos) and pos["next_step"] == 2
+
+
+@pytest.mark.msrun
+def test_two_ranks_skip_bad_samples_and_count_them(two_rank, broken):
+    case = two_rank["skip"]
+    with open(os.path.join(case["run_dir"], "metrics.jsonl")) as f:
+        lines = [json.loads(ln) for ln in f]
+    assert [ln["step"] for ln in lines] == [0, 1] and all(ln["data_skipped"] == 6 for ln in lines)
+    _assert_matches(case, _reference(broken, ["data.on_bad_sample=skip"], steps=2))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
