@@ -72,14 +72,8 @@ class Interpreter:
         return self._mb[(ahead, g)]
 
     def prev_key(self, key: Key) -> Optional[Key]:
-        region, c, m = key
-        if c > 0:
-            return (region, c - 1, m)
-        i = self.regions.index(region)
-        if i == 0:
-            return None
-        prev = self.regions[i - 1]
-        return (prev, self.num_chunks[prev] - 1, m)
+        prev = ir.prev_chunk(self.regions, self.num_chunks, key[0], key[1])
+        return None if prev is None else prev + (key[2],)
 
     def out_shape(self, key: Key, ahead: int = 0) -> Tuple[int, ...]:
         region, c, m = key

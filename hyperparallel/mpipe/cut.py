@@ -5,6 +5,7 @@ from typing import List
 
 from .errors import SpecError
 from .ir import Chunk
+from .orders import device_of
 from .profile import ModelProfile
 from .schedule import Pipe, Place, Schedule, Transpose
 
@@ -16,7 +17,7 @@ def split_layers(layers: int, parts: int) -> List[int]:
 
 
 def cut(profile: ModelProfile, schedule: Schedule, P: int, V: int) -> List[Chunk]:
-    """The pipelined region gets P*V chunks on devices ``c mod P``; other regions are one chunk."""
+    """The pipelined region gets P*V chunks (loop or V-shape placement of its order); other regions one chunk."""
     chunks: List[Chunk] = []
     for i, (name, sk) in enumerate(schedule.parts):
         region = profile.region(name)
@@ -28,7 +29,7 @@ def cut(profile: ModelProfile, schedule: Schedule, P: int, V: int) -> List[Chunk
                                 f"pp_interleave_num = {P} x {V} = {n} chunks")
             start = 0
             for c, size in enumerate(split_layers(region.layers, n)):
-                chunks.append(Chunk(name, c, start, start + size, (c % P,)))
+                chunks.append(Chunk(name, c, start, start + size, (device_of(sk.order, c, P),)))
                 start += size
         elif isinstance(sk, Place):
             if sk.device >= P:
