@@ -9,11 +9,11 @@ Two placements of the pipelined region's ``P*V`` chunks:
 
 Each rule returns ``[(kind, chunk, micro), ...]`` with kind ``F`` and either ``BW`` (fused
 backward) or ``B``/``W`` (split, zero-bubble). The closed-form rules (gpipe, 1f1b,
-interleaved) are a few lines over :func:`_one_f_one_b`; the zero-bubble family (zb_h1,
-interleaved_zb, zbv, dualpipev) comes from one list scheduler (:func:`_list_schedule`) that
-plays the pipeline forward with the body's per-chunk costs and free communication, and
-differs only in placement, activation cap and the pairing rule. No other module writes a
-schedule loop.
+interleaved) are a few lines over :func:`_one_f_one_b`; DualPipeV is its published phase
+list (:func:`dualpipev_template`); zb_h1, interleaved_zb and zbv take the F/B order of 1f1b,
+interleaved and DualPipeV and place each W where the device would otherwise wait
+(:func:`_fill_w`, played with the body's per-chunk costs and free communication). Every rule
+is a pure function; no other module writes a schedule loop.
 """
 from __future__ import annotations
 
