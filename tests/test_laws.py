@@ -122,3 +122,14 @@ def test_transpose_over_v_shape_body_sends_encoder_output_to_llm_chunk_0(order):
              if a.kind == "SEND" and a.region == "vision" and a.tensor == "act"]
     assert sends and all(peer == 0 for _, peer in sends)
     assert sorted(d for d, _ in sends) == [1, 1, 2, 2, 3, 3]  # owners 1-3 (round robin), two micro-batches each
+
+
+@pytest.mark.parametrize("order", ["zb_h1", "interleaved_zb", "zbv", "dualpipev"])
+def test_list_form_takes_any_pipe_order_as_transposed_body(order):
+    V = 1 if order == "zb_h1" else 2
+    items = [{"region": "vision", "skeleton": "transpose", "owners": "round_robin", "backward": "owner"},
+             {"region": "llm", "skeleton": "pipe", "order": order}]
+    listed = derive(mllm(True), items, 4, 8, V)
+    short = derive(mllm(True), f"transpose(order={order})", 4, 8, V)
+    assert check(listed) == [] and listed.programs == short.programs
+    assert listed.meta["schedule_name"] == f"transpose(order={order})"
