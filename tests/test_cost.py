@@ -1,7 +1,7 @@
 """Cost model: closed forms of the design doc (section 6), memory, link model, balanced owners and spill."""
 import pytest
 
-from hyperparallel.mpipe import check, derive, load_recipe, derive_recipe, parse_profile
+from hyperparallel.mpipe import Plan, check, derive, load_recipe, derive_recipe, parse_profile
 from hyperparallel.mpipe.cost import ring_ms, simulate
 from hyperparallel.mpipe.ir import ALLREDUCE, BROADCAST, F
 from hyperparallel.mpipe.profile import LinkProfile
@@ -109,6 +109,7 @@ def test_zbv_closed_form_and_beats_interleaved(P, M):
 
 def test_dualpipev_pairs_forward_and_backward_of_different_micro_batches():
     plan, _ = run(llm(4, 2), "dualpipev", 4, 8, 2)
+    assert Plan.loads(plan.dumps()).programs == plan.programs  # the pairs travel with the plan JSON
     for d, prog in plan.programs.items():
         pairs = {}
         for a in prog:
