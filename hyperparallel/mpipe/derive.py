@@ -411,6 +411,7 @@ class _Derivation:
         programs: Dict[int, List[Action]] = {}
         for d, seq in seqs.items():
             prog = list(head)
+            pairs = self.pairs.get(d)
             spilled: List[Action] = []
             # next-step work: forwards in the trailing block run after the collectives; spilled
             # forwards placed earlier (in idle gaps) run in place, but every spilled SEND goes
@@ -422,7 +423,7 @@ class _Derivation:
                 for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x[0], x[1])):
                     prog.append(p2p(RECV, msg, src))
                 out = spilled if (t.step and i >= trailing) else prog
-                pair = self.pairs[d].get((t.kind, t.chunk, t.micro)) if t.region == self.body else None
+                pair = pairs.get((t.kind, t.chunk, t.micro)) if pairs and t.region == self.body else None
                 out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step, pair=pair))
                 for msg in sends_after[d][i]:
                     (spilled if msg.next_step else out).append(p2p(SEND, msg, msg.dst))

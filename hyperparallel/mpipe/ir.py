@@ -127,7 +127,7 @@ def prev_chunk(regions: Sequence[str], nchunks: Mapping[str, int], region: str,
     last chunk of the previous region; ``None`` for the first chunk of the first region (data)."""
     if chunk > 0:
         return region, chunk - 1
-    i = list(regions).index(region)
+    i = regions.index(region)
     return None if i == 0 else (regions[i - 1], nchunks[regions[i - 1]] - 1)
 
 
@@ -136,7 +136,7 @@ def next_chunk(regions: Sequence[str], nchunks: Mapping[str, int], region: str,
     """The chunk that consumes ``(region, chunk)``'s output; ``None`` after the last chunk (loss)."""
     if chunk < nchunks[region] - 1:
         return region, chunk + 1
-    i = list(regions).index(region)
+    i = regions.index(region)
     return None if i == len(regions) - 1 else (regions[i + 1], 0)
 
 
