@@ -32,6 +32,14 @@ class Task(NamedTuple):
     step: int = 0
 
 
+class Slot(NamedTuple):
+    """Where a compute task sits: device, position in its compute sequence, step (1 = next step)."""
+
+    device: int
+    index: int
+    step: int
+
+
 class Message(NamedTuple):
     """One cross-device edge: ``tensor`` of (region, chunk, micro) from ``src`` to ``dst``."""
 
@@ -44,6 +52,14 @@ class Message(NamedTuple):
     region: str
     chunk: int
     micro: int
+
+
+class Receive(NamedTuple):
+    """A RECV to place before a consumer: sender, position on the sender's channel, the message."""
+
+    src: int
+    k: int
+    msg: Message
 
 
 def _positive(field: str, value, minimum: int = 1) -> int:
@@ -325,10 +341,10 @@ class _Derivation:
         return next_chunk(self.regions, self.nchunks, region, chunk)
 
     def lower(self, seqs: Dict[int, List[Task]]) -> Dict[int, List[Action]]:
-        loc: Dict[Tuple[str, str, int, int], Tuple[int, int, int]] = {}
+        loc: Dict[Tuple[str, str, int, int], Slot] = {}
         for d, seq in seqs.items():
             for i, t in enumerate(seq):
-                loc[(t.kind, t.region, t.chunk, t.micro)] = (d, i, t.step)
+                loc[(t.kind, t.region, t.chunk, t.micro)] = Slot(d, i, t.step)
 
         def input_grad_task(region: str, chunk: int, m: int):
             for kind in (B, BW):
@@ -350,7 +366,7 @@ class _Derivation:
                     # central backward recomputes from the shipped input: the input of the region
                     # travels to the central device unless its own forward already runs there
                     prev = self._prev(t.region, t.chunk)
-                    if prev is None or loc[(F, t.region, t.chunk, t.micro)][0] == d:
+                    if prev is None or loc[(F, t.region, t.chunk, t.micro)].device == d:
                         continue
                     pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
                     if pd != d:
@@ -362,15 +378,15 @@ class _Derivation:
                     src = input_grad_task(nxt[0], nxt[1], t.micro)
                     if src is None:
                         raise AssertionError(f"no input-grad producer for {t}")
-                    if src[0] != d:
-                        messages.append(Message(src[0], d, src[1], i, False, GRAD, t.region, t.chunk, t.micro))
+                    if src.device != d:
+                        messages.append(Message(src.device, d, src.index, i, False, GRAD, t.region, t.chunk, t.micro))
 
         # FIFO: per channel, receives follow the sender's order; a receive is pulled
         # earlier when a later-needed message is sent first. Messages crossing into the next
         # step (spilled producer, this-step consumer) are sent after the step's collectives and
         # received at the very end of the receiver's step, so every step's traffic is complete
         # before anything that runs between steps (optimizer, metrics, checkpoints).
-        recvs_at: Dict[int, Dict[int, List[Tuple[int, int, Message]]]] = defaultdict(lambda: defaultdict(list))
+        recvs_at: Dict[int, Dict[int, List[Receive]]] = defaultdict(lambda: defaultdict(list))
         sends_after: Dict[int, Dict[int, List[Message]]] = defaultdict(lambda: defaultdict(list))
         channels: Dict[Tuple[int, int], List[Message]] = defaultdict(list)
         for msg in messages:
@@ -386,7 +402,7 @@ class _Derivation:
                 pos = need if pos is None else min(pos, need)
                 placed.append((pos, k, msgs[k]))
             for pos, k, msg in placed:
-                recvs_at[dst][pos].append((src, k, msg))
+                recvs_at[dst][pos].append(Receive(src, k, msg))
 
         def p2p(kind: str, msg: Message, peer: int) -> Action:
             # step=1: the tensor is next-step data (its producer is a spilled forward)
@@ -420,14 +436,14 @@ class _Derivation:
             while trailing > 0 and seq[trailing - 1].step:
                 trailing -= 1
             for i, t in enumerate(seq):
-                for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x[0], x[1])):
+                for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x.src, x.k)):
                     prog.append(p2p(RECV, msg, src))
                 out = spilled if (t.step and i >= trailing) else prog
                 pair = pairs.get((t.kind, t.chunk, t.micro)) if pairs and t.region == self.body else None
                 out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step, pair=pair))
                 for msg in sends_after[d][i]:
                     (spilled if msg.next_step else out).append(p2p(SEND, msg, msg.dst))
-            for src, k, msg in sorted(recvs_at[d][len(seq)], key=lambda x: (x[0], x[1])):
+            for src, k, msg in sorted(recvs_at[d][len(seq)], key=lambda x: (x.src, x.k)):
                 spilled.append(p2p(RECV, msg, src))
             programs[d] = prog + tail + spilled
         return programs
