@@ -23,6 +23,8 @@ def plan_of(schedule, *overrides, recipe=TINY):
     ("gpipe", (), dict(interleave=True, scheduler="gpipe", virtual_stages=1)),
     ("interleaved", ("parallel_config.pp_interleave_num=2",), dict(interleave=True, scheduler="1f1b",
                                                                     virtual_stages=2)),
+    ("zbv", ("parallel_config.pp_interleave_num=2",), dict(interleave=True, scheduler="zero_bubble_v",
+                                                            virtual_stages=2)),
 ])
 def test_pipeline_settings(schedule, overrides, expect):
     gp = graph_pipeline(plan_of(schedule, *overrides))
@@ -42,7 +44,8 @@ def test_settings_are_accepted_by_mindspore_pipeline_api():
     ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
     from mindspore.parallel.auto_parallel import AutoParallel
     from mindspore import nn
-    for sched, ov in (("1f1b", ()), ("gpipe", ()), ("interleaved", ("parallel_config.pp_interleave_num=2",))):
+    for sched, ov in (("1f1b", ()), ("gpipe", ()), ("interleaved", ("parallel_config.pp_interleave_num=2",)),
+                      ("zbv", ("parallel_config.pp_interleave_num=2",))):
         gp = graph_pipeline(plan_of(sched, *ov))
         AutoParallel(nn.Dense(2, 2), parallel_mode="semi_auto").pipeline(**gp.auto_parallel_pipeline_kwargs())
     assert ms is not None
@@ -61,8 +64,45 @@ def test_schedulers_are_mindspores():
     ("1f1b(device=1)", "schedule.vision.device", ["must not decrease", "device 0"]),
 ])
 def test_refused_schedules(schedule, field, words):
+    _refused(schedule, field, words)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved_zb", "dualpipev"])
+def test_refused_zero_bubble_orders_other_than_zbv(schedule):
+    _refused(schedule, "schedule.order", ["zero_bubble_v", "zbv", "hyperparallel train"],
+             "parallel_config.pp_interleave_num=2")
+
+
+def _mindformers_zbv_stages(num_layers, pp):
+    """MindFormers 1.9 LayerSetting under zero_bubble_v (uniform layers, no offset), restated:
+    a (2, pp) grid of layer counts with the second row reversed, stage = searchsorted(cumulative,
+    i + 1) mod pp, and pp - 1 - stage with pipeline_segment 1 for the second row."""
+    import numpy as np
+    grid = np.ones((2, pp), np.int32) * (num_layers // (2 * pp))
+    grid[1] = grid[1][::-1]
+    accu = np.cumsum(grid, axis=1) + np.insert(np.cumsum(grid.sum(axis=1))[:-1], 0, 0).reshape(-1, 1)
+    out = []
+    for i in range(num_layers):
+        pp_id = int(np.searchsorted(accu.reshape(-1), i + 1) % pp)
+        seg = int(np.where(i < accu)[0][0])
+        out.append((pp - 1 - pp_id if seg == 1 else pp_id, seg))
+    return out
+
+
+@pytest.mark.parametrize("P,layers", [(2, 4), (4, 8), (4, 16), (8, 32)])
+def test_zbv_placement_is_mindformers_zero_bubble_v_assignment(P, layers):
+    from hyperparallel.mpipe import derive
+    from helpers import profile
+    plan = derive(profile(("llm", layers, True)), "zbv", P, 2 * P, 2)
+    ours = []
+    for c in sorted(plan.chunks, key=lambda c: c.start):
+        ours += [(c.devices[0], c.index // P)] * c.layers
+    assert ours == _mindformers_zbv_stages(layers, P)
+
+
+def _refused(schedule, field, words, *overrides):
     with pytest.raises(GraphModeUnsupported) as e:
-        graph_pipeline(plan_of(schedule))
+        graph_pipeline(plan_of(schedule, *overrides))
     assert e.value.field == field
     for w in words:
         assert w in str(e.value)
@@ -140,6 +180,20 @@ def test_per_chunk_cells_interleaved(tiny):
     assert cells["vision0"].pipeline_stage == 0
     assert gp.conflicts == [] and gp.interleave and gp.virtual_stages == 2
     assert gp.param_stages["llm.4.head.w"] == 1 and gp.param_stages["llm.2.mlp.w1"] == 0
+
+
+def test_per_chunk_cells_zbv_get_v_shape_stages_and_segments(tiny):
+    """zbv, V=2 on 2 stages: llm chunks 0..3 on stages 0, 1, 1, 0 with pipeline_segment 0, 0, 1, 1."""
+    from hyperparallel.mindspore.annotate import annotate
+    rc, _, ChunkCell = tiny
+    plan = plan_of("zbv", "parallel_config.pp_interleave_num=2")
+    cells = {f"{c.region}{c.index}": ChunkCell(rc.model.cfg, c.region, c.start, c.stop, 0) for c in plan.chunks}
+    gp = annotate(cells, plan)
+    assert [cells[f"llm{i}"].pipeline_stage for i in range(4)] == [0, 1, 1, 0]
+    assert [cells[f"llm{i}"].pipeline_segment for i in range(4)] == [0, 0, 1, 1]
+    assert cells["vision0"].pipeline_stage == 0 and cells["vision0"].pipeline_segment == 0
+    assert gp.scheduler == "zero_bubble_v" and gp.conflicts == []
+    assert gp.param_stages["llm.4.head.w"] == 0  # the last chunk (loss) is back on stage 0
 
 
 def test_transpose_refused_before_touching_cells(tiny):

@@ -49,7 +49,7 @@ def test_check_recipe_ok(cli):
 
 
 BAD = [
-    (["--schedule", "fastest"], "schedule: 'fastest' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, transpose"),
+    (["--schedule", "fastest"], "schedule: 'fastest' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev, transpose"),
     (["--schedule", "transpose(owners=lucky)"], "schedule.owners: 'lucky' unknown; allowed: round_robin, min, balanced"),
     (["--schedule", "[{region: vision, skeleton: fold}, {region: llm, skeleton: pipe}]"],
      "schedule[0].skeleton: 'fold' unknown; allowed: pipe, place, transpose"),
@@ -61,7 +61,21 @@ BAD = [
     (["--set", "mpipe.profile.regions.1.forward_ms=-1"], "mpipe.profile.regions[1].forward_ms: must be >= 0"),
     (["--set", "mpipe.profile.regions.0.color=red"], "mpipe.profile.regions[0].color: unknown key; allowed: name"),
     (["--set", "mpipe.speed=9"], "mpipe.speed: unknown key; allowed: schedule, profile"),
-    (["--set", "parallel_config.pp_interleave_num=2"], "parallel_config.pp_interleave_num: must be 1 for order '1f1b'"),
+    (["--schedule", "1f1b", "--set", "parallel_config.pp_interleave_num=2"],
+     "parallel_config.pp_interleave_num: must be 1 for order '1f1b'"),
+    (["--schedule", "zbv", "--set", "parallel_config.pp_interleave_num=1"],
+     "parallel_config.pp_interleave_num: must be 2 for order 'zbv' (V-shape: two chunks per device), got 1; allowed: 2"),
+    (["--schedule", "transpose(order=dualpipev)", "--set", "parallel_config.pp_interleave_num=4"],
+     "parallel_config.pp_interleave_num: must be 2 for order 'dualpipev'"),
+    (["--schedule", "interleaved", "--set", "parallel_config.pp_interleave_num=2", "--set",
+      "parallel_config.micro_batch_num=3"],
+     "parallel_config.micro_batch_num: must be >= pipeline_stage (4) for order 'interleaved' with pp_interleave_num=2"),
+    (["--schedule", "zbv", "--set", "parallel_config.pp_interleave_num=2", "--set", "parallel_config.micro_batch_num=6"],
+     "parallel_config.micro_batch_num: must be >= 2 x pipeline_stage - 1 (7) for order 'zbv', got 6"),
+    (["--schedule", "transpose(order=wave)"],
+     "schedule.order: 'wave' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev"),
+    (["--schedule", "[{region: vision, skeleton: transpose}, {region: llm, skeleton: pipe, order: zbw}]"],
+     "schedule[1].order: 'zbw' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev"),
     (["--set", "nonsense"], "--set: expected key.path=value"),
 ]
 

@@ -68,3 +68,20 @@ def test_cli_writes_trace_and_png(cli, tmp_path):
             "--trace", str(t), "--png", str(p))
     assert r.returncode == 0, r.stderr
     assert json.loads(t.read_text())["traceEvents"] and p.stat().st_size > 20_000
+
+
+def test_cli_draws_the_zero_bubble_and_v_shape_orders(cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image as mpimg
+
+    v2 = ("--set", "parallel_config.pp_interleave_num=2")
+    for name, args in (("v2", ("--schedule", "interleaved", "--schedule", "interleaved_zb", "--schedule", "zbv",
+                               "--schedule", "dualpipev") + v2),
+                       ("v1", ("--schedule", "1f1b", "--schedule", "zb_h1"))):
+        p = tmp_path / f"{name}.png"
+        r = cli("simulate", recipe("llm_pipeline.yaml"), *args, "--png", str(p), "--json")
+        assert r.returncode == 0, r.stderr
+        objs = json.loads(r.stdout)
+        assert objs[-1]["speedup"] > 1.0  # the zero-bubble variants beat their first
+        img = mpimg.imread(str(p))
+        assert p.stat().st_size > 20_000 and img.shape[0] > 100 * len(objs)

@@ -244,8 +244,13 @@ def test_cli_accepts_mindformers_recipes(cli, args, expect):
     assert expect in r.stdout
 
 
-def test_transpose_on_72b_needs_an_interleaved_order(cli):
+def test_transpose_on_72b_means_transpose_plus_interleaved(cli):
+    # the recipe has pp_interleave_num > 1: a transpose without order pipes the LLM interleaved
     r = cli("plan", "recipes/qwen2_5_vl_72b.yaml", "--schedule", "transpose")
+    assert r.returncode == 0, r.stderr
+    assert "schedule transpose(order=interleaved)" in r.stdout
+    # an explicit V = 1 order is still refused, naming the key
+    r = cli("plan", "recipes/qwen2_5_vl_72b.yaml", "--schedule", "transpose(order=1f1b)")
     assert r.returncode == 2 and "pp_interleave_num" in r.stderr and "Traceback" not in r.stderr
 
 

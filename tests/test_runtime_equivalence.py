@@ -22,7 +22,11 @@ from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "tiny_mllm.yaml")
 STEPS = 3
-SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(backward=central)"]
+SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(backward=central)",
+               "transpose(order=zbv)"]
+TRAINED_ONLY_2 = ["interleaved_zb", "zbv", "dualpipev"]  # encoder placed on rank 0: frozen adds little here
+CASES_2 = [(s, fz) for s in SCHEDULES_2 for fz in (False, True)] + [(s, False) for s in TRAINED_ONLY_2]
+V2_ORDERS = ("interleaved", "zbv", "dualpipev")  # run with pp_interleave_num=2 (interleaved_zb included)
 SPILL = "transpose(spill=next_step)"
 SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
 UNEVEN = "[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]"
@@ -34,7 +38,7 @@ def _slug(text: str) -> str:
 
 def _overrides(schedule: str, frozen: bool, extra=()):
     ov = [f"mpipe.profile.regions.0.trainable={'false' if frozen else 'true'}", f"train.steps={STEPS}"]
-    if schedule == "interleaved":
+    if any(o in schedule for o in V2_ORDERS) and not any("pp_interleave_num" in e for e in extra):
         ov.append("parallel_config.pp_interleave_num=2")
     return ov + list(extra)
 
@@ -113,7 +117,7 @@ def assert_matches_reference(case, frozen, extra=()):
 @pytest.fixture(scope="module")
 def two_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("rt2"))
-    cases = [_case(tmp, s, fz) for s in SCHEDULES_2 for fz in (False, True)]
+    cases = [_case(tmp, s, fz) for s, fz in CASES_2]
     cases.append(_case(tmp, SPILL, True))  # next-step spill: frozen encoders only
     cases.append(_case(tmp, UNEVEN, False))  # explicit uneven cut of the LLM (3 + 1 layers)
     ckpt = os.path.join(tmp, "ckpt")
@@ -126,11 +130,15 @@ def two_rank(tmp_path_factory):
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
-@pytest.mark.parametrize("schedule", SCHEDULES_2)
+@pytest.mark.parametrize("schedule,frozen", CASES_2, ids=[f"{s}-{'frozen' if fz else 'trained'}" for s, fz in CASES_2])
 def test_two_ranks_match_reference(two_rank, schedule, frozen):
     name = _slug(f"{schedule}_{'frozen' if frozen else 'trained'}_")
-    assert_matches_reference(two_rank[name], frozen)
+    case = two_rank[name]
+    if "zbv" in schedule or "dualpipev" in schedule:  # V-shape: llm chunks 0 and 3 on rank 0, 1 and 2 on rank 1
+        assert [c["devices"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [[0], [1], [1], [0]]
+    if schedule == "dualpipev":
+        assert any(a.get("pair") for p in case["plan"]["programs"].values() for a in p)
+    assert_matches_reference(case, frozen)
 
 
 @pytest.mark.msrun
@@ -161,19 +169,24 @@ def test_resume_continues_like_uninterrupted_run(two_rank):
 def four_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("rt4"))
     p4 = ("parallel_config.pipeline_stage=4",)
+    # V-shape on 4 ranks: 8 llm chunks of one layer, M >= 2P - 1
+    p4v = p4 + ("parallel_config.pp_interleave_num=2", "mpipe.profile.regions.1.layers=8",
+                "parallel_config.micro_batch_num=8")
     dp = ("parallel_config.data_parallel=2",)
     cases = {"p4": _case(tmp, "transpose", False, p4), "p4_central": _case(tmp, "transpose(backward=central)", False, p4),
-             "p4_spill_frozen": _case(tmp, SPILL_BALANCED, True, p4)}
+             "p4_spill_frozen": _case(tmp, SPILL_BALANCED, True, p4),
+             "p4_dualpipev": _case(tmp, "transpose(order=dualpipev)", False, p4v)}
     _run(tmp, list(cases.values()), 4)
     cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp)}
     shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
     _run(tmp, list(cases_dp.values()), 4)
     cases.update(cases_dp)
-    return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "dp2": dp, "dp2_frozen": dp}
+    return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "dp2": dp,
+                   "dp2_frozen": dp}
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("which", ["p4", "p4_central", "p4_spill_frozen", "dp2", "dp2_frozen"])
+@pytest.mark.parametrize("which", ["p4", "p4_central", "p4_spill_frozen", "p4_dualpipev", "dp2", "dp2_frozen"])
 def test_four_ranks_match_reference(four_rank, which):
     cases, extra = four_rank
     assert_matches_reference(cases[which], which.endswith("frozen"), extra[which])

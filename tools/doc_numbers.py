@@ -58,6 +58,15 @@ def pct(x: float) -> str:
     return f"{x * 100:+.1f}%".replace("+-", "-")
 
 
+def tool_table(script: str, *args: str) -> str:
+    """The Markdown table lines (``| ...``) a tools/ script prints."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", script), *args], cwd=ROOT, capture_output=True,
+                       text=True, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
+    if r.returncode != 0:
+        raise SystemExit(f"tools/{script} failed: {r.stderr.strip()}")
+    return "".join(line + "\n" for line in r.stdout.splitlines() if line.startswith("|"))
+
+
 # -- simulated ---------------------------------------------------------------------------------
 def encoder_heavy() -> str:
     rec = recipe("recipes/mllm_encoder_heavy.yaml")
@@ -288,9 +297,10 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-memory": bench_memory,
     "bench-memory-note": bench_memory_note,
     "bench-overhead": bench_overhead,
+    "schedule-orders": lambda: tool_table("schedule_table.py"),
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
-SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale")
+SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "schedule-orders")
 
 
 def render(text: str, cache: Dict[str, str], only=None) -> str:

@@ -30,11 +30,16 @@ What maps (plan -> MindSpore), and why:
   MindSpore's sequence-pipelined and memory-balanced variants (micro-batches further
   split along the sequence with ``seq_split_num``, or a different per-device order); no
   plan order corresponds to them, so none is emitted.
-* order ``zb_h1`` is refused: the plan's ZB-H1 keeps one chunk per device and delays W into
-  the cool-down bubbles; MindSpore's only zero-bubble scheduler, ``zero_bubble_v``, is the
-  V-shape ZB-V schedule (two chunks per device, chunk ``P + k`` on device ``P - 1 - k``,
-  ``pipeline_segment`` 0/1), a different placement and order. Emitting it would run a
-  schedule the cost model and checker never saw.
+* order ``zbv`` (V = 2) -> scheduler ``zero_bubble_v`` with ``pipeline_interleave: True`` and
+  ``pp_interleave_num: 2``. The plan's V-shape placement (chunk ``c`` on device ``c`` for
+  ``c < P``, on ``2P-1-c`` after) is MindFormers' ``zero_bubble_v`` stage assignment (its
+  ``LayerSetting`` reverses the second row of the ``(2, pp)`` layer grid and gives layers of
+  the second segment stage ``pp - 1 - (k mod pp)``, ``pipeline_segment`` 1); each cell also
+  gets ``pipeline_segment = chunk // P``. MindSpore runs its own ZB-V order on that placement.
+* orders ``zb_h1``, ``interleaved_zb`` and ``dualpipev`` are refused: MindSpore's only
+  zero-bubble scheduler, ``zero_bubble_v``, is the V-shape ZB-V schedule; ``zb_h1`` and
+  ``interleaved_zb`` use the loop placement, and DualPipeV's overlapped pairs are another
+  order. Emitting ``zero_bubble_v`` for them would run a schedule the checker never saw.
 * ``place(d)`` of an encoder region: all its cells get stage ``d``. MindSpore's stages
   must be non-decreasing along the data flow, and the encoder feeds the first LLM chunk
   (stage 0), so only ``d == 0`` is expressible (the usual "encoder on the first stage").
@@ -85,6 +90,7 @@ class GraphPipeline:
     scheduler: str
     data_parallel: int = 1
     cell_stages: Dict[str, int] = field(default_factory=dict)
+    cell_segments: Dict[str, int] = field(default_factory=dict)  # zero_bubble_v: pipeline_segment per cell
     param_stages: Dict[str, int] = field(default_factory=dict)
     conflicts: List[str] = field(default_factory=list)
     frozen_regions: List[str] = field(default_factory=list)
@@ -114,6 +120,7 @@ class GraphPipeline:
     def to_dict(self) -> dict:
         return {"mindspore": {"pipeline": self.auto_parallel_pipeline_kwargs(), "micro_size": self.micro_batches},
                 "mindformers": self.mindformers(), "cell_stages": dict(self.cell_stages),
+                "cell_segments": dict(self.cell_segments),
                 "param_stages": dict(self.param_stages), "conflicts": list(self.conflicts),
                 "frozen_regions": list(self.frozen_regions)}
 
@@ -153,14 +160,16 @@ def graph_pipeline(plan) -> GraphPipeline:
         interleave, sched = True, "gpipe"
     elif order == "interleaved":
         interleave, sched = True, "1f1b"
-    elif order == "zb_h1":
+    elif order == "zbv":
+        interleave, sched = True, "zero_bubble_v"
+    elif order in ("zb_h1", "interleaved_zb", "dualpipev"):
         raise GraphModeUnsupported(
-            "schedule.order", "zb_h1 (one chunk per device, W delayed into bubbles) has no MindSpore scheduler: "
-            "'zero_bubble_v' is the V-shape ZB-V schedule (2 chunks per device, another placement). Use 1f1b, "
-            "gpipe or interleaved in graph mode, or run zb_h1 with the PyNative runtime (hyperparallel train)")
+            "schedule.order", f"{order} has no MindSpore scheduler: 'zero_bubble_v' is the V-shape ZB-V schedule "
+            "(order zbv). Allowed in graph mode: gpipe, 1f1b, interleaved, zbv; or run "
+            f"{order} with the PyNative runtime (hyperparallel train)")
     else:
         raise GraphModeUnsupported("schedule.order", f"{order!r} has no MindSpore scheduler; allowed in graph "
-                                                     "mode: gpipe, 1f1b, interleaved")
+                                                     "mode: gpipe, 1f1b, interleaved, zbv")
     frozen = [r for r, t in (plan.trainable or {}).items() if not t]
     body_chunks = sorted((c for c in plan.chunks if c.region == body.get("region")), key=lambda c: c.index)
     layers = [c.layers for c in body_chunks]
@@ -174,6 +183,7 @@ class _Placement:
     """(region, layer) -> pipeline stage, from the plan's chunks."""
 
     def __init__(self, plan):
+        self.P = plan.num_devices
         self.chunks: Dict[str, list] = {}
         for c in plan.chunks:
             self.chunks.setdefault(c.region, []).append(c)
@@ -185,6 +195,17 @@ class _Placement:
                               + r")\.(-?\d+)\.")
 
     def stage(self, region: str, layer: int) -> int:
+        chunk = self.chunk(region, layer)
+        if len(chunk.devices) != 1:
+            raise GraphModeUnsupported("annotate", f"region {region!r} chunk {chunk.index} is on devices "
+                                                   f"{list(chunk.devices)}; graph mode needs one stage per cell")
+        return int(chunk.devices[0])
+
+    def segment(self, region: str, layer: int) -> int:
+        """``pipeline_segment`` of zero_bubble_v: 0 on the way down the V, 1 on the way back."""
+        return self.chunk(region, layer).index // self.P
+
+    def chunk(self, region: str, layer: int):
         lst = self.chunks.get(region)
         if not lst:
             raise SpecError("annotate", f"region {region!r} is not in the plan; plan regions: "
@@ -196,10 +217,7 @@ class _Placement:
             chunk = lst[-1]
         else:
             chunk = next(c for c in lst if c.start <= layer < c.stop)
-        if len(chunk.devices) != 1:
-            raise GraphModeUnsupported("annotate", f"region {region!r} chunk {chunk.index} is on devices "
-                                                   f"{list(chunk.devices)}; graph mode needs one stage per cell")
-        return int(chunk.devices[0])
+        return chunk
 
     def of_param(self, name: str) -> Optional[Tuple[str, int]]:
         m = self._re.search(name)
@@ -231,12 +249,14 @@ def annotate(model, plan, layer_of: Optional[Callable[[str, object], Optional[Tu
 
     ``model``: a Cell, or a list/tuple/dict of Cells (e.g. ``model.build_full(cfg, seed)``).
     Raises :class:`GraphModeUnsupported` for schedules graph mode cannot run (transpose, zb_h1,
-    place on a device other than 0) before touching any cell.
+    interleaved_zb, dualpipev, place on a device other than 0) before touching any cell. With
+    ``zbv`` each placed cell also gets ``pipeline_segment`` (0 or 1, its side of the V).
     """
     gp = graph_pipeline(plan)
     where = _Placement(plan)
     cells = _named_cells(model)
     stage_of_cell: Dict[int, int] = {}
+    segment_of_cell: Dict[int, int] = {}
     for name, cell in cells:
         key = None
         if layer_of is not None:
@@ -245,8 +265,10 @@ def annotate(model, plan, layer_of: Optional[Callable[[str, object], Optional[Tu
                 and isinstance(getattr(cell, "start"), int):
             region, start = cell.region, cell.start
             stage_of_cell[id(cell)] = where.stage(region, start)
+            segment_of_cell[id(cell)] = where.segment(region, start)
             for i, blk in enumerate(cell.blocks):
                 stage_of_cell[id(blk)] = where.stage(region, start + i)
+                segment_of_cell[id(blk)] = where.segment(region, start + i)
             continue
         if key is None and id(cell) not in stage_of_cell:
             keys = {where.of_param(p.name) for p in cell.get_parameters()}
@@ -254,6 +276,7 @@ def annotate(model, plan, layer_of: Optional[Callable[[str, object], Optional[Tu
                 key = keys.pop()
         if key is not None:
             stage_of_cell[id(cell)] = where.stage(*key)
+            segment_of_cell[id(cell)] = where.segment(*key)
     # Sub-cells of a stage-annotated cell that were not placed themselves inherit nothing
     # here: MindSpore takes an operator's stage from its innermost annotated cell.
     for name, cell in cells:
@@ -262,6 +285,9 @@ def annotate(model, plan, layer_of: Optional[Callable[[str, object], Optional[Tu
             continue
         cell.pipeline_stage = int(s)
         gp.cell_stages[name] = int(s)
+        if gp.scheduler == "zero_bubble_v":
+            cell.pipeline_segment = int(segment_of_cell[id(cell)])
+            gp.cell_segments[name] = int(segment_of_cell[id(cell)])
     # Parameters: the stage their name asks for, versus the innermost annotated owner's.
     owner_stage: Dict[str, Tuple[str, Optional[int]]] = {}
     for name, cell in cells:  # outer cells first, so inner owners overwrite

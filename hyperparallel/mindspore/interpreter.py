@@ -91,14 +91,8 @@ class Interpreter:
         return self.model.boundary(key[0], self.chunk_stop[key[:2]], self._mb[(ahead, g)][0])
 
     def prev_key(self, key: Key) -> Optional[Key]:
-        region, c, m = key
-        if c > 0:
-            return (region, c - 1, m)
-        i = self.regions.index(region)
-        if i == 0:
-            return None
-        prev = self.regions[i - 1]
-        return (prev, self.num_chunks[prev] - 1, m)
+        prev = ir.prev_chunk(self.regions, self.num_chunks, key[0], key[1])
+        return None if prev is None else prev + (key[2],)
 
     def chunk_input(self, key: Key, recompute: bool = False, ahead: int = 0) -> Tensor:
         prev = self.prev_key(key)

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 from .errors import PlanError
 from .execute import coll_key, execute, msg_key
 from .ir import (ACT, ALL_KINDS, B, BW, COLLECTIVE_KINDS, DP_GROUP, F, GRAD, P2P_KINDS, R, RECV, SEND, W, Action,
-                 Plan)
+                 Plan, next_chunk, prev_chunk)
 
 
 class _Structure:
@@ -43,16 +43,10 @@ class _Structure:
                           for i, r in enumerate(self.regions)}
 
     def prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        if chunk > 0:
-            return region, chunk - 1
-        i = self.regions.index(region)
-        return None if i == 0 else (self.regions[i - 1], self.nchunks[self.regions[i - 1]] - 1)
+        return prev_chunk(self.regions, self.nchunks, region, chunk)
 
     def next(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        if chunk < self.nchunks[region] - 1:
-            return region, chunk + 1
-        i = self.regions.index(region)
-        return None if i == len(self.regions) - 1 else (self.regions[i + 1], 0)
+        return next_chunk(self.regions, self.nchunks, region, chunk)
 
 
 def _where(d: int, i: int, a: Action) -> str:

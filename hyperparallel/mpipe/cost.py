@@ -11,7 +11,7 @@ from typing import Dict, List
 
 from .execute import Execution, execute
 from .ir import ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
-from .profile import ModelProfile
+from .profile import ModelProfile, task_ms
 
 
 @dataclass
@@ -51,10 +51,7 @@ class Durations:
         key = (a.kind, a.region, a.chunk)
         ms = self._cache.get(key)
         if ms is None:
-            r, n = self.profile.region(a.region), self.layers[(a.region, a.chunk)]
-            per = {F: r.forward_ms, R: r.forward_ms, B: r.backward_ms, W: r.weight_ms,
-                   BW: r.backward_ms + r.weight_ms}[a.kind]
-            ms = self._cache[key] = per * n
+            ms = self._cache[key] = task_ms(self.profile.region(a.region), a.kind, self.layers[(a.region, a.chunk)])
         return ms
 
     def chunk_mb(self, region: str, chunk: int, per_layer: float) -> float:

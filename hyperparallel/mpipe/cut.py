@@ -5,6 +5,7 @@ from typing import List
 
 from .errors import SpecError
 from .ir import Chunk
+from .orders import device_of
 from .profile import ModelProfile
 from .schedule import Pipe, Place, Schedule, Transpose
 
@@ -37,8 +38,8 @@ def pipe_layers(region: str, layers: int, given, P: int, V: int, where: str) -> 
 
 
 def cut(profile: ModelProfile, schedule: Schedule, P: int, V: int) -> List[Chunk]:
-    """The pipelined region gets P*V chunks on devices ``c mod P`` (sizes: the pipe's ``layers`` or the
-    even split); other regions are one chunk."""
+    """The pipelined region gets P*V chunks (loop or V-shape placement of its order; sizes: the pipe's
+    ``layers`` or the even split); other regions are one chunk."""
     chunks: List[Chunk] = []
     for i, (name, sk) in enumerate(schedule.parts):
         region = profile.region(name)
@@ -46,7 +47,7 @@ def cut(profile: ModelProfile, schedule: Schedule, P: int, V: int) -> List[Chunk
             sizes = pipe_layers(name, region.layers, sk.layers, P, V, f"mpipe.profile.regions[{i}].layers")
             start = 0
             for c, size in enumerate(sizes):
-                chunks.append(Chunk(name, c, start, start + size, (c % P,)))
+                chunks.append(Chunk(name, c, start, start + size, (device_of(sk.order, c, P),)))
                 start += size
         elif isinstance(sk, Place):
             if sk.device >= P:

@@ -18,9 +18,9 @@ from .cut import cut
 from .execute import execute
 from .errors import SpecError
 from .ir import (ACT, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, W, WEIGHTS, WGRAD,
-                 Action, Chunk, Plan)
+                 Action, Chunk, Plan, next_chunk, prev_chunk)
 from .owners import owner_map
-from .profile import ModelProfile
+from .profile import ModelProfile, task_ms
 from .schedule import Pipe, Place, Schedule, Transpose, parse_schedule
 
 
@@ -30,6 +30,36 @@ class Task(NamedTuple):
     chunk: int
     micro: int
     step: int = 0
+
+
+class Slot(NamedTuple):
+    """Where a compute task sits: device, position in its compute sequence, step (1 = next step)."""
+
+    device: int
+    index: int
+    step: int
+
+
+class Message(NamedTuple):
+    """One cross-device edge: ``tensor`` of (region, chunk, micro) from ``src`` to ``dst``."""
+
+    src: int
+    dst: int
+    src_index: int   # producer's position in the sender's compute sequence
+    dst_index: int   # consumer's position in the receiver's compute sequence
+    next_step: bool  # produced by next-step (spilled) work for this step's consumer
+    tensor: str
+    region: str
+    chunk: int
+    micro: int
+
+
+class Receive(NamedTuple):
+    """A RECV to place before a consumer: sender, position on the sender's channel, the message."""
+
+    src: int
+    k: int
+    msg: Message
 
 
 def _positive(field: str, value, minimum: int = 1) -> int:
@@ -56,6 +86,7 @@ class _Derivation:
                           for i, r in enumerate(self.regions)}
         self._validate_upstream()
         self.main = self._body_sequences()
+        self.pairs = {d: orders.overlap_pairs(self.pipe.order, P, V, M, d) for d in range(P)}
         self._timing = None
         self.owners = self._owners()
 
@@ -86,8 +117,7 @@ class _Derivation:
 
     def _region_ms(self, region: str, kinds: Tuple[str, ...]) -> float:
         r = self.profile.region(region)
-        per = {F: r.forward_ms, R: r.forward_ms, B: r.backward_ms, W: r.weight_ms, BW: r.backward_ms + r.weight_ms}
-        return sum(per[k] for k in kinds) * r.layers
+        return sum(task_ms(r, k, r.layers) for k in kinds)
 
     def _owners(self) -> Dict[str, List[int]]:
         """Owner map per transposed region; ``balanced`` reads the body's idle times (one estimate)."""
@@ -128,10 +158,9 @@ class _Derivation:
         if self._timing is not None:
             return self._timing
         r = self.profile.region(self.body)
-        per_layer = {F: r.forward_ms, B: r.backward_ms, W: r.weight_ms, BW: r.backward_ms + r.weight_ms}
         layers = {c.index: c.layers for c in self.chunks if c.region == self.body}
         body = Plan(num_devices=self.P, num_micro=self.M, programs=self.lower(self.main), chunks=self.chunks)
-        ex = execute(body, lambda a: layers[a.chunk] * per_layer[a.kind], lambda a: 0.0)
+        ex = execute(body, lambda a: task_ms(r, a.kind, layers[a.chunk]), lambda a: 0.0)
         tasks = {d: [t for t in ex.timeline[d] if t.lane == "compute"] for d in range(self.P)}
         span = max([ts[-1].end for ts in tasks.values() if ts] + [0.0])
         gaps = []
@@ -169,7 +198,7 @@ class _Derivation:
     def forward_device(self, region: str, chunk: int, m: int) -> int:
         sk = self.schedule.skeleton(region)
         if isinstance(sk, Pipe):
-            return chunk % self.P
+            return orders.device_of(sk.order, chunk, self.P)
         if isinstance(sk, Place):
             return sk.device
         return self.owners[region][m]
@@ -190,7 +219,7 @@ class _Derivation:
         main: Dict[int, List[Task]] = {}
         for d in range(self.P):
             seq = []
-            for kind, c, m in orders.device_order(self.pipe.order, self.P, self.V, self.M, d):
+            for kind, c, m in orders.device_order(self.pipe.order, self.P, self.V, self.M, d, self._chunk_costs()):
                 if kind != F and not body_needs_bwd:
                     continue
                 if kind == W and not body_trainable:
@@ -200,6 +229,11 @@ class _Derivation:
                 seq.append(Task(kind, self.body, c, m))
             main[d] = seq
         return main
+
+    def _chunk_costs(self) -> Tuple[float, float, float]:
+        """Mean per-chunk (F, B, W) times of the body: the list-scheduled orders play with these."""
+        n = self.P * self.V
+        return tuple(self._region_ms(self.body, (k,)) / n for k in (F, B, W))
 
     def compute_order(self) -> Dict[int, List[Task]]:
         split = self.pipe.order in orders.SPLIT_ORDERS
@@ -301,25 +335,16 @@ class _Derivation:
 
     # -- lowering -----------------------------------------------------------------------
     def _prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        if chunk > 0:
-            return region, chunk - 1
-        i = self.ridx[region]
-        if i == 0:
-            return None
-        prev = self.regions[i - 1]
-        return prev, self.nchunks[prev] - 1
+        return prev_chunk(self.regions, self.nchunks, region, chunk)
 
     def _next(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        if chunk < self.nchunks[region] - 1:
-            return region, chunk + 1
-        i = self.ridx[region]
-        return None if i == len(self.regions) - 1 else (self.regions[i + 1], 0)
+        return next_chunk(self.regions, self.nchunks, region, chunk)
 
     def lower(self, seqs: Dict[int, List[Task]]) -> Dict[int, List[Action]]:
-        loc: Dict[Tuple[str, str, int, int], Tuple[int, int, int]] = {}
+        loc: Dict[Tuple[str, str, int, int], Slot] = {}
         for d, seq in seqs.items():
             for i, t in enumerate(seq):
-                loc[(t.kind, t.region, t.chunk, t.micro)] = (d, i, t.step)
+                loc[(t.kind, t.region, t.chunk, t.micro)] = Slot(d, i, t.step)
 
         def input_grad_task(region: str, chunk: int, m: int):
             for kind in (B, BW):
@@ -327,8 +352,7 @@ class _Derivation:
                     return loc[(kind, region, chunk, m)]
             return None
 
-        # message: (src, dst, src_index, dst_index, spilled, tensor, region, chunk, micro)
-        messages = []
+        messages: List[Message] = []
         for d, seq in seqs.items():
             for i, t in enumerate(seq):
                 if t.kind == F:
@@ -337,16 +361,16 @@ class _Derivation:
                         continue  # data, or (body-only timing) an upstream producer not lowered here
                     pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
                     if pd != d:
-                        messages.append((pd, d, pi, i, pstep > t.step, ACT) + prev + (t.micro,))
+                        messages.append(Message(pd, d, pi, i, pstep > t.step, ACT, prev[0], prev[1], t.micro))
                 elif t.kind == R:
                     # central backward recomputes from the shipped input: the input of the region
                     # travels to the central device unless its own forward already runs there
                     prev = self._prev(t.region, t.chunk)
-                    if prev is None or loc[(F, t.region, t.chunk, t.micro)][0] == d:
+                    if prev is None or loc[(F, t.region, t.chunk, t.micro)].device == d:
                         continue
                     pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
                     if pd != d:
-                        messages.append((pd, d, pi, i, pstep > t.step, ACT) + prev + (t.micro,))
+                        messages.append(Message(pd, d, pi, i, pstep > t.step, ACT, prev[0], prev[1], t.micro))
                 elif t.kind in (B, BW):
                     nxt = self._next(t.region, t.chunk)
                     if nxt is None:
@@ -354,36 +378,37 @@ class _Derivation:
                     src = input_grad_task(nxt[0], nxt[1], t.micro)
                     if src is None:
                         raise AssertionError(f"no input-grad producer for {t}")
-                    if src[0] != d:
-                        messages.append((src[0], d, src[1], i, False, GRAD, t.region, t.chunk, t.micro))
+                    if src.device != d:
+                        messages.append(Message(src.device, d, src.index, i, False, GRAD, t.region, t.chunk, t.micro))
 
         # FIFO: per channel, receives follow the sender's order; a receive is pulled
         # earlier when a later-needed message is sent first. Messages crossing into the next
         # step (spilled producer, this-step consumer) are sent after the step's collectives and
         # received at the very end of the receiver's step, so every step's traffic is complete
         # before anything that runs between steps (optimizer, metrics, checkpoints).
-        recvs_at: Dict[int, Dict[int, List[Tuple]]] = defaultdict(lambda: defaultdict(list))
-        sends_after: Dict[int, Dict[int, List[Tuple]]] = defaultdict(lambda: defaultdict(list))
-        channels = defaultdict(list)
+        recvs_at: Dict[int, Dict[int, List[Receive]]] = defaultdict(lambda: defaultdict(list))
+        sends_after: Dict[int, Dict[int, List[Message]]] = defaultdict(lambda: defaultdict(list))
+        channels: Dict[Tuple[int, int], List[Message]] = defaultdict(list)
         for msg in messages:
-            channels[(msg[0], msg[1])].append(msg)
-            sends_after[msg[0]][msg[2]].append(msg)
+            channels[(msg.src, msg.dst)].append(msg)
+            sends_after[msg.src][msg.src_index].append(msg)
         for (src, dst), msgs in channels.items():
-            msgs.sort(key=lambda x: (x[4], x[2]))
+            msgs.sort(key=lambda x: (x.next_step, x.src_index))
             end = len(seqs[dst])
             pos = None
             placed = []
             for k in range(len(msgs) - 1, -1, -1):
-                need = end if msgs[k][4] else msgs[k][3]
+                need = end if msgs[k].next_step else msgs[k].dst_index
                 pos = need if pos is None else min(pos, need)
                 placed.append((pos, k, msgs[k]))
             for pos, k, msg in placed:
-                recvs_at[dst][pos].append((src, k, msg))
+                recvs_at[dst][pos].append(Receive(src, k, msg))
 
-        def p2p(kind: str, msg, peer: int) -> Action:
+        def p2p(kind: str, msg: Message, peer: int) -> Action:
             # step=1: the tensor is next-step data (its producer is a spilled forward)
-            step = seqs[msg[0]][msg[2]].step
-            return Action(kind, region=msg[6], chunk=msg[7], micro=msg[8], peer=peer, tensor=msg[5], step=step)
+            step = seqs[msg.src][msg.src_index].step
+            return Action(kind, region=msg.region, chunk=msg.chunk, micro=msg.micro, peer=peer, tensor=msg.tensor,
+                          step=step)
 
         everyone = tuple(range(self.P))
         head: List[Action] = []
@@ -402,6 +427,7 @@ class _Derivation:
         programs: Dict[int, List[Action]] = {}
         for d, seq in seqs.items():
             prog = list(head)
+            pairs = self.pairs.get(d)
             spilled: List[Action] = []
             # next-step work: forwards in the trailing block run after the collectives; spilled
             # forwards placed earlier (in idle gaps) run in place, but every spilled SEND goes
@@ -410,13 +436,14 @@ class _Derivation:
             while trailing > 0 and seq[trailing - 1].step:
                 trailing -= 1
             for i, t in enumerate(seq):
-                for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x[0], x[1])):
+                for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x.src, x.k)):
                     prog.append(p2p(RECV, msg, src))
                 out = spilled if (t.step and i >= trailing) else prog
-                out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step))
+                pair = pairs.get((t.kind, t.chunk, t.micro)) if pairs and t.region == self.body else None
+                out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step, pair=pair))
                 for msg in sends_after[d][i]:
-                    (spilled if msg[4] else out).append(p2p(SEND, msg, msg[1]))
-            for src, k, msg in sorted(recvs_at[d][len(seq)], key=lambda x: (x[0], x[1])):
+                    (spilled if msg.next_step else out).append(p2p(SEND, msg, msg.dst))
+            for src, k, msg in sorted(recvs_at[d][len(seq)], key=lambda x: (x.src, x.k)):
                 spilled.append(p2p(RECV, msg, src))
             programs[d] = prog + tail + spilled
         return programs
@@ -443,7 +470,7 @@ def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int =
     M = _positive("parallel_config.micro_batch_num", M)
     V = _positive("parallel_config.pp_interleave_num", V)
     D = _positive("parallel_config.data_parallel", D)
-    sched = parse_schedule(schedule, profile)
+    sched = parse_schedule(schedule, profile, V=V)
     return _Derivation(profile, sched, P, M, V, D).plan()
 
 

@@ -75,6 +75,7 @@ _PALETTE = {  # (first region / encoder, pipelined body)
 }
 _COMM = "#9e9e9e"
 _WAIT = "#e0e0e0"
+_PAIR = "#7b1fa2"  # outline of DualPipeV overlap pairs
 
 
 def _color(a: Action, body: str) -> str:
@@ -104,7 +105,7 @@ def write_png(results: Sequence[Tuple[Plan, object]], path: str, title: str = ""
     fig, axes = plt.subplots(n, 1, figsize=(15, fig_h), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": [r + 1.2 for r in rows]})
     span = 0.0
-    spilled = False
+    spilled = paired = False
     regions_seen: Dict[str, str] = {}
     for k, (plan, rep) in enumerate(results):
         ax = axes[k][0]
@@ -118,7 +119,9 @@ def write_png(results: Sequence[Tuple[Plan, object]], path: str, title: str = ""
                 span = max(span, t.end - t0)
                 if t.lane == "compute":
                     ax.broken_barh([(s, w)], (y + 0.22, 0.68), facecolors=_color(a, body),
-                                   edgecolors="black", linewidth=0.3, hatch="///" if a.step else None)
+                                   edgecolors=_PAIR if a.pair is not None else "black",
+                                   linewidth=1.2 if a.pair is not None else 0.3, hatch="///" if a.step else None)
+                    paired = paired or a.pair is not None
                     spilled = spilled or bool(a.step)
                     regions_seen.setdefault(a.region, "body" if a.region == body else "enc")
                     if a.micro is not None and w > 0:
@@ -147,6 +150,9 @@ def write_png(results: Sequence[Tuple[Plan, object]], path: str, title: str = ""
            for p, r in results for ts in r.execution.timeline.values() for t in ts if t.lane == "compute"):
         handles += [Patch(facecolor=_PALETTE[BW][0], edgecolor="black", label=f"B/BW {enc}"),
                     Patch(facecolor=_PALETTE[R][0], edgecolor="black", label=f"R {enc} (recompute)")]
+    if paired:
+        handles.append(Patch(facecolor="white", edgecolor=_PAIR, linewidth=1.2,
+                             label="overlap pair (F + B of two micro-batches; run in sequence here)"))
     if spilled:
         handles.append(Patch(facecolor=_PALETTE[F][0], edgecolor="black", hatch="///",
                              label=f"F {enc} for the next step (spill)"))

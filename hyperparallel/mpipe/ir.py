@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 # Compute kinds run on the compute lane.
 F = "F"      # forward of (region, chunk, micro)
@@ -47,7 +47,9 @@ class Action:
     ``peer`` is the other device of a SEND/RECV; ``group`` the member devices of
     a collective (or ``"dp"`` for the data-parallel group); ``root`` the source
     of a broadcast. ``step`` is 1 for work done ahead for the next optimizer step
-    (next-step spill), else 0.
+    (next-step spill), else 0. ``pair``: the forward and the input-grad of two micro-batches
+    with the same pair id on one device may run overlapped on a backend that can (DualPipeV);
+    program order is a valid sequential order, and this runtime runs them one after the other.
     """
 
     kind: str
@@ -59,6 +61,7 @@ class Action:
     group: Optional[Tuple[int, ...]] = None
     root: Optional[int] = None
     step: int = 0
+    pair: Optional[int] = None
 
     @property
     def is_compute(self) -> bool:
@@ -116,6 +119,25 @@ class Action:
         elif self.group is not None:
             parts.append(f"group={self.group if isinstance(self.group, str) else list(self.group)}")
         return " ".join(parts)
+
+
+def prev_chunk(regions: Sequence[str], nchunks: Mapping[str, int], region: str,
+               chunk: int) -> Optional[Tuple[str, int]]:
+    """The chunk whose output feeds ``(region, chunk)``: the previous chunk of the region, or the
+    last chunk of the previous region; ``None`` for the first chunk of the first region (data)."""
+    if chunk > 0:
+        return region, chunk - 1
+    i = regions.index(region)
+    return None if i == 0 else (regions[i - 1], nchunks[regions[i - 1]] - 1)
+
+
+def next_chunk(regions: Sequence[str], nchunks: Mapping[str, int], region: str,
+               chunk: int) -> Optional[Tuple[str, int]]:
+    """The chunk that consumes ``(region, chunk)``'s output; ``None`` after the last chunk (loss)."""
+    if chunk < nchunks[region] - 1:
+        return region, chunk + 1
+    i = regions.index(region)
+    return None if i == len(regions) - 1 else (regions[i + 1], 0)
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,57 @@
 """Order rules of the ``pipe`` skeleton: (P, V, M, device) -> that device's compute sequence.
 
-Chunk ``c`` of the pipelined region lives on device ``c mod P`` (the "loop"
-placement), so device d holds chunks ``d, d+P, ..., d+(V-1)P``. Each rule
-returns ``[(kind, chunk, micro), ...]`` with kind ``F`` and either ``BW``
-(fused backward) or ``B``/``W`` (split, zero-bubble). Every order is a few
-lines over the same primitives; no other module writes a schedule loop.
+Two placements of the pipelined region's ``P*V`` chunks:
+
+* ``loop``: chunk ``c`` on device ``c mod P`` (device d holds ``d, d+P, ..., d+(V-1)P``);
+* ``vshape`` (the design's "fold", V = 2): chunk ``c`` on device ``c`` for ``c < P`` and on
+  ``2P-1-c`` after, so device d holds chunks ``d`` and ``2P-1-d`` and the first and last chunk
+  (the loss) share device 0.
+
+Each rule returns ``[(kind, chunk, micro), ...]`` with kind ``F`` and either ``BW`` (fused
+backward) or ``B``/``W`` (split, zero-bubble). The closed-form rules (gpipe, 1f1b,
+interleaved) are a few lines over :func:`_one_f_one_b`; DualPipeV is its published phase
+list (:func:`dualpipev_template`); zb_h1, interleaved_zb and zbv take the F/B order of 1f1b,
+interleaved and DualPipeV and place each W where the device would otherwise wait
+(:func:`_fill_w`, played with the body's per-chunk costs and free communication). Every rule
+is a pure function; no other module writes a schedule loop.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+import heapq
+from functools import lru_cache
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .errors import SpecError
 from .ir import B, BW, F, W
 
 Task = Tuple[str, int, int]
+Costs = Tuple[float, float, float]  # per-chunk forward, input-grad, weight-grad times
+UNIT: Costs = (1.0, 1.0, 1.0)
+
+LOOP, VSHAPE = "loop", "vshape"
 
 
-def _local_chunks(P: int, V: int, d: int) -> List[int]:
-    return [v * P + d for v in range(V)]
+# -- placement -------------------------------------------------------------------------
+def placement(order: str) -> str:
+    """``vshape`` for the V-shape orders, ``loop`` for the others."""
+    return VSHAPE if order in VSHAPE_ORDERS else LOOP
 
 
-def gpipe(P: int, V: int, M: int, d: int) -> List[Task]:
+def device_of(order: str, chunk: int, P: int) -> int:
+    """Device of chunk ``chunk`` of the pipelined region under ``order``'s placement."""
+    if placement(order) == VSHAPE:
+        return chunk if chunk < P else 2 * P - 1 - chunk
+    return chunk % P
+
+
+def local_chunks(order: str, P: int, V: int, d: int) -> List[int]:
+    return [c for c in range(P * V) if device_of(order, c, P) == d]
+
+
+# -- closed-form rules -------------------------------------------------------------------
+def gpipe(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
     """All forwards (chunk by chunk), then all backwards in reverse chunk order."""
-    chunks = _local_chunks(P, V, d)
+    chunks = local_chunks("gpipe", P, V, d)
     seq = [(F, c, m) for c in chunks for m in range(M)]
     seq += [(BW, c, m) for c in reversed(chunks) for m in range(M)]
     return seq
@@ -38,82 +67,235 @@ def _one_f_one_b(forwards: List[Task], backwards: List[Task], warmup: int) -> Li
     return seq
 
 
-def one_f_one_b(P: int, V: int, M: int, d: int) -> List[Task]:
+def one_f_one_b(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
     """1F1B: P-1-d warmup forwards keep at most P-d micro-batches in flight on device d."""
     return _one_f_one_b([(F, d, m) for m in range(M)], [(BW, d, m) for m in range(M)], P - 1 - d)
 
 
-def interleaved(P: int, V: int, M: int, d: int) -> List[Task]:
-    """Interleaved 1F1B (Megatron-style): micro-batches in groups of P cycle over the V local chunks."""
+def rounds(P: int, M: int) -> List[int]:
+    """Micro-batch rounds of interleaved orders: ``M // P`` rounds as even as possible (each >= P)."""
+    n = max(1, M // P)
+    base, extra = divmod(M, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def interleaved(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
+    """Interleaved 1F1B: micro-batches in rounds (each >= P) cycle over the V local chunks.
+
+    Any M >= P: the rounds are ``M // P`` groups as even as possible. Warmup forwards
+    ``(V-1) * first round + 2(P-1-d)`` (Megatron's count), so device d holds at most one more.
+    """
     if V == 1:
         return one_f_one_b(P, V, M, d)
-    def order(k: int, backward: bool) -> Tuple[int, int]:
-        group, pos = divmod(k, P)
-        v = group % V
-        if backward:
-            v = V - 1 - v
-        return v * P + d, (group // V) * P + pos
-
-    total = V * M
-    fwd = [(F,) + order(k, False) for k in range(total)]
-    bwd = [(BW,) + order(k, True) for k in range(total)]
-    warmup = total if M == P else (P - d - 1) * 2 + (V - 1) * P
+    fwd: List[Task] = []
+    start = 0
+    for size in rounds(P, M):
+        for v in range(V):
+            fwd += [(F, v * P + d, m) for m in range(start, start + size)]
+        start += size
+    bwd = [(BW, (V - 1 - c // P) * P + d, m) for _, c, m in fwd]
+    warmup = (V - 1) * rounds(P, M)[0] + 2 * (P - 1 - d)
     return _one_f_one_b(fwd, bwd, warmup)
 
 
-def zb_h1(P: int, V: int, M: int, d: int) -> List[Task]:
-    """ZB-H1: 1F1B with B and W split; the input grad goes upstream right after B.
+# -- zero-bubble family ----------------------------------------------------------------------
+def _split(seq: List[Task]) -> List[Task]:
+    return [(B, c, m) if k == BW else (k, c, m) for k, c, m in seq]
 
-    In the cooldown each W on devices after the first waits one B (it fills the wait for the
-    next input grad); the first device runs W right after B (its last W ends the step, so a
-    lag would only lengthen it). W still runs before the next forward, so device d keeps at
-    most P-d micro-batches' activations, the same as 1F1B.
+
+def _fill_w(P: int, M: int, costs: Costs, templates: Dict[int, List[Task]], cap: List[int]) -> Dict[int, List[Task]]:
+    """Place the weight grads: play the F/B templates forward with per-chunk ``costs`` and free
+    communication; each device runs its template in order, and a pending ``W`` (oldest first)
+    whenever the next template task is not ready yet (a bubble) or the device already holds
+    ``cap[d]`` chunk activations (an activation lives from its forward to its ``W``). The W's
+    left at the end close the sequence. The result is a static order; any durations run it.
     """
-    fused = one_f_one_b(P, V, M, d)
-    seq: List[Task] = []
-    pending: List[Task] = []
-    forwards_left = M
-    for kind, c, m in fused:
+    f, b, w = costs
+    last = max(c for tp in templates.values() for _, c, _ in tp)
+    fdone: Dict[Tuple[int, int], float] = {}
+    bdone: Dict[Tuple[int, int], float] = {}
+    at = [0] * P
+    held = [0] * P
+    free = [0.0] * P
+    pend: List[List[Task]] = [[] for _ in range(P)]
+    seqs: Dict[int, List[Task]] = {d: [] for d in range(P)}
+
+    def ready(kind: str, c: int, m: int) -> Optional[float]:
         if kind == F:
-            seq += [(W, pc, pm) for _, pc, pm in pending]
-            pending = []
-            forwards_left -= 1
-            seq.append((F, c, m))
+            return 0.0 if c == 0 else fdone.get((c - 1, m))
+        if (c, m) not in fdone:
+            return None
+        up = fdone[(c, m)] if c == last else bdone.get((c + 1, m))
+        return None if up is None else max(up, fdone[(c, m)])
+
+    def run(d: int, task: Task, start: float) -> float:
+        kind, c, m = task
+        end = start + {F: f, B: b, W: w}[kind]
+        if kind == F:
+            fdone[(c, m)] = end
+            held[d] += 1
+        elif kind == B:
+            bdone[(c, m)] = end
+            pend[d].append((W, c, m))
         else:
-            seq.append((B, c, m))
-            if forwards_left > 0:
-                seq.append((W, c, m))  # steady state: W before the next forward keeps memory at 1F1B's
-            elif d == 0:
-                seq += [(W, pc, pm) for _, pc, pm in pending] + [(W, c, m)]
-                pending = []
-            else:
-                seq += [(W, pc, pm) for _, pc, pm in pending]  # cooldown: W lags one B
-                pending = [(W, c, m)]
-    seq += pending
-    return seq
+            held[d] -= 1
+        seqs[d].append(task)
+        free[d] = end
+        return end
+
+    heap = [(0.0, d) for d in range(P)]
+    asleep: List[int] = []
+    while heap:
+        t, d = heapq.heappop(heap)
+        tp = templates[d]
+        if at[d] == len(tp):
+            while pend[d]:
+                run(d, pend[d].pop(0), free[d])
+            continue
+        task = tp[at[d]]
+        r = ready(*task)
+        fits = task[0] != F or held[d] < cap[d]
+        now = max(t, free[d])
+        if r is not None and r <= now and fits:
+            at[d] += 1
+            end = run(d, task, now)
+        elif pend[d]:
+            end = run(d, pend[d].pop(0), now)
+        elif r is not None and fits:
+            heapq.heappush(heap, (r, d))  # idle until the next template task is ready
+            continue
+        else:
+            asleep.append(d)  # waits for another device's progress
+            continue
+        heapq.heappush(heap, (end, d))
+        for x in asleep:
+            heapq.heappush(heap, (max(free[x], end), x))
+        asleep = []
+    if any(at[d] < len(templates[d]) for d in range(P)):
+        raise AssertionError("W placement stuck: the template needs a larger activation cap")
+    return seqs
 
 
-ORDER_RULES: Dict[str, Callable[[int, int, int, int], List[Task]]] = {
+def dualpipev_template(P: int, M: int, d: int) -> List[Tuple[str, int, int, int]]:
+    """DualPipeV's phases on device d (chunk 0 = d, chunk 1 = 2P-1-d), M >= 2P-1.
+
+    Returns ``(kind, chunk, micro, pair)``: ``pair`` > 0 marks a forward of one micro-batch and
+    the input-grad of another that DualPipeV overlaps (same id on both), else 0. Phases:
+    nF0, nF0F1, nB1W1F1, main (F0&B1, F1&B0), nB1 F1&B0, nB1B0 (second half zero-bubble:
+    W deferred), nWB0, nW.
+    """
+    c0, c1 = d, 2 * P - 1 - d
+    nxt = {(F, c0): 0, (F, c1): 0, (B, c0): 0, (B, c1): 0}
+    seq: List[Tuple[str, int, int, int]] = []
+    wq: List[Tuple[str, int, int, int]] = []
+    pairs = [0]
+
+    def op(kind: str, c: int, defer_w: bool = False, pair: int = 0) -> None:
+        m = nxt[(kind, c)]
+        nxt[(kind, c)] += 1
+        seq.append((kind, c, m, pair))
+        if kind == B:
+            (wq if defer_w else seq).append((W, c, m, 0))
+
+    def paired(fc: int, bc: int) -> None:
+        pairs[0] += 1
+        op(F, fc, pair=pairs[0])
+        op(B, bc, pair=pairs[0])
+
+    for _ in range(2 * (P - d - 1)):
+        op(F, c0)
+    for _ in range(d + 1):
+        op(F, c0), op(F, c1)
+    for _ in range(P - d - 1):
+        op(B, c1), op(F, c1)
+    for _ in range(M - 2 * P + d + 1):
+        paired(c0, c1), paired(c1, c0)
+    for _ in range(P - d - 1):
+        op(B, c1), paired(c1, c0)
+    zb = False
+    for i in range(d + 1):
+        zb = zb or (i == (d + 1) // 2 and d % 2 == 1)
+        op(B, c1, zb)
+        zb = zb or (i == (d + 1) // 2 and d % 2 == 0)
+        op(B, c0, zb)
+    for _ in range(P - d - 1):
+        if wq:
+            seq.append(wq.pop(0))
+        op(B, c0, True)
+    return seq + wq
+
+
+@lru_cache(maxsize=64)
+def _zero_bubble(order: str, P: int, V: int, M: int, costs: Costs) -> Dict[int, List[Task]]:
+    if order == "zb_h1":
+        # 1F1B's F/B order; W fills the bubbles; at most P micro-batches held (1F1B's device 0)
+        return _fill_w(P, M, costs, {d: _split(one_f_one_b(P, V, M, d)) for d in range(P)}, [P] * P)
+    if order == "interleaved_zb":
+        # interleaved 1F1B's F/B order; W fills the bubbles within P more chunk activations
+        cap = [min(V * M, (V - 1) * rounds(P, M)[0] + 2 * (P - 1 - d) + 1 + P) for d in range(P)]
+        return _fill_w(P, M, costs, {d: _split(interleaved(P, V, M, d)) for d in range(P)}, cap)
+    if order == "zbv":
+        # DualPipeV's F/B order on the V-shape, no overlap; W fills the bubbles within 2P+1 chunk activations
+        tpl = {d: [(k, c, m) for k, c, m, _ in dualpipev_template(P, M, d) if k != W] for d in range(P)}
+        return _fill_w(P, M, costs, tpl, [2 * P + 1] * P)
+    raise KeyError(order)
+
+
+def _zb_rule(order: str) -> Callable[..., List[Task]]:
+    def rule(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
+        return list(_zero_bubble(order, P, V, M, tuple(float(x) for x in costs))[d])
+    rule.__name__ = order
+    rule.__doc__ = f"{order}: the order's F/B template with W placed by :func:`_fill_w`."
+    return rule
+
+
+def dualpipev(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
+    """DualPipeV (V-shape, V = 2): :func:`dualpipev_template` without the pair marks."""
+    return [(k, c, m) for k, c, m, _ in dualpipev_template(P, M, d)]
+
+
+def overlap_pairs(order: str, P: int, V: int, M: int, d: int) -> Dict[Tuple[str, int, int], int]:
+    """``{(kind, chunk, micro): pair id}`` of the tasks an overlapping backend may run together."""
+    if order not in PAIRED_ORDERS:
+        return {}
+    return {(k, c, m): p for k, c, m, p in dualpipev_template(P, M, d) if p}
+
+
+ORDER_RULES: Dict[str, Callable[..., List[Task]]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved": interleaved,
-    "zb_h1": zb_h1,
+    "zb_h1": _zb_rule("zb_h1"),
+    "interleaved_zb": _zb_rule("interleaved_zb"),
+    "zbv": _zb_rule("zbv"),
+    "dualpipev": dualpipev,
 }
-SPLIT_ORDERS = ("zb_h1",)
+SPLIT_ORDERS = ("zb_h1", "interleaved_zb", "zbv", "dualpipev")
+VSHAPE_ORDERS = ("zbv", "dualpipev")
+PAIRED_ORDERS = ("dualpipev",)
+V1_ORDERS = ("1f1b", "zb_h1")
+NEEDS_M_GE_P = ("interleaved", "interleaved_zb")
 
 
 def validate(order: str, P: int, V: int, M: int) -> None:
     """Refuse (order, P, V, M) combinations the rule does not define."""
     if order not in ORDER_RULES:
         raise SpecError("order", f"{order!r} unknown; allowed: {', '.join(ORDER_RULES)}")
-    if order in ("1f1b", "zb_h1") and V != 1:
+    if order in V1_ORDERS and V != 1:
         raise SpecError("parallel_config.pp_interleave_num",
-                        f"must be 1 for order {order!r}, got {V}; use order 'interleaved' or 'gpipe' for V > 1")
-    if order == "interleaved" and V > 1 and M % P != 0:
+                        f"must be 1 for order {order!r}, got {V}; use order 'interleaved', 'interleaved_zb' "
+                        "or 'gpipe' for V > 1")
+    if order in VSHAPE_ORDERS and V != 2:
+        raise SpecError("parallel_config.pp_interleave_num",
+                        f"must be 2 for order {order!r} (V-shape: two chunks per device), got {V}; allowed: 2")
+    if order in NEEDS_M_GE_P and V > 1 and M < P:
         raise SpecError("parallel_config.micro_batch_num",
-                        f"must be a multiple of pipeline_stage ({P}) for order 'interleaved', got {M}")
+                        f"must be >= pipeline_stage ({P}) for order {order!r} with pp_interleave_num={V}, got {M}")
+    if order in VSHAPE_ORDERS and M < 2 * P - 1:
+        raise SpecError("parallel_config.micro_batch_num",
+                        f"must be >= 2 x pipeline_stage - 1 ({2 * P - 1}) for order {order!r}, got {M}")
 
 
-def device_order(order: str, P: int, V: int, M: int, d: int) -> List[Task]:
+def device_order(order: str, P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
     validate(order, P, V, M)
-    return ORDER_RULES[order](P, V, M, d)
+    return ORDER_RULES[order](P, V, M, d, costs)

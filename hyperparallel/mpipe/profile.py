@@ -28,6 +28,13 @@ class RegionProfile:
     param_mb: float = 0.0
 
 
+def task_ms(region: RegionProfile, kind: str, layers: int) -> float:
+    """Duration of one compute task of ``kind`` (F, R, B, W, BW) over ``layers`` layers of ``region``."""
+    per = {"F": region.forward_ms, "R": region.forward_ms, "B": region.backward_ms, "W": region.weight_ms,
+           "BW": region.backward_ms + region.weight_ms}[kind]
+    return per * layers
+
+
 @dataclass(frozen=True)
 class LinkProfile:
     """Point-to-point link: latency plus bytes / bandwidth. bandwidth 0 = free communication."""

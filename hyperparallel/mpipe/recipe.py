@@ -80,7 +80,7 @@ class Recipe:
         from . import orders
         from .schedule import parse_schedule
         spec = self.schedule if schedule is None else self.resolve_schedule(schedule)
-        sched = parse_schedule(spec, self.profile)
+        sched = parse_schedule(spec, self.profile, V=self.pp_interleave_num)
         body, pipe = sched.body
         try:
             orders.validate(pipe.order, self.pipeline_stage, self.pp_interleave_num, self.micro_batch_num)

@@ -17,7 +17,12 @@ from typing import List, Optional, Tuple, Union
 from .errors import SpecError
 from .profile import ModelProfile
 
-ORDERS = ("gpipe", "1f1b", "interleaved", "zb_h1")
+ORDERS = ("gpipe", "1f1b", "interleaved", "zb_h1", "interleaved_zb", "zbv", "dualpipev")
+
+
+def default_order(V: int) -> str:
+    """Body order when a schedule names none: ``1f1b``, or ``interleaved`` with V > 1 chunks per device."""
+    return "1f1b" if V == 1 else "interleaved"
 SKELETONS = ("pipe", "place", "transpose")
 OWNERS = ("round_robin", "min", "balanced")
 BACKWARDS = ("owner", "central")
@@ -136,8 +141,11 @@ def _check_opts(field: str, opts: dict, allowed) -> None:
             raise SpecError(f"{field}.{k}", f"unknown option; allowed: {', '.join(allowed) or '(none)'}")
 
 
-def expand_short(text: str, profile: ModelProfile, field: str = "schedule") -> Schedule:
-    """Expand a short name (with optional call options) to the list form for ``profile``."""
+def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: int = 1) -> Schedule:
+    """Expand a short name (with optional call options) to the list form for ``profile``.
+
+    ``transpose`` without ``order`` pipes the body with :func:`default_order` (V chunks per device).
+    """
     name, opts = _parse_call(text, field)
     regions = profile.names()
     body, ups = regions[-1], regions[:-1]
@@ -154,7 +162,7 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule") -> S
             raise SpecError(field, f"'transpose' needs an encoder region before the pipelined region; "
                                    f"the profile has only {body!r} (use one of: {', '.join(ORDERS)})")
         t = _transpose(field, opts)
-        order = _choice(f"{field}.order", opts.get("order", "1f1b"), ORDERS)
+        order = _choice(f"{field}.order", opts.get("order", default_order(V)), ORDERS)
         return Schedule(tuple([(r, t) for r in ups] + [(body, Pipe(order=order))]))
     raise SpecError(field, f"{name!r} unknown; allowed: {', '.join(SHORT_NAMES)}")
 
@@ -175,8 +183,8 @@ def _layers(field: str, value) -> Optional[Tuple[int, ...]]:
     return tuple(value)
 
 
-def parse_list(items, profile: ModelProfile, field: str = "schedule") -> Schedule:
-    """Parse the list form ``[{region, skeleton, ...}, ...]``."""
+def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1) -> Schedule:
+    """Parse the list form ``[{region, skeleton, ...}, ...]``; a ``pipe`` without order gets :func:`default_order`."""
     if not isinstance(items, list) or not items:
         raise SpecError(field, "must be a short name or a non-empty list of {region, skeleton, ...}")
     parts = []
@@ -193,7 +201,7 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule") -> Schedul
         sk = _choice(f"{w}.skeleton", it["skeleton"], SKELETONS)
         _check_opts(w, {k: v for k, v in it.items()}, _ITEM_KEYS[sk])
         if sk == "pipe":
-            s = Pipe(order=_choice(f"{w}.order", it.get("order", "1f1b"), ORDERS),
+            s = Pipe(order=_choice(f"{w}.order", it.get("order", default_order(V)), ORDERS),
                      layers=_layers(f"{w}.layers", it.get("layers")))
         elif sk == "place":
             dev = it.get("device", 0)
@@ -213,8 +221,11 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule") -> Schedul
     return Schedule(tuple(parts))
 
 
-def parse_schedule(spec, profile: ModelProfile, field: str = "schedule") -> Schedule:
-    """A short name, a call-syntax string, a YAML/JSON list string, or a list of mappings."""
+def parse_schedule(spec, profile: ModelProfile, field: str = "schedule", V: int = 1) -> Schedule:
+    """A short name, a call-syntax string, a YAML/JSON list string, or a list of mappings.
+
+    ``V`` (chunks per device) only picks the body order where the spec names none.
+    """
     if isinstance(spec, Schedule):
         return spec
     if isinstance(spec, str) and spec.strip().startswith("["):
@@ -224,8 +235,8 @@ def parse_schedule(spec, profile: ModelProfile, field: str = "schedule") -> Sche
         except yaml.YAMLError as e:
             raise SpecError(field, f"list form is not valid YAML: {str(e).splitlines()[0]}") from None
     if isinstance(spec, str):
-        return expand_short(spec, profile, field)
+        return expand_short(spec, profile, field, V)
     if isinstance(spec, list):
-        return parse_list(spec, profile, field)
+        return parse_list(spec, profile, field, V)
     raise SpecError(field, f"missing or invalid ({spec!r}); allowed short names: {', '.join(SHORT_NAMES)}, "
                            "or a list of {region, skeleton, ...}")

@@ -27,6 +27,8 @@ def program_table(plan: Plan) -> str:
                 note.append(f"root={a.root}")
             if a.step:
                 note.append(f"for step+{a.step}")
+            if a.pair is not None:
+                note.append(f"overlap pair {a.pair}")
             lines.append(f"  {i:>4}  {a.kind:<9} {_cell(a.region):<10} {_cell(a.chunk):>5} {_cell(a.micro):>5} "
                          f"{_cell(a.peer):>5}  {' '.join(note)}")
         lines.append("")
