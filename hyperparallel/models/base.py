@@ -16,9 +16,11 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
 * ``model_input(tensors)``: the input of the model's first chunk;
 * ``boundary(region, stop, micro_batch)``: shape and dtype of the tensor leaving
   a chunk that ends at layer ``stop`` of ``region`` (so a RECV can allocate), from
-  the micro-batch's shape facts only.
+  the micro-batch's shape facts only;
+* ``check_device(device)`` (optional): refuse, before launch, a configuration that
+  cannot train on the recipe's device.
 
-Constructing an adapter and ``regions()`` are pure Python (the launcher checks a
+Constructing an adapter, ``regions()`` and ``check_device()`` are pure Python (the launcher checks a
 recipe before any rank starts); the other methods may import MindSpore.
 """
 from __future__ import annotations
@@ -74,6 +76,10 @@ class ModelAdapter:
 
     def boundary(self, region: str, stop: int, micro_batch: Any) -> TensorSpec:
         raise NotImplementedError
+
+    def check_device(self, device: str) -> None:
+        """Pure Python, before launch: ValueError('model.<key>: ...') if the model cannot train on
+        ``device`` (e.g. a kernel that device lacks). Default: every device."""
 
     # -- derived helpers (not to be overridden) ------------------------------------
     def region_names(self) -> List[str]:
