@@ -92,3 +92,22 @@ def test_wrong_boundary_adapter_fails_first_step_naming_chunk_and_rank(tmp_path)
     assert "wrong_boundary" in err and "chunk llm/0 micro-batch 0" in err and "boundary spec" in err, err
     assert "step 1/2" not in p.stdout   # caught on the first step
     assert took < 100, f"took {took:.0f} s to fail"
+
+
+@pytest.mark.msrun
+def test_mf_llama_recipe_trains_with_transpose_loss_falling(tmp_path):
+    """hyperparallel train recipes/mf_llama_mllm.yaml --schedule transpose: MindFormers' Llama learns."""
+    pytest.importorskip("mindformers", reason="mindformers is not installed")
+    import json
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_DEFAULT_PATH"}   # the launcher's default
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", MF, "--schedule", "transpose", "--steps",
+                        "12", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=400, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        losses = [json.loads(line)["loss"] for line in f]
+    assert len(losses) == 12 and all(l == l for l in losses)
+    assert sum(losses[-3:]) < 0.85 * sum(losses[:3]), losses
+    assert (tmp_path / "run" / "logs" / "mindformers").is_dir()   # MindFormers' logs stay with the job
