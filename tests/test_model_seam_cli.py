@@ -111,3 +111,16 @@ def test_mf_llama_recipe_trains_with_transpose_loss_falling(tmp_path):
     assert len(losses) == 12 and all(l == l for l in losses)
     assert sum(losses[-3:]) < 0.85 * sum(losses[:3]), losses
     assert (tmp_path / "run" / "logs" / "mindformers").is_dir()   # MindFormers' logs stay with the job
+
+
+@pytest.mark.parametrize("name", ["mf_llama_mllm.yaml", "mf_llama_mllm_bench.yaml"])
+def test_bench_prepares_mindformers_recipes(name):
+    """``hyperparallel bench RECIPE --schedule 1f1b --schedule transpose``: checked and planned before launch."""
+    from hyperparallel.bench import bench as B
+    from hyperparallel.cli import build_parser
+    args = build_parser().parse_args(["bench", recipe(name), "--schedule", "1f1b", "--schedule", "transpose"])
+    _, rc, plans = B.prepare(args)
+    assert [n for n, _ in plans] == ["1f1b", "transpose"]
+    assert rc.model.family == "mindformers LlamaForCausalLM"
+    for _, plan in plans:
+        assert {c.region: c.stop for c in plan.chunks} == {r.name: r.layers for r in rc.model.regions()}
