@@ -13,6 +13,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hyperparallel.bench.bench import format_table  # noqa: E402
 
 
+def _kept(row: dict) -> str:
+    if row.get("all_steps_kept_busy_machine"):
+        return f"all {row['samples']} steps of `{row['schedule']}` (too few undisturbed: busy machine)"
+    return f"{row['samples']} undisturbed steps of `{row['schedule']}`"
+
+
 def summary(result: dict) -> str:
     rows = result["schedules"]
     base = rows[0]
@@ -21,8 +27,8 @@ def summary(result: dict) -> str:
         per = [b / t for b, t in zip(base.get("repeat_medians_s", []), r.get("repeat_medians_s", []))]
         spread = (f"; per repeat {', '.join(f'{x:.2f}x' for x in per)} (min {min(per):.2f}x, max {max(per):.2f}x)"
                   if per else "")
-        out.append(f"- `{r['schedule']}` vs `{base['schedule']}`: {r['ratio']:.2f}x faster (median of "
-                   f"{r['samples']} vs {base['samples']} undisturbed steps){spread}")
+        out.append(f"- `{r['schedule']}` vs `{base['schedule']}`: {r['ratio']:.2f}x faster "
+                   f"(medians over {_kept(r)} and {_kept(base)}){spread}")
     for r in rows:
         if r.get("error") is not None:
             out.append(f"- `{r['schedule']}`: predicted {r['predicted_step_s'] * 1e3:.1f} ms, measured "
