@@ -124,3 +124,11 @@ def test_bench_prepares_mindformers_recipes(name):
     assert rc.model.family == "mindformers LlamaForCausalLM"
     for _, plan in plans:
         assert {c.region: c.stop for c in plan.chunks} == {r.name: r.layers for r in rc.model.regions()}
+
+
+def test_mf_llama_chunk_outside_its_region_refused():
+    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mpipe.recipe import load_recipe
+    model = RunConfig.from_raw(load_recipe(MF).raw).model
+    with pytest.raises(ValueError, match=r"layers \[2, 6\) outside region 'llm' \(0\.\.4\)"):
+        model.build_chunk("llm", 2, 6)

@@ -166,6 +166,9 @@ class MFLlamaMLLM(ModelAdapter):
                            seq_len=s["seq_len"])
 
     def build_chunk(self, region: str, start: int, stop: int):
+        if not 0 <= start < stop <= self.depth(region):
+            raise ValueError(f"{self.family}: layers [{start}, {stop}) outside region {region!r} "
+                             f"(0..{self.depth(region)})")
         if region == VISION:
             from .tiny_cells import ChunkCell
             return ChunkCell(self._tiny_cfg(), VISION, start, stop, self.seed)
