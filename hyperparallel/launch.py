@@ -162,6 +162,8 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     with open(job_path, "w") as f:
         json.dump(job, f)
     env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
+    # MindFormers writes its logs under $LOCAL_DEFAULT_PATH (default ./output): keep them with the job's
+    env.setdefault("LOCAL_DEFAULT_PATH", os.path.join(os.path.abspath(log_dir), "mindformers"))
     # msrun starts workers with the "python" on PATH: make it this interpreter's (the venv's)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -160,6 +160,7 @@ def _refusal(log_dir: str, world: int, flag: str):
 
 def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
     os.environ.setdefault("GLOG_v", "3")
+    os.environ.setdefault("LOCAL_DEFAULT_PATH", os.path.join(os.path.abspath(run_dir), "mindformers"))
     from .mindspore import compat
     from .mindspore.reference import Reference
     compat.setup_device(rc.device)

@@ -1,11 +1,15 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
+# MindFormers writes logs under $LOCAL_DEFAULT_PATH (default ./output), read when it is imported:
+# keep them out of the repository for every test and every job a test launches
+os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="hp_mindformers_logs_"))
 
 
 def run_cli(*args, timeout=120):

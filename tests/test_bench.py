@@ -127,6 +127,7 @@ def test_bench_json_png_and_alternation(tmp_path, capsys):
     for r in rows:
         assert {"schedule", "median_step_s", "ratio", "predicted_step_s"} <= set(r)
         assert r["samples"] == 6 and r["predicted_step_s"] > 0  # 2 repeats x 3 kept steps
+        assert r["repeat_medians_s"] == pytest.approx([r["median_step_s"]] * 2)  # one per launch
         assert {"peak_rss_mb", "predicted_peak_mb", "share"} <= set(r["ranks"][0])
     assert rows[0]["median_step_s"] == pytest.approx(0.3) and rows[1]["ratio"] == pytest.approx(1.5)
     assert (tmp_path / "b.png").stat().st_size > 1000

@@ -373,6 +373,7 @@ def run(args, launcher=None) -> int:
         row["interp_share"] = max(d["share"]["interp"] for d in ranks)
         row["samples_s"] = samples[name]
         row["median_all_steps_s"] = median([t for t, _ in steps_of[name]])
+        row["repeat_medians_s"] = [median(kept_step_times(rk, args.warmup)) for rk in per_rank[name]]  # launch order
         row["dropped_disturbed"] = dropped[name]
         row["all_steps_kept_busy_machine"] = fell_back[name]
         row["contention"] = [c for _, c in steps_of[name]]

@@ -55,6 +55,7 @@ class RunConfig:
         if device not in ("CPU", "Ascend"):
             raise ValueError(f"device: {device!r} unknown (CPU, Ascend)")
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
+        model.check_device(device)
         return RunConfig(model=model, data=data, train=train, device=device)
 
 

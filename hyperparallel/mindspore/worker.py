@@ -66,6 +66,15 @@ def setup_case(case: dict, comm):
     plan = ir.Plan.from_json(case["plan"])
     rc = RunConfig.from_raw(case["raw"])
     check_regions(rc.model, plan_regions(plan), where="plan")
+    create_groups(plan, comm)
+    chunks = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop)
+              for c in plan.chunks_on(comm.device)}
+    return plan, rc, chunks, Interpreter(plan, comm, rc.model, data_source(rc), chunks)
+
+
+def create_groups(plan, comm) -> None:
+    """Create every communication group of the plan (all ranks, one order)."""
+    from hyperparallel.mpipe import ir
     # every rank lists every group of every dp index, so all members create them in one order
     all_groups = set()
     for i in range(plan.data_parallel):
@@ -76,10 +85,6 @@ def setup_case(case: dict, comm):
     for d in range(plan.num_devices):
         all_groups.add(tuple(d * plan.data_parallel + j for j in range(plan.data_parallel)))
     comm.ensure_groups(all_groups)
-
-    chunks = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop)
-              for c in plan.chunks_on(comm.device)}
-    return plan, rc, chunks, Interpreter(plan, comm, rc.model, data_source(rc), chunks)
 
 
 def plan_regions(plan):

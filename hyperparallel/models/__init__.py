@@ -20,7 +20,7 @@ from .base import ModelAdapter, Region, TensorSpec
 # family name -> "module:Class" (imported only when chosen)
 BUILTIN: Dict[str, str] = {"tiny_mllm": "hyperparallel.models.tiny_mllm:TinyMLLM"}
 # MindFormers ``model.arch.type`` -> "module:Class"
-MINDFORMERS_ARCHS: Dict[str, str] = {}
+MINDFORMERS_ARCHS: Dict[str, str] = {"LlamaForCausalLM": "hyperparallel.models.mf_llama:MFLlamaMLLM"}
 
 
 def _load(path: str, key: str) -> Callable:

@@ -18,9 +18,11 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   a chunk that ends at layer ``stop`` of ``region`` (so a RECV can allocate), from
   the micro-batch's shape facts only (never its pixels: they load lazily);
 * ``image_tokens()``: LLM tokens per image, the expansion of an image placeholder
-  in real conversation data.
+  in real conversation data;
+* ``check_device(device)`` (optional): refuse, before launch, a configuration that
+  cannot train on the recipe's device.
 
-Constructing an adapter and ``regions()`` are pure Python (the launcher checks a
+Constructing an adapter, ``regions()`` and ``check_device()`` are pure Python (the launcher checks a
 recipe before any rank starts); the other methods may import MindSpore.
 """
 from __future__ import annotations
@@ -82,6 +84,10 @@ class ModelAdapter:
         to this many positions (data.type conversations needs it)."""
         raise NotImplementedError(f"model adapter {self.family}: image_tokens() not implemented, so "
                                   "data.type conversations cannot lay out its sequences")
+
+    def check_device(self, device: str) -> None:
+        """Pure Python, before launch: ValueError('model.<key>: ...') if the model cannot train on
+        ``device`` (e.g. a kernel that device lacks). Default: every device."""
 
     # -- derived helpers (not to be overridden) ------------------------------------
     def region_names(self) -> List[str]:

@@ -1,0 +1,193 @@
+"""Adapter: the project's ViT encoder + projector feeding MindFormers' own ``LlamaForCausalLM``.
+
+A recipe's ``model:`` section is a MindFormers model section, as MindFormers writes it,
+plus one sub-section for the encoder (MindFormers 1.9.0 ships no vision tower)::
+
+    model:
+      arch: {type: LlamaForCausalLM}
+      model_config: {type: LlamaConfig, num_layers: 4, hidden_size: 32, ...}
+      vision: {type: hp_vit, num_layers: 2, hidden_size: 32, num_heads: 2, mlp_ratio: 2}
+
+Regions ``vision`` (depth ``model.vision.num_layers``: the project's ViT blocks, patch
+embedding with the first chunk, mean pooling + projector to the LLM width with the last;
+Cells and parameter names from :mod:`.tiny_cells`) and ``llm`` (depth
+``model.model_config.num_layers``). The LLM is built by MindFormers' own builder
+(``mindformers.models.build_model.build_model``) from the ``arch``/``model_config``
+pair; its decoder layers are sliced into the plan's chunks: token embedding (plus the
+splice of the image features into the sequence at the image-placeholder positions) with
+the first chunk, final norm + LM head + the loss (plain ops: MindFormers' loss cells
+do not run under the tape autograd) with the last. Parameters keep MindFormers' names
+(``model.layers.3.attention.wq.weight``).
+
+Weights: every process builds the whole (small) LLM right after ``mindspore.set_seed(seed)``
+and keeps its slice, so every rank's slice is bit-identical to the single-process model.
+
+Everything up to :meth:`MFLlamaMLLM.regions` and :meth:`MFLlamaMLLM.check_device` is pure
+Python: a config that cannot train (on the recipe's device) is refused before launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from .base import ModelAdapter, Region, TensorSpec
+
+VISION = "vision"
+LLM = "llm"
+MODEL_KEYS = ("arch", "model_config", "vision")
+VISION_KEYS = ("type", "num_layers", "hidden_size", "num_heads", "mlp_ratio", "init_std")
+VISION_TYPES = ("hp_vit",)
+
+# LlamaConfig defaults of MindFormers 1.9.0 for the keys checked below (facts, used when a
+# recipe leaves a key out); ``None`` dtypes follow another key.
+LLAMA_DEFAULTS = {"use_past": False, "use_flash_attention": False, "fused_rms_norm": True,
+                  "use_rope_slice": False, "compute_dtype": "float16", "layernorm_compute_type": "float32",
+                  "softmax_compute_type": "float32", "rotary_dtype": "float32", "param_init_type": "float16",
+                  "embedding_init_type": None, "residual_dtype": None}
+DTYPE_FOLLOWS = {"embedding_init_type": "param_init_type", "residual_dtype": "compute_dtype"}
+# what the legacy Llama needs to train on CPU in PyNative (measured: docs in the notes)
+CPU_FLAGS = {"use_flash_attention": False, "fused_rms_norm": False, "use_rope_slice": True}
+CPU_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    num_layers: int = 2
+    hidden_size: int = 32
+    num_heads: int = 2
+    mlp_ratio: int = 2
+    init_std: float = 0.02
+
+
+def _int(sec: dict, key: str, where: str, default=None) -> int:
+    v = sec.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{where}.{key}: must be a whole number >= 1, got {v!r}")
+    return v
+
+
+class MFLlamaMLLM(ModelAdapter):
+    """ViT encoder (the project's) + MindFormers ``LlamaForCausalLM`` (see module docstring)."""
+
+    family = "mindformers LlamaForCausalLM"
+
+    def __init__(self, section: dict, data_shapes: dict, seed: int):
+        sec = dict(section or {})
+        bad = sorted(set(sec) - set(MODEL_KEYS))
+        if bad:
+            raise ValueError(f"model.{bad[0]}: unknown key for a MindFormers model section "
+                             f"(known: {', '.join(MODEL_KEYS)})")
+        mc = sec.get("model_config")
+        if not isinstance(mc, dict):
+            raise ValueError("model.model_config: missing; give {type: LlamaConfig, num_layers: ..., ...}")
+        if mc.get("type") != "LlamaConfig":
+            raise ValueError(f"model.model_config.type: {mc.get('type')!r} cannot configure LlamaForCausalLM "
+                             f"(use LlamaConfig)")
+        if mc.get("use_past", LLAMA_DEFAULTS["use_past"]):
+            raise ValueError(f"model.model_config.use_past: {mc.get('use_past')!r} is the inference KV cache; "
+                             f"training needs False")
+        self.mc = dict(mc)
+        where = "model.model_config"
+        self.num_layers = _int(mc, "num_layers", where)
+        self.hidden = _int(mc, "hidden_size", where)
+        heads = _int(mc, "num_heads", where)
+        if self.hidden % heads:
+            raise ValueError(f"{where}.num_heads: {heads} must divide {where}.hidden_size {self.hidden}")
+        kv = mc.get("n_kv_heads")
+        if kv is not None and (_int(mc, "n_kv_heads", where) > heads or heads % kv):
+            raise ValueError(f"{where}.n_kv_heads: {kv} must divide {where}.num_heads {heads}")
+        vocab = _int(mc, "vocab_size", where)
+        if vocab != data_shapes["vocab"]:
+            raise ValueError(f"{where}.vocab_size: {vocab} but data.vocab is {data_shapes['vocab']} (must match)")
+        seq = _int(mc, "seq_length", where)
+        if seq < data_shapes["seq_len"]:
+            raise ValueError(f"{where}.seq_length: {seq} is shorter than the data's sequences "
+                             f"({data_shapes['seq_len']} = max images + data.text_len)")
+        vs = sec.get("vision")
+        if not isinstance(vs, dict):
+            raise ValueError("model.vision: missing; the encoder region: {type: hp_vit, num_layers: N, "
+                             "hidden_size: D, num_heads: H, mlp_ratio: R}")
+        bad = sorted(set(vs) - set(VISION_KEYS))
+        if bad:
+            raise ValueError(f"model.vision.{bad[0]}: unknown key (known: {', '.join(VISION_KEYS)})")
+        if vs.get("type", "hp_vit") not in VISION_TYPES:
+            raise ValueError(f"model.vision.type: {vs.get('type')!r} unknown (known: {', '.join(VISION_TYPES)})")
+        self.vision = VisionConfig(**{k: v for k, v in vs.items() if k != "type"})
+        for key in ("num_layers", "hidden_size", "num_heads", "mlp_ratio"):
+            _int(vs, key, "model.vision", getattr(self.vision, key))
+        if self.vision.hidden_size % self.vision.num_heads:
+            raise ValueError("model.vision.num_heads: must divide model.vision.hidden_size")
+        self.shapes = dict(data_shapes)
+        self.seed = int(seed)
+        self._net = None
+
+    # -- pure Python -------------------------------------------------------------------
+    def regions(self) -> List[Region]:
+        return [Region(VISION, self.vision.num_layers, "model.vision.num_layers"),
+                Region(LLM, self.num_layers, "model.model_config.num_layers")]
+
+    def setting(self, key: str):
+        """The effective LlamaConfig value of ``key`` (the recipe's, else MindFormers' default)."""
+        v = self.mc.get(key, LLAMA_DEFAULTS.get(key))
+        if v is None and key in DTYPE_FOLLOWS:
+            return self.setting(DTYPE_FOLLOWS[key])
+        return v
+
+    def check_device(self, device: str) -> None:
+        if device != "CPU":
+            return
+        for key, need in CPU_FLAGS.items():
+            if bool(self.setting(key)) != need:
+                given = "" if key in self.mc else " (MindFormers' default)"
+                raise ValueError(f"model.model_config.{key}: {self.setting(key)!r}{given} cannot train on CPU; "
+                                 f"set {need}")
+        for key in LLAMA_DEFAULTS:
+            if key.endswith(("_dtype", "_type")) and self.setting(key) != CPU_DTYPE:
+                given = "" if key in self.mc else " (MindFormers' default)"
+                raise ValueError(f"model.model_config.{key}: {self.setting(key)!r}{given} cannot train on CPU; "
+                                 f"set {CPU_DTYPE}")
+
+    # -- MindSpore ------------------------------------------------------------------------
+    def network(self):
+        """The whole ``LlamaForCausalLM``, built once per adapter right after ``set_seed``."""
+        if self._net is None:
+            import mindspore as ms
+            from mindformers.models.build_model import build_model
+            ms.set_seed(self.seed)
+            self._net = build_model({"arch": {"type": "LlamaForCausalLM"}, "model_config": dict(self.mc)})
+        return self._net
+
+    def _tiny_cfg(self):
+        from .tiny_mllm import ModelConfig
+        v, s = self.vision, self.shapes
+        return ModelConfig(vision_layers=v.num_layers, vision_dim=v.hidden_size, vision_heads=v.num_heads,
+                           mlp_ratio=v.mlp_ratio, init_std=v.init_std, llm_dim=self.hidden, llm_layers=1,
+                           llm_heads=1, vocab=s["vocab"], patch_dim=s["patch_dim"], num_patches=s["num_patches"],
+                           seq_len=s["seq_len"])
+
+    def build_chunk(self, region: str, start: int, stop: int):
+        if not 0 <= start < stop <= self.depth(region):
+            raise ValueError(f"{self.family}: layers [{start}, {stop}) outside region {region!r} "
+                             f"(0..{self.depth(region)})")
+        if region == VISION:
+            from .tiny_cells import ChunkCell
+            return ChunkCell(self._tiny_cfg(), VISION, start, stop, self.seed)
+        if region == LLM:
+            from .mf_llama_cells import LlamaChunk
+            return LlamaChunk(self.network(), start, stop, self.num_layers)
+        raise KeyError(f"{self.family}: no region {region!r} (regions: vision, llm)")
+
+    def tensors(self, micro_batch, loss_scale: float):
+        from .mf_llama_cells import LlamaTensors
+        return LlamaTensors(micro_batch, loss_scale)
+
+    def model_input(self, tensors):
+        return tensors.patches
+
+    def boundary(self, region: str, stop: int, micro_batch) -> TensorSpec:
+        if region == LLM:
+            return TensorSpec((len(micro_batch.images_per_sample), self.shapes["seq_len"], self.hidden))
+        n = micro_batch.num_images
+        if stop == self.vision.num_layers:   # pooled + projected: one LLM-width token per image
+            return TensorSpec((n, self.hidden))
+        return TensorSpec((n, self.shapes["num_patches"], self.vision.hidden_size))

@@ -1,0 +1,163 @@
+"""MindFormers' own LlamaForCausalLM (+ the project's ViT) pipelined on 2 and 4 msrun ranks trains
+exactly like the single-process reference (the same MindFormers model without a pipeline).
+
+One msrun launch for every 2-rank case (gpipe, 1f1b, interleaved V=2, zb_h1, transpose with
+owner and central backward, encoder frozen and trained, plus the Qwen2-shaped variant), one
+for the 4-rank cases; per case the losses of 3 optimizer steps and every step-0 gradient are
+compared with ``mindspore.value_and_grad`` over the whole model in this process.
+MindFormers' logs go to a temporary folder (``LOCAL_DEFAULT_PATH``), never into the repository.
+"""
+import importlib.util
+import json
+import os
+import re
+import tempfile
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore", reason="mindspore is not installed")
+
+if importlib.util.find_spec("mindformers") is None:
+    pytest.skip("mindformers is not installed", allow_module_level=True)
+# before anything imports mindformers (its logger reads this at import time); the msrun
+# workers inherit it
+os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="hp_mindformers_logs_"))
+
+from hyperparallel.launch import launch  # noqa: E402
+from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
+from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LLAMA = os.path.join(HERE, "..", "recipes", "mf_llama_mllm.yaml")
+QWEN2 = os.path.join(HERE, "..", "recipes", "mf_qwen2_mllm.yaml")
+STEPS = 3
+SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(backward=central)"]
+QWEN2_CASES_2 = [("transpose(backward=central)", False), ("1f1b", True)]
+P4 = ("parallel_config.pipeline_stage=4",)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+
+
+def _overrides(schedule: str, frozen: bool, extra=()):
+    ov = [f"mpipe.profile.regions.0.trainable={'false' if frozen else 'true'}", f"train.steps={STEPS}"]
+    if schedule == "interleaved":
+        ov.append("parallel_config.pp_interleave_num=2")
+    return ov + list(extra)
+
+
+def _name(path, schedule, frozen, extra=()):
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return _slug(f"{stem}_{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
+
+
+def _case(tmp, path, schedule, frozen, extra=()):
+    recipe = load_recipe(path, overrides=_overrides(schedule, frozen, extra))
+    plan = derive_recipe(recipe, schedule)
+    name = _name(path, schedule, frozen, extra)
+    return dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=STEPS, schedule=schedule,
+                dump_dir=os.path.join(tmp, "dump", name), path=path, frozen=frozen, extra=list(extra))
+
+
+def _run(tmp, cases, world):
+    res = launch({"cases": cases, "device": "CPU"}, world, os.path.join(tmp, "log"), timeout_s=900, echo=False)
+    assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
+
+
+def _dumped(case):
+    d = case["dump_dir"]
+    with open(os.path.join(d, "losses.json")) as f:
+        losses = json.load(f)["losses"]
+    grads = {}
+    for fn in sorted(os.listdir(d)):
+        if fn.startswith("grads_rank"):
+            for k, v in np.load(os.path.join(d, fn)).items():
+                grads.setdefault(k, []).append(v)
+    return losses, grads
+
+
+_REF = {}
+
+
+def reference(path, frozen, extra=()):
+    """Per-step losses and step-0 grads of the single-process reference (same MindFormers model)."""
+    key = (path, frozen, tuple(extra))
+    if key not in _REF:
+        from hyperparallel.mindspore import compat
+        from hyperparallel.mindspore.config import RunConfig
+        from hyperparallel.mindspore.reference import Reference
+        compat.setup_device("CPU")
+        recipe = load_recipe(path, overrides=_overrides("1f1b", frozen, extra))
+        ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num * recipe.data_parallel,
+                        {r.name: r.trainable for r in recipe.profile.regions})
+        losses, grads0 = [], None
+        for s in range(STEPS):
+            loss, g = ref.step(s)
+            losses.append(loss)
+            grads0 = g if grads0 is None else grads0
+        _REF[key] = (losses, grads0)
+    return _REF[key]
+
+
+def assert_matches_reference(case):
+    losses, grads = _dumped(case)
+    ref_losses, ref_grads = reference(case["path"], case["frozen"], case["extra"])
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, err_msg=f"{case['name']}: losses")
+    assert set(grads) == set(ref_grads), f"{case['name']}: grads held {sorted(set(grads) ^ set(ref_grads))[:5]}"
+    for name, got_list in grads.items():
+        want = ref_grads[name]
+        scale = max(float(np.abs(want).max()), 1e-12)
+        for got in got_list:  # every rank holding this parameter (encoder replicas) agrees
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale,
+                                       err_msg=f"{case['name']}: grad {name}")
+        assert np.abs(want).max() > 0, name
+    # MindFormers' own parameter names, every decoder layer and the head
+    assert "lm_head.weight" in grads and "model.tok_embeddings.embedding_weight" in grads
+    assert "model.layers.3.attention.wq.weight" in grads
+    assert any(k.startswith("vision.") for k in grads) != case["frozen"]
+
+
+@pytest.fixture(scope="module")
+def two_rank(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("mf2"))
+    cases = [_case(tmp, LLAMA, s, fz) for s in SCHEDULES_2 for fz in (False, True)]
+    cases += [_case(tmp, QWEN2, s, fz) for s, fz in QWEN2_CASES_2]
+    _run(tmp, cases, 2)
+    return {c["name"]: c for c in cases}
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
+@pytest.mark.parametrize("schedule", SCHEDULES_2)
+def test_llama_two_ranks_match_reference(two_rank, schedule, frozen):
+    assert_matches_reference(two_rank[_name(LLAMA, schedule, frozen)])
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,frozen", QWEN2_CASES_2)
+def test_qwen2_shaped_two_ranks_match_reference(two_rank, schedule, frozen):
+    case = two_rank[_name(QWEN2, schedule, frozen)]
+    assert case["raw"]["model"]["model_config"]["qkv_has_bias"] is True
+    assert case["raw"]["model"]["model_config"]["n_kv_heads"] < case["raw"]["model"]["model_config"]["num_heads"]
+    assert_matches_reference(case)
+    _, grads = _dumped(case)
+    assert "model.layers.0.attention.wq.bias" in grads  # the q/k/v biases are trained
+
+
+@pytest.fixture(scope="module")
+def four_rank(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("mf4"))
+    cases = [_case(tmp, LLAMA, "transpose", False, P4), _case(tmp, QWEN2, "transpose(backward=central)", False, P4)]
+    _run(tmp, cases, 4)
+    return {c["name"]: c for c in cases}
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("path,schedule", [(LLAMA, "transpose"), (QWEN2, "transpose(backward=central)")],
+                         ids=["llama_transpose", "qwen2_transpose_central"])
+def test_four_ranks_transpose_matches_reference(four_rank, path, schedule):
+    case = four_rank[_name(path, schedule, False, P4)]
+    assert case["plan"]["num_devices"] == 4
+    assert_matches_reference(case)

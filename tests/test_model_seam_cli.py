@@ -1,0 +1,134 @@
+"""Recipes whose model cannot be built or trained are refused before launch (one line, exit 2),
+by ``train``, ``profile`` and ``bench``; an adapter with a wrong boundary spec ends the job on
+its first SEND with the chunk, micro-batch and rank named (no hang)."""
+import os
+import time
+
+import pytest
+
+from conftest import ROOT, recipe, run_cli
+
+MF = recipe("mf_llama_mllm.yaml")
+
+
+def _refused(p, *words):
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "profile", "bench"])
+def test_ascend_qwen_vl_recipe_refused_naming_missing_adapter(command, tmp_path):
+    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), "--run-dir", str(tmp_path / "run"), timeout=60)
+    _refused(p, "model.arch.type", "Qwen2_5_VLForConditionalGeneration", "no runtime adapter", "LlamaForCausalLM")
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "profile", "bench"])
+def test_profile_layers_disagreeing_with_model_refused(command, tmp_path):
+    p = run_cli(command, MF, "--set", "mpipe.profile.regions.1.layers=6", "--run-dir", str(tmp_path / "run"),
+                timeout=60)
+    _refused(p, "mpipe.profile.regions.1.layers", "model.model_config.num_layers")
+
+
+@pytest.mark.parametrize("override,words", [
+    ("model.arch.type=Qwen2ForCausalLM", ("model.arch.type", "Qwen2ForCausalLM")),
+    ("model.model_config.type=Qwen2Config", ("model.model_config.type", "LlamaConfig")),
+    ("model.model_config.use_flash_attention=true", ("model.model_config.use_flash_attention", "CPU", "False")),
+    ("model.model_config.fused_rms_norm=true", ("model.model_config.fused_rms_norm", "CPU", "False")),
+    ("model.model_config.use_rope_slice=false", ("model.model_config.use_rope_slice", "CPU", "True")),
+    ("model.model_config.compute_dtype=bfloat16", ("model.model_config.compute_dtype", "bfloat16", "float32")),
+    ("model.model_config.use_past=true", ("model.model_config.use_past", "False")),
+    ("model.model_config.vocab_size=64", ("model.model_config.vocab_size", "data.vocab")),
+    ("model.vision.num_heads=3", ("model.vision.num_heads",)),
+    ("model.bogus=1", ("model.bogus",)),
+])
+def test_mindformers_config_that_cannot_train_refused(override, words, tmp_path):
+    p = run_cli("train", MF, "--set", override, "--run-dir", str(tmp_path / "run"), timeout=60)
+    _refused(p, *words)
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_mindformers_defaults_that_cannot_train_on_cpu_are_named():
+    """A key left out takes MindFormers' default; on CPU the refusal says so."""
+    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mpipe.recipe import load_recipe
+    raw = load_recipe(MF).raw
+    del raw["model"]["model_config"]["fused_rms_norm"]
+    with pytest.raises(ValueError, match=r"^model.model_config.fused_rms_norm: True \(MindFormers' default\)"):
+        RunConfig.from_raw(raw)
+    raw["device"] = "Ascend"   # the Ascend kernels exist: accepted
+    assert RunConfig.from_raw(raw).model.depth("llm") == 4
+
+
+def test_mindformers_recipe_regions_come_from_the_model():
+    from hyperparallel.mindspore.config import run_config_of
+    from hyperparallel.mpipe.recipe import load_recipe
+    rc = run_config_of(load_recipe(recipe("mf_qwen2_mllm.yaml"), ["model.model_config.num_layers=6",
+                                                                   "mpipe.profile.regions.1.layers=6"]))
+    assert [(r.name, r.layers, r.key) for r in rc.model.regions()] == [
+        ("vision", 2, "model.vision.num_layers"), ("llm", 6, "model.model_config.num_layers")]
+    assert rc.model.setting("n_kv_heads") == 2 and rc.model.setting("qkv_has_bias") is True
+
+
+@pytest.mark.msrun
+def test_wrong_boundary_adapter_fails_first_step_naming_chunk_and_rank(tmp_path):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "adapters")]))
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", recipe("tiny_mllm.yaml"), "--steps", "2",
+                        "--schedule", "1f1b", "--set", "model.adapter=wrong_boundary:WrongBoundary",
+                        "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=200, env=env)
+    took = time.time() - t0
+    assert p.returncode != 0
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: job failed") and "rank 0 failed" in err, p.stderr
+    assert "wrong_boundary" in err and "chunk llm/0 micro-batch 0" in err and "boundary spec" in err, err
+    assert "step 1/2" not in p.stdout   # caught on the first step
+    assert took < 100, f"took {took:.0f} s to fail"
+
+
+@pytest.mark.msrun
+def test_mf_llama_recipe_trains_with_transpose_loss_falling(tmp_path):
+    """hyperparallel train recipes/mf_llama_mllm.yaml --schedule transpose: MindFormers' Llama learns."""
+    pytest.importorskip("mindformers", reason="mindformers is not installed")
+    import json
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_DEFAULT_PATH"}   # the launcher's default
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", MF, "--schedule", "transpose", "--steps",
+                        "12", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=400, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        losses = [json.loads(line)["loss"] for line in f]
+    assert len(losses) == 12 and all(l == l for l in losses)
+    assert sum(losses[-3:]) < 0.85 * sum(losses[:3]), losses
+    assert (tmp_path / "run" / "logs" / "mindformers").is_dir()   # MindFormers' logs stay with the job
+
+
+@pytest.mark.parametrize("name", ["mf_llama_mllm.yaml", "mf_llama_mllm_bench.yaml"])
+def test_bench_prepares_mindformers_recipes(name):
+    """``hyperparallel bench RECIPE --schedule 1f1b --schedule transpose``: checked and planned before launch."""
+    from hyperparallel.bench import bench as B
+    from hyperparallel.cli import build_parser
+    args = build_parser().parse_args(["bench", recipe(name), "--schedule", "1f1b", "--schedule", "transpose"])
+    _, rc, plans = B.prepare(args)
+    assert [n for n, _ in plans] == ["1f1b", "transpose"]
+    assert rc.model.family == "mindformers LlamaForCausalLM"
+    for _, plan in plans:
+        assert {c.region: c.stop for c in plan.chunks} == {r.name: r.layers for r in rc.model.regions()}
+
+
+def test_mf_llama_chunk_outside_its_region_refused():
+    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mpipe.recipe import load_recipe
+    model = RunConfig.from_raw(load_recipe(MF).raw).model
+    with pytest.raises(ValueError, match=r"layers \[2, 6\) outside region 'llm' \(0\.\.4\)"):
+        model.build_chunk("llm", 2, 6)
