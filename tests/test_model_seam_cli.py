@@ -31,7 +31,7 @@ def test_ascend_qwen_vl_recipe_refused_naming_missing_adapter(command, tmp_path)
 def test_profile_layers_disagreeing_with_model_refused(command, tmp_path):
     p = run_cli(command, MF, "--set", "mpipe.profile.regions.1.layers=6", "--run-dir", str(tmp_path / "run"),
                 timeout=60)
-    _refused(p, "mpipe.profile.regions.1.layers", "model.model_config.num_layers")
+    _refused(p, "mpipe.profile.regions[1].layers", "model.model_config.num_layers")
 
 
 @pytest.mark.parametrize("override,words", [
@@ -132,3 +132,11 @@ def test_mf_llama_chunk_outside_its_region_refused():
     model = RunConfig.from_raw(load_recipe(MF).raw).model
     with pytest.raises(ValueError, match=r"layers \[2, 6\) outside region 'llm' \(0\.\.4\)"):
         model.build_chunk("llm", 2, 6)
+
+
+def test_tiny_profile_layers_disagreeing_with_model_refused(tmp_path):
+    """The tiny MLLM owns its depth (model.llm_layers); a profile saying otherwise is one line, exit 2."""
+    p = run_cli("train", recipe("tiny_mllm.yaml"), "--set", "mpipe.profile.regions.1.layers=6",
+                "--run-dir", str(tmp_path / "run"), timeout=60)
+    _refused(p, "mpipe.profile.regions[1].layers", "model.llm_layers", "6", "4")
+    assert not (tmp_path / "run" / "logs").exists()

@@ -171,6 +171,7 @@ def four_rank(tmp_path_factory):
     p4 = ("parallel_config.pipeline_stage=4",)
     # V-shape on 4 ranks: 8 llm chunks of one layer, M >= 2P - 1
     p4v = p4 + ("parallel_config.pp_interleave_num=2", "mpipe.profile.regions.1.layers=8",
+                "model.llm_layers=8",
                 "parallel_config.micro_batch_num=8")
     dp = ("parallel_config.data_parallel=2",)
     cases = {"p4": _case(tmp, "transpose", False, p4), "p4_central": _case(tmp, "transpose(backward=central)", False, p4),

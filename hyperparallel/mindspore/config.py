@@ -70,7 +70,7 @@ def check_regions(model: ModelAdapter, regions: Sequence, where: str = "mpipe.pr
                          f"{[r.name for r in want]} (in data-flow order)")
     for i, (got, w) in enumerate(zip(regions, want)):
         if got.layers is not None and int(got.layers) != w.layers:
-            raise ValueError(f"{where}.{i}.layers: {got.layers} but {w.key or 'the model'} is {w.layers} "
+            raise ValueError(f"{where}[{i}].layers: {got.layers} but {w.key or 'the model'} is {w.layers} "
                              f"(the model owns its depth; the profile gives costs only)")
 
 
