@@ -111,7 +111,8 @@ def test_every_shipped_recipe_loads_as_mindformers_own_class_loads_it(family, tm
     """Conformance: the built-in merge == MindFormerConfig._file2dict + MindFormerConfig(**d), file by file;
     and MindFormers' template accepts the Ascend recipes and refuses the CPU recipes' interleave spelling."""
     files = shipped_recipes() + [family]
-    templ = [os.path.join(RECIPES, n) for n in ("qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml", "llm_pipeline.yaml")]
+    mf = ("mf_llama_mllm.yaml", "mf_qwen2_mllm.yaml", "mf_llama_mllm_data.yaml", "mf_llama_mllm_bench.yaml")
+    templ = [os.path.join(RECIPES, n) for n in ("qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml", *mf, "llm_pipeline.yaml")]
     r = subprocess.run([sys.executable, "-c", MF_LOAD, *files, "--template", *templ], cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=300, env=mf_env())  # MindFormers logs to ./output
     assert r.returncode == 0, r.stderr[-2000:]
@@ -121,11 +122,11 @@ def test_every_shipped_recipe_loads_as_mindformers_own_class_loads_it(family, tm
         assert _load_yaml(path) == got[path], path
     assert got[family] == expected_child()
     t = {x[0]: x[1:] for x in (json.loads(l[9:]) for l in r.stdout.splitlines() if l.startswith("TEMPLATE "))}
-    for name in templ[:2]:
+    for name in templ[:-1]:   # the Ascend recipes and the MindFormers-model CPU recipes are MindFormers configs
         raw, _ = load_raw(name)
-        assert t[name] == ["ok", raw["parallel_config"]["pipeline_stage"], raw["mpipe"]]
+        assert t[name] == ["ok", raw["parallel_config"]["pipeline_stage"], raw["mpipe"]], name
     # documented difference: MindFormers 1.9 wants pp_interleave_num in model.model_config
-    assert t[templ[2]][0].startswith("KeyError") and "pp_interleave_num" in t[templ[2]][0]
+    assert t[templ[-1]][0].startswith("KeyError") and "pp_interleave_num" in t[templ[-1]][0]
 
 
 def test_loading_imports_no_mindspore_or_mindformers(family):

@@ -7,9 +7,12 @@ and the size of one step directory. Then it loads the newest step into the singl
 reference with MindSpore's own ``load_checkpoint`` / ``load_param_into_net`` (median of 5).
 Saving is synchronous (MindSpore's ``async_save`` is not used).
 
-    python tools/checkpoint_cost.py [--steps 8] [--out runs/checkpoint_cost]
+    python tools/checkpoint_cost.py [--steps 8] [--out runs/checkpoint_cost] [--json docs/checkpoint_cost.json]
+
+The JSON keeps the measurement; ``tools/doc_numbers.py`` renders README's table from it (:func:`table`).
 """
 import argparse
+import json
 import glob
 import os
 import re
@@ -64,18 +67,30 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "checkpoint_cost"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "checkpoint_cost.json"))
     args = ap.parse_args()
     os.environ.setdefault("GLOG_v", "3")
     rows = []
     for fmt in ("safetensors", "ckpt"):
         save, files, size, t = run_format(fmt, args.steps, args.out)
-        rows.append((fmt, files, size, t, load_time(save, fmt)))
+        rows.append({"format": fmt, "files": files, "bytes": size, "save_s": t, "load_s": load_time(save, fmt)})
+    result = {"steps": args.steps, "command": "python tools/checkpoint_cost.py --steps %d" % args.steps,
+              "os_load_avg": os.getloadavg()[0], "rows": rows}
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
     print(f"tiny MLLM (recipes/tiny_mllm.yaml), transpose on 2 CPU ranks, {args.steps} saves per format")
-    print("| format | files per step | step directory | save (median) | load into the reference (median) |")
-    print("|---|---|---|---|---|")
-    for fmt, files, size, t, lt in rows:
-        print(f"| {fmt} | {files} | {size / 1024:.0f} KiB | {t * 1000:.1f} ms | {lt * 1000:.1f} ms |")
+    print(table(result))
     return 0
+
+
+def table(result: dict) -> str:
+    """README's Markdown table of a measurement."""
+    out = ["| format | files per step | step directory | save (median) | load into the reference (median) |",
+           "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        out.append(f"| {r['format']} | {r['files']} | {r['bytes'] / 1024:.0f} KiB | {r['save_s'] * 1000:.1f} ms | "
+                   f"{r['load_s'] * 1000:.1f} ms |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

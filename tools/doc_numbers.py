@@ -67,6 +67,35 @@ def tool_table(script: str, *args: str) -> str:
     return "".join(line + "\n" for line in r.stdout.splitlines() if line.startswith("|"))
 
 
+def bench_mf_llama() -> str:
+    """The MindFormers Llama bench: profile ratio, the run's table and summary, its disturbance."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from bench_summary import summary
+    d = bench("bench_mf_llama_2rank.json")
+    prof = recipe("recipes/mf_llama_mllm_bench.profile.yaml")
+    vis, llm = prof.profile.regions
+    enc = vis.forward_ms * vis.layers
+    stage = (llm.forward_ms + llm.backward_ms + llm.weight_ms) * llm.layers / prof.pipeline_stage
+    rows = d["schedules"]
+    dropped = "; ".join(f"`{r['schedule']}`: {r['dropped_disturbed']} of {r['dropped_disturbed'] + r['samples']} "
+                        f"measured steps dropped as disturbed" for r in rows)
+    pred = rows[0]["predicted_step_s"] / rows[1]["predicted_step_s"]
+    return (f"Measured profile (`recipes/mf_llama_mllm_bench.profile.yaml`, written by the run below): one "
+            f"encoder forward per micro-batch {enc:.0f} ms against {stage:.0f} ms for one LLM stage's forward + "
+            f"backward ({enc / stage:.1f}x).\n\n" + summary(d) + "\n\n"
+            f"The machine is shared (2 cores, other jobs running): {dropped} (other processes used more than "
+            f"10% of a rank's core). The per-repeat ratios use every step of a launch, disturbed or not, hence "
+            f"their spread. The predicted ratio is {pred:.2f}x.\n")
+
+
+def checkpoint_cost() -> str:
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from checkpoint_cost import table
+    d = bench("checkpoint_cost.json")
+    return (f"  Measured by `{d['command']}` (load average {d['os_load_avg']:.1f} during the run):\n\n"
+            + "".join("  " + line + "\n" for line in table(d).splitlines()))
+
+
 # -- simulated ---------------------------------------------------------------------------------
 def encoder_heavy() -> str:
     rec = recipe("recipes/mllm_encoder_heavy.yaml")
@@ -298,6 +327,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-memory-note": bench_memory_note,
     "bench-overhead": bench_overhead,
     "schedule-orders": lambda: tool_table("schedule_table.py"),
+    "bench-mf-llama": bench_mf_llama,
+    "checkpoint-cost": checkpoint_cost,
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
 SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "schedule-orders")

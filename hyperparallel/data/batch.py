@@ -12,6 +12,19 @@ from typing import Callable, List, Optional
 import numpy as np
 
 
+class PatchGeometry:
+    """Patch sizes of a data config with ``image_size``, ``patch`` and ``channels`` (images are
+    square, cut into non-overlapping ``patch x patch`` squares)."""
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch) ** 2
+
+    @property
+    def patch_dim(self) -> int:
+        return self.channels * self.patch * self.patch
+
+
 class MicroBatch:
     """One micro-batch as numpy arrays.
 

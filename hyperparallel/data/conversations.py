@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .batch import MicroBatch, patchify
+from .batch import MicroBatch, PatchGeometry, patchify
 from .text import Encoded, SampleProblem, Tok, encode_conversation, image_files
 
 DEMO_HINT = "for the demo set run: python tools/make_demo_data.py data/demo"
@@ -61,7 +61,7 @@ POLICIES = ("error", "skip")
 
 
 @dataclass(frozen=True)
-class ConversationsConfig:
+class ConversationsConfig(PatchGeometry):
     """Recipe ``data:`` section of ``type: conversations`` (see module docstring)."""
 
     path: str = ""
@@ -138,14 +138,6 @@ class ConversationsConfig:
 
     def load_tokenizer(self) -> Tok:
         return Tok(self.tokenizer)
-
-    @property
-    def num_patches(self) -> int:
-        return (self.image_size // self.patch) ** 2
-
-    @property
-    def patch_dim(self) -> int:
-        return self.channels * self.patch * self.patch
 
     def shapes(self) -> dict:
         """Model sizes implied by the data (merged into the model's config)."""

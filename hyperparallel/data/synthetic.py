@@ -22,11 +22,11 @@ from typing import List
 
 import numpy as np
 
-from .batch import MicroBatch, patchify
+from .batch import MicroBatch, PatchGeometry, patchify
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(PatchGeometry):
     """Recipe ``data:`` section of the synthetic source (``data.type: synthetic``, the default)."""
 
     micro_batch_size: int = 2
@@ -72,14 +72,6 @@ class DataConfig:
     @property
     def seq_len(self) -> int:
         return self.max_images + self.text_len
-
-    @property
-    def num_patches(self) -> int:
-        return (self.image_size // self.patch) ** 2
-
-    @property
-    def patch_dim(self) -> int:
-        return self.channels * self.patch * self.patch
 
     def shapes(self) -> dict:
         """Model sizes implied by the data (merged into ModelConfig)."""

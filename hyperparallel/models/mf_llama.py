@@ -184,10 +184,12 @@ class MFLlamaMLLM(ModelAdapter):
     def model_input(self, tensors):
         return tensors.patches
 
+    def image_tokens(self) -> int:
+        return 1   # the encoder pools its patches into one LLM-width token per image
+
     def boundary(self, region: str, stop: int, micro_batch) -> TensorSpec:
         if region == LLM:
             return TensorSpec((len(micro_batch.images_per_sample), self.shapes["seq_len"], self.hidden))
-        n = micro_batch.num_images
-        if stop == self.vision.num_layers:   # pooled + projected: one LLM-width token per image
-            return TensorSpec((n, self.hidden))
-        return TensorSpec((n, self.shapes["num_patches"], self.vision.hidden_size))
+        from .tiny_mllm import vit_boundary
+        return vit_boundary(stop, micro_batch, self.vision.num_layers, self.shapes["num_patches"],
+                            self.vision.hidden_size, self.hidden)

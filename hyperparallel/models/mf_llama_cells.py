@@ -9,14 +9,16 @@ from hyperparallel.mindspore.data import MicroTensors
 
 
 class LlamaTensors(MicroTensors):
-    """The micro-batch's tensors plus what every Llama chunk reads: the (batch, sequence)
-    token ids of the text and the valid-position mask (padding after the text is 0)."""
+    """The micro-batch's tensors plus what every Llama chunk reads: the text token ids as one
+    (1, tokens) row (samples may hold different numbers of text tokens; the embedding is a
+    per-token lookup, the merge index places each row into its sample), the batch size and
+    the valid-position mask (padding after the text is 0)."""
 
     def __init__(self, mb, loss_scale: float):
         super().__init__(mb, loss_scale)
-        B = len(mb.images_per_sample)
+        B = self.batch_size = len(mb.images_per_sample)
         self.seq_len = int(mb.merge_index.shape[0]) // B
-        self.text_2d = Tensor(mb.text_ids.reshape(B, -1))
+        self.text_2d = Tensor(mb.text_ids.reshape(1, -1))
         self.valid = Tensor((mb.merge_index.reshape(B, self.seq_len) > 0).astype(np.float32))
 
 
@@ -48,7 +50,7 @@ class LlamaChunk(nn.Cell):
         freqs_mgr, casual_mask = self._aux
         S = mb.seq_len
         if self.first:
-            B = mb.text_2d.shape[0]
+            B = mb.batch_size
             text = self.embed(mb.text_2d).reshape(-1, self.hidden)
             table = ops.concat([ops.zeros((1, self.hidden), ms.float32), x, text], 0)
             x = ops.gather(table, mb.merge_index, 0).reshape(B, S, self.hidden)

@@ -80,7 +80,14 @@ class TinyMLLM(ModelAdapter):
         cfg = self.cfg
         if region == LLM:
             return TensorSpec((len(micro_batch.images_per_sample), cfg.seq_len, cfg.llm_dim))
-        n = micro_batch.num_images
-        if stop == cfg.vision_layers:   # pooled + projected: one LLM-width token per image
-            return TensorSpec((n, cfg.llm_dim))
-        return TensorSpec((n, cfg.num_patches, cfg.vision_dim))
+        return vit_boundary(stop, micro_batch, cfg.vision_layers, cfg.num_patches, cfg.vision_dim, cfg.llm_dim)
+
+
+def vit_boundary(stop: int, micro_batch, layers: int, num_patches: int, width: int, out_dim: int) -> TensorSpec:
+    """Output of the ViT encoder's chunk ending at layer ``stop`` (the encoder of the tiny MLLM and of
+    the MindFormers Llama MLLM): patch tokens of every image, or after the last layer one projected
+    token of LLM width per image."""
+    n = micro_batch.num_images
+    if stop == layers:
+        return TensorSpec((n, out_dim))
+    return TensorSpec((n, num_patches, width))
