@@ -33,6 +33,7 @@ LLAMA = os.path.join(HERE, "..", "recipes", "mf_llama_mllm.yaml")
 QWEN2 = os.path.join(HERE, "..", "recipes", "mf_qwen2_mllm.yaml")
 DATA = os.path.join(HERE, "..", "recipes", "mf_llama_mllm_data.yaml")   # LLaVA-style conversations
 STEPS = 3
+DATA_STEPS = 12   # the conversation-data case runs longer: its loss must fall (first 3 vs the reference)
 SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(backward=central)"]
 QWEN2_CASES_2 = [("transpose(backward=central)", False), ("1f1b", True)]
 P4 = ("parallel_config.pipeline_stage=4",)
@@ -54,11 +55,11 @@ def _name(path, schedule, frozen, extra=()):
     return _slug(f"{stem}_{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
 
 
-def _case(tmp, path, schedule, frozen, extra=()):
+def _case(tmp, path, schedule, frozen, extra=(), steps=STEPS):
     recipe = load_recipe(path, overrides=_overrides(schedule, frozen, extra))
     plan = derive_recipe(recipe, schedule)
     name = _name(path, schedule, frozen, extra)
-    return dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=STEPS, schedule=schedule,
+    return dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=schedule,
                 dump_dir=os.path.join(tmp, "dump", name), path=path, frozen=frozen, extra=list(extra))
 
 
@@ -105,7 +106,7 @@ def reference(path, frozen, extra=()):
 def assert_matches_reference(case):
     losses, grads = _dumped(case)
     ref_losses, ref_grads = reference(case["path"], case["frozen"], case["extra"])
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, err_msg=f"{case['name']}: losses")
+    np.testing.assert_allclose(losses[:STEPS], ref_losses, rtol=1e-5, err_msg=f"{case['name']}: losses")
     assert set(grads) == set(ref_grads), f"{case['name']}: grads held {sorted(set(grads) ^ set(ref_grads))[:5]}"
     for name, got_list in grads.items():
         want = ref_grads[name]
@@ -132,7 +133,7 @@ def two_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("mf2"))
     cases = [_case(tmp, LLAMA, s, fz) for s in SCHEDULES_2 for fz in (False, True)]
     cases += [_case(tmp, QWEN2, s, fz) for s, fz in QWEN2_CASES_2]
-    cases.append(_case(tmp, DATA, "transpose", False, demo_data(tmp)))
+    cases.append(_case(tmp, DATA, "transpose", False, demo_data(tmp), steps=DATA_STEPS))
     _run(tmp, cases, 2)
     return {c["name"]: c for c in cases}
 
@@ -163,7 +164,7 @@ def test_llama_on_conversation_data_matches_reference_and_learns(two_rank):
     assert case["raw"]["data"]["type"] == "conversations"
     assert_matches_reference(case)
     losses, _ = _dumped(case)
-    assert losses[-1] < losses[0], losses
+    assert len(losses) == DATA_STEPS and np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.3, losses
 
 
 @pytest.fixture(scope="module")
