@@ -18,3 +18,20 @@ def profile(*regions, link=None):
 
 def mllm(trained_encoder: bool, enc_layers: int = 2, llm_layers: int = 8, enc_ms: float = 3.0):
     return profile(("vision", enc_layers, trained_encoder, enc_ms, enc_ms, enc_ms), ("llm", llm_layers, True))
+
+
+def dumped(dump_dir: str):
+    """What a worker case with ``dump_dir`` wrote: (losses.json as a dict, {param name: [grad of every rank
+    holding it]} of the first step)."""
+    import json
+    import os
+
+    import numpy as np
+    with open(os.path.join(dump_dir, "losses.json")) as f:
+        got = json.load(f)
+    grads = {}
+    for fn in sorted(os.listdir(dump_dir)):
+        if fn.startswith("grads_rank"):
+            for k, v in np.load(os.path.join(dump_dir, fn)).items():
+                grads.setdefault(k, []).append(v)
+    return got, grads

@@ -20,6 +20,7 @@ from hyperparallel.data.text import Tok
 from hyperparallel.mpipe.recipe import load_recipe
 
 from conftest import ROOT, run_cli
+from helpers import dumped
 
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm_data.yaml")
 N_SAMPLES = 48
@@ -354,15 +355,7 @@ def two_rank(tmp_path_factory, clean, broken):
 
 
 def _dumped(case):
-    d = case["dump_dir"]
-    with open(os.path.join(d, "losses.json")) as f:
-        got = json.load(f)
-    grads = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.startswith("grads_rank"):
-            for k, v in np.load(os.path.join(d, fn)).items():
-                grads.setdefault(k, []).append(v)
-    return got, grads
+    return dumped(case["dump_dir"])
 
 
 def _reference(paths, extra=(), steps=STEPS):

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 
 from hyperparallel.launch import launch  # noqa: E402
+from helpers import dumped  # noqa: E402
 from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
 from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
 
@@ -60,15 +61,8 @@ def _run(tmp, cases, world):
 
 
 def _dumped(case):
-    d = case["dump_dir"]
-    with open(os.path.join(d, "losses.json")) as f:
-        losses = json.load(f)["losses"]
-    grads = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.startswith("grads_rank"):
-            for k, v in np.load(os.path.join(d, fn)).items():
-                grads.setdefault(k, []).append(v)
-    return losses, grads
+    got, grads = dumped(case["dump_dir"])
+    return got["losses"], grads
 
 
 _REF_CACHE = {}
