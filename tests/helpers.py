@@ -35,3 +35,19 @@ def dumped(dump_dir: str):
             for k, v in np.load(os.path.join(dump_dir, fn)).items():
                 grads.setdefault(k, []).append(v)
     return got, grads
+
+
+def reference_run(recipe, steps: int):
+    """(per-step losses, step-0 grads by name) of the single-process reference of a loaded recipe."""
+    from hyperparallel.mindspore import compat
+    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.mindspore.reference import Reference
+    compat.setup_device("CPU")
+    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num * recipe.data_parallel,
+                    {r.name: r.trainable for r in recipe.profile.regions})
+    losses, grads0 = [], None
+    for s in range(steps):
+        loss, g = ref.step(s)
+        losses.append(loss)
+        grads0 = g if grads0 is None else grads0
+    return losses, grads0

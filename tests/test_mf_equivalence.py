@@ -25,7 +25,7 @@ if importlib.util.find_spec("mindformers") is None:
 os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="hp_mindformers_logs_"))
 
 from hyperparallel.launch import launch  # noqa: E402
-from helpers import dumped  # noqa: E402
+from helpers import dumped, reference_run  # noqa: E402
 from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
 from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
 
@@ -81,19 +81,7 @@ def reference(path, frozen, extra=()):
     """Per-step losses and step-0 grads of the single-process reference (same MindFormers model)."""
     key = (path, frozen, tuple(extra))
     if key not in _REF:
-        from hyperparallel.mindspore import compat
-        from hyperparallel.mindspore.config import RunConfig
-        from hyperparallel.mindspore.reference import Reference
-        compat.setup_device("CPU")
-        recipe = load_recipe(path, overrides=_overrides("1f1b", frozen, extra))
-        ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num * recipe.data_parallel,
-                        {r.name: r.trainable for r in recipe.profile.regions})
-        losses, grads0 = [], None
-        for s in range(STEPS):
-            loss, g = ref.step(s)
-            losses.append(loss)
-            grads0 = g if grads0 is None else grads0
-        _REF[key] = (losses, grads0)
+        _REF[key] = reference_run(load_recipe(path, overrides=_overrides("1f1b", frozen, extra)), STEPS)
     return _REF[key]
 
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 
 from hyperparallel.launch import launch  # noqa: E402
-from helpers import dumped  # noqa: E402
+from helpers import dumped, reference_run  # noqa: E402
 from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
 from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
 
@@ -72,20 +72,7 @@ def reference(frozen: bool, extra=()):
     """Per-step losses and step-0 grads of the single-process reference."""
     key = (frozen, tuple(extra))
     if key not in _REF_CACHE:
-        from hyperparallel.mindspore import compat
-        from hyperparallel.mindspore.config import RunConfig
-        from hyperparallel.mindspore.reference import Reference
-        compat.setup_device("CPU")
-        recipe = load_recipe(RECIPE, overrides=_overrides("1f1b", frozen, extra))
-        rc = RunConfig.from_raw(recipe.raw)
-        ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
-                        {r.name: r.trainable for r in recipe.profile.regions})
-        losses, grads0 = [], None
-        for s in range(STEPS):
-            loss, g = ref.step(s)
-            losses.append(loss)
-            grads0 = g if grads0 is None else grads0
-        _REF_CACHE[key] = (losses, grads0)
+        _REF_CACHE[key] = reference_run(load_recipe(RECIPE, overrides=_overrides("1f1b", frozen, extra)), STEPS)
     return _REF_CACHE[key]
 
 
