@@ -83,3 +83,13 @@ def test_most_random_specs_derive_and_some_are_refused():
     orders = {str(draw_spec(random.Random(s))[4]) for s in range(200)}
     for o in ("interleaved_zb", "zbv", "dualpipev", "zb_h1"):
         assert any(o in x for x in orders), o
+
+
+def test_spill_with_a_near_zero_encoder_cost_derives():
+    """Regression (found by the property test): a spilled encoder forward of ~5e-324 ms made the
+    gap-slot count infinite; every forward now fits the first gap and the plan stays valid."""
+    regions = [{"name": "vision", "layers": 1, "trainable": False, "forward_ms": 5e-324, "backward_ms": 1.0,
+                "weight_ms": 0.5},
+               {"name": "llm", "layers": 4, "trainable": True, "forward_ms": 1.0, "backward_ms": 1.0,
+                "weight_ms": 0.5}]
+    assert outcome((4, 8, 1, regions, "transpose(spill=next_step)")) == "valid"

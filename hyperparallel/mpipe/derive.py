@@ -185,7 +185,8 @@ class _Derivation:
             return []
         out = []
         for i, gap in self.body_timing().gaps[d]:
-            k = int(gap / unit_ms + 1e-9)
+            # at most M units exist; the cap also keeps a near-zero unit (gap / unit = inf) an integer
+            k = int(min(gap / unit_ms + 1e-9, self.M))
             if k and i > 0:
                 out.append((i, k))
         return out
