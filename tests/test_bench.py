@@ -92,6 +92,11 @@ class FakeLauncher:
 
     def __call__(self, job, world, log_dir, timeout_s=0, echo=True, script=None):
         assert script == PR.BENCH_WORKER
+        if job["mode"] == "rotation":   # one launch: the profile, then the cases (in rotation)
+            self.order.append("launch")
+            for sub in ([job["profile"]] if job["profile"] else []) + job["cases"]:
+                self(sub, world, log_dir, timeout_s, echo, script)
+            return LaunchResult(returncode=0, log_dir=log_dir, wall_s=1.0)
         os.makedirs(job["out_dir"], exist_ok=True)
         if job["mode"] == "profile":
             self.order.append("profile")
@@ -116,6 +121,7 @@ class FakeLauncher:
 def test_bench_json_png_and_alternation(tmp_path, capsys):
     args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
                                       "--repeats", "2", "--steps", "3", "--warmup", "2",
+                                      "--recipe-profile", "--rotate", "launches",
                                       "--out", str(tmp_path / "b.json"), "--png", str(tmp_path / "b.png"),
                                       "--run-dir", str(tmp_path / "run")])
     fake = FakeLauncher()
@@ -139,6 +145,7 @@ def test_bench_measure_profile_interleaves_profile_launches(tmp_path):
     prof = tmp_path / "measured.yaml"
     args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
                                       "--repeats", "2", "--steps", "1", "--warmup", "2", "--measure-profile",
+                                      "--profile-schedule", "none", "--rotate", "launches",
                                       "--save-profile", str(prof), "--out", str(tmp_path / "b.json"),
                                       "--run-dir", str(tmp_path / "run")])
     fake = FakeLauncher()
@@ -160,7 +167,9 @@ def test_bench_measure_profile_interleaves_profile_launches(tmp_path):
     (["--schedule", "nonsense"], "schedule"),
     (["--schedule", "1f1b", "--schedule", "1f1b"], "--schedule"),
     (["--profile", "/no/such/profile.yaml"], "--profile"),
-    (["--save-profile", "p.yaml"], "--save-profile"),
+    (["--recipe-profile", "--save-profile", "p.yaml"], "--save-profile"),
+    (["--recipe-profile", "--profile", HEAVY], "--recipe-profile"),
+    (["--rotate", "sometimes"], "--rotate"),
     (["--set", "model.llm_heads=3"], "model.llm_heads"),
 ])
 def test_bench_refuses_bad_input_before_launch(tmp_path, flags, field):
@@ -307,7 +316,7 @@ def test_bench_profile_schedule_adds_reference_launches(tmp_path):
     prof = tmp_path / "measured.yaml"
     args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
                                       "--repeats", "2", "--steps", "1", "--warmup", "2", "--measure-profile",
-                                      "--profile-schedule", "gpipe", "--save-profile", str(prof),
+                                      "--profile-schedule", "gpipe", "--save-profile", str(prof), "--rotate", "launches",
                                       "--out", str(tmp_path / "b.json"), "--run-dir", str(tmp_path / "run")])
     fake = FakeLauncher()
     assert B.run(args, launcher=fake) == 0
@@ -319,6 +328,54 @@ def test_bench_profile_schedule_adds_reference_launches(tmp_path):
     assert yaml.safe_load(prof.read_text())["mpipe"]["profile"]["regions"][0]["forward_ms"] == 10.0
 
 
-def test_profile_schedule_needs_measure_profile(tmp_path):
-    p = cli("bench", TINY, "--profile-schedule", "gpipe", "--run-dir", str(tmp_path / "run"))
-    assert p.returncode == 2 and p.stderr.startswith("error: --profile-schedule"), p.stderr
+def test_profile_schedule_needs_a_measured_profile(tmp_path):
+    for flags in (["--recipe-profile"], ["--profile", HEAVY]):
+        p = cli("bench", TINY, "--profile-schedule", "gpipe", "--run-dir", str(tmp_path / "run"), *flags)
+        assert p.returncode == 2 and p.stderr.startswith("error: --profile-schedule"), p.stderr
+    p = cli("bench", TINY, "--recipe-profile", "--measure-profile", "--run-dir", str(tmp_path / "run"))
+    assert p.returncode == 2 and p.stderr.startswith("error: --recipe-profile"), p.stderr
+
+
+def test_bench_default_rotates_schedules_in_one_launch_and_measures_the_profile_in_pipeline(tmp_path, capsys):
+    """No profile flag: the profile is measured in the run (tight loop + reference gpipe in the same
+    launch as the schedules), one launch per repeat, the rotation starting at another schedule."""
+    prof = tmp_path / "measured.yaml"
+    args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
+                                      "--repeats", "2", "--steps", "1", "--warmup", "2",
+                                      "--save-profile", str(prof), "--out", str(tmp_path / "b.json"),
+                                      "--run-dir", str(tmp_path / "run")])
+    fake = FakeLauncher()
+    assert B.run(args, launcher=fake) == 0
+    assert fake.order == ["launch", "profile", "reference gpipe", "1f1b", "transpose",
+                          "launch", "profile", "reference gpipe", "transpose", "1f1b"]
+    out = json.loads((tmp_path / "b.json").read_text())
+    assert out["rotate"] == "steps" and out["profile_measured_here"] and out["profile_schedule"] == "gpipe"
+    rows = out["schedules"]
+    assert [r["schedule"] for r in rows] == ["1f1b", "transpose"] and rows[1]["ratio"] == pytest.approx(1.5)
+    # in-pipeline vision forward 20 ms over the tiny recipe's 2 vision layers
+    assert yaml.safe_load(prof.read_text())["mpipe"]["profile"]["regions"][0]["forward_ms"] == 10.0
+    assert "2 launches in" in capsys.readouterr().out
+
+
+def test_host_stalls_count_only_waits_on_the_peers_host_work():
+    """A send still blocked while its receiver did host work before posting the receive, and a
+    receive waiting while its sender did host work before sending, are stalls; compute is not."""
+    r0, r1 = _rank(0, [2.0]), _rank(1, [2.0])
+    # step 0: rank 0 sends at 1.0 (returns 1.5); rank 1's previous call ended at 1.0, it posted at 1.3
+    r0["steps"][0]["p2p"] = [["send", 1, 0.9, 1.0, 1.5],
+                             # rank 0 waits from 1.6 on rank 1, which did host work 1.5 -> 1.8 before sending
+                             ["recv", 1, 0.4, 1.6, 1.9]]
+    r1["steps"][0]["p2p"] = [["recv", 0, 1.0, 1.3, 1.5],
+                             ["send", 0, 1.5, 1.8, 1.85]]
+    st = B.host_stalls([r0, r1])
+    assert st[0][0] == pytest.approx(0.3 + 0.2)   # 1.0-1.3 while rank 1 posted late; 1.6-1.8 on its host work
+    assert st[1][0] == pytest.approx(0.0)          # rank 0 was already sending when rank 1 posted
+    # the same exchange with the receiver posted before the send and no host work: no stall
+    r1["steps"][0]["p2p"][0] = ["recv", 0, 0.2, 0.2, 1.5]
+    r0["steps"][0]["p2p"][0] = ["send", 1, 1.0, 1.0, 1.5]
+    r0["steps"][0]["p2p"][1] = ["recv", 1, 1.5, 1.5, 1.9]
+    r1["steps"][0]["p2p"][1] = ["send", 0, 1.85, 1.85, 1.9]
+    st = B.host_stalls([r0, r1])
+    assert st[0][0] == pytest.approx(0.0) and st[1][0] == pytest.approx(0.0)
+    bd = B.breakdown([r0, r1], warmup=0)
+    assert bd[0]["share"]["stall"] == 0.0

@@ -2,7 +2,6 @@
 by ``train``, ``profile`` and ``bench``; an adapter with a wrong boundary spec ends the job on
 its first SEND with the chunk, micro-batch and rank named (no hang)."""
 import os
-import time
 
 import pytest
 
@@ -80,18 +79,16 @@ def test_wrong_boundary_adapter_fails_first_step_naming_chunk_and_rank(tmp_path)
     import subprocess
     import sys
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "adapters")]))
-    t0 = time.time()
+    # a hang would hit the subprocess timeout; no wall-clock assert (a slow CI machine must pass)
     p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", recipe("tiny_mllm.yaml"), "--steps", "2",
                         "--schedule", "1f1b", "--set", "model.adapter=wrong_boundary:WrongBoundary",
                         "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
                        timeout=200, env=env)
-    took = time.time() - t0
     assert p.returncode != 0
     err = p.stderr.strip().splitlines()[-1]
     assert err.startswith("error: job failed") and "rank 0 failed" in err, p.stderr
     assert "wrong_boundary" in err and "chunk llm/0 micro-batch 0" in err and "boundary spec" in err, err
     assert "step 1/2" not in p.stdout   # caught on the first step
-    assert took < 100, f"took {took:.0f} s to fail"
 
 
 @pytest.mark.msrun

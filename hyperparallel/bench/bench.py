@@ -1,20 +1,32 @@
 """``hyperparallel bench RECIPE --schedule A --schedule B ...``: schedules side by side on real ranks.
 
-Each (repeat, schedule) is one msrun launch of the recipe's ranks running the derived
-programs for ``warmup + steps`` optimizer steps; launches alternate A B A B ... so slow
-drift of the machine hits every schedule alike. The first ``warmup`` steps of every launch
-are discarded; a step's time is the slowest rank's (every step ends with a loss all-reduce,
-so ranks agree to within it). Kept steps during which other processes used a rank's core
-(the core's busy time in ``/proc/stat`` minus the rank's own CPU time; ranks are bound to one
-core each) for more than ``--max-contention`` of the step are dropped and counted: on a
+By default (``--rotate steps``) every repeat is one msrun launch in which every schedule runs
+its derived programs for ``warmup + steps`` optimizer steps in rotation, step by step (A B C A B
+C ..., starting at another schedule each repeat): a machine whose speed drifts over seconds hits
+every schedule alike. ``--rotate launches`` gives each (repeat, schedule) its own launch,
+alternating A B A B ... (and then also each schedule's own memory). The first ``warmup`` steps
+of every schedule are discarded; a step's time is the slowest rank's (every step ends with a loss
+all-reduce, so ranks agree to within it). Kept steps during which other processes used a rank's
+core (the core's busy time in ``/proc/stat`` minus the rank's own CPU time; ranks are bound to
+one core each) for more than ``--max-contention`` of the step are dropped and counted: on a
 shared machine they measure the neighbours, not the schedule (with fewer than 3 undisturbed
-steps all are kept, with a warning). Per schedule the table gives the median step time over all
-kept steps of all repeats, the ratio ``median(first schedule) / median(this)`` (> 1: faster
-than the first), the cost model's step time predicted from the recipe's profile (or
-``--profile FILE``, e.g. written by ``hyperparallel profile``) and the prediction error
-``predicted / measured - 1``; per rank the peak resident memory next to the cost model's
-peak memory; and the share of the step spent in the interpreter itself (everything that is
-not MindSpore compute, communication, data generation or the optimizer).
+steps all are kept, with a warning).
+
+The prediction: a profile belongs to the machine it was measured on, so by default the profile
+is measured in the same run (the tight-loop profile, then the compute costs from a real run of
+the reference schedule ``--profile-schedule``, default gpipe, every action timed; the per-device
+speed ``device_scale`` from every rank timing the same work). ``--profile FILE`` or
+``--recipe-profile`` predict with a stored profile instead, with a warning when its
+``measured_on`` is another machine.
+
+Per schedule the table gives the median step time over all kept steps of all repeats, the ratio
+``median(first schedule) / median(this)`` (> 1: faster than the first), the cost model's
+predicted step time and the prediction error ``predicted / measured - 1``; per rank the peak
+resident memory next to the cost model's peak memory; and the runtime's overhead: the
+interpreter's own time (everything that is not MindSpore compute, communication, data
+generation or the optimizer) plus the time a rank waited on a peer's host work
+(:func:`host_stalls`), a stall the runtime causes that a compute/comm split books as
+communication.
 """
 from __future__ import annotations
 
@@ -44,16 +56,25 @@ def add_parser(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override a recipe value, e.g. mpipe.profile.regions.0.trainable=true")
     p.add_argument("--profile", default=None, metavar="FILE.yaml",
-                   help="take mpipe.profile from this file (e.g. written by hyperparallel profile) for the prediction")
+                   help="predict with mpipe.profile from this file (e.g. written by hyperparallel profile) instead "
+                        "of measuring one (warns when it was measured on another machine)")
+    p.add_argument("--recipe-profile", action="store_true",
+                   help="predict with the recipe's own mpipe.profile instead of measuring one (warns when it was "
+                        "measured on another machine)")
     p.add_argument("--measure-profile", action="store_true",
-                   help="measure the profile in this run: one hyperparallel-profile launch per repeat, "
-                        "alternating with the schedules (same drift), median over the launches")
+                   help="measure the profile in this run, on this machine (the default without --profile or "
+                        "--recipe-profile): the tight-loop profile once per repeat, then the compute costs "
+                        "in a pipeline context (--profile-schedule)")
     p.add_argument("--profile-schedule", default=None, metavar="S",
-                   help="with --measure-profile: take the F/B/W costs in a pipeline context, from a real run of "
-                        "reference schedule S (e.g. gpipe) with every action timed, one per repeat after the "
-                        "profile launch (see hyperparallel profile --in-pipeline)")
+                   help="reference schedule whose real run, every action timed, gives the measured profile's "
+                        "compute costs (default gpipe: not a compared schedule, so no prediction is fitted to "
+                        "itself; 'none': the tight-loop costs; see hyperparallel profile --in-pipeline)")
+    p.add_argument("--rotate", default="steps", metavar="steps|launches",
+                   help="steps (default): one launch per repeat runs every schedule (and the reference) step "
+                        "by step in rotation, so all meet the same machine drift; launches: one launch per "
+                        "schedule and repeat, alternating (also measures each schedule's own memory)")
     p.add_argument("--save-profile", default=None, metavar="FILE.yaml",
-                   help="with --measure-profile: also write the measured profile here")
+                   help="when the profile is measured: also write it here")
     p.add_argument("--out", default=None, metavar="FILE.json", help="write the results as JSON")
     p.add_argument("--png", default=None, metavar="FILE.png", help="draw a bar chart (measured vs predicted)")
     p.add_argument("--run-dir", default=None, help="logs and raw per-rank results (default runs/bench_<recipe>)")
@@ -112,14 +133,48 @@ def undisturbed(steps: List[tuple], max_contention: float, at_least: int = 3) ->
     return [t for t, _ in steps], 0, True
 
 
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def host_stalls(ranks: List[dict]) -> Dict[int, Dict[int, float]]:
+    """Seconds each rank waited, per step, on host work of its peer (see ``TimedComm``).
+
+    The k-th send from rank a to rank b is received by b's k-th receive from a (one FIFO channel
+    per pair). A sender still inside its send while the receiver did host work before posting the
+    receive waited on that host work (the overlap of the two intervals), and so did a receiver
+    waiting inside its receive while the sender did host work before sending. Compute and the
+    schedule's own waits are not counted: only time that host work placed between a compute and
+    its communication cost the other side. Returns ``{rank: {step: seconds}}``."""
+    ev = {res["rank"]: [(s["step"], e) for s in res["steps"] for e in s.get("p2p") or []] for res in ranks}
+    out: Dict[int, Dict[int, float]] = {r: {} for r in ev}
+    for a in ev:
+        for b in ev:
+            if a == b:
+                continue
+            sends = [(st, e) for st, e in ev[a] if e[0] == "send" and e[1] == b]
+            recvs = [(st, e) for st, e in ev[b] if e[0] == "recv" and e[1] == a]
+            for (s_step, s), (r_step, r) in zip(sends, recvs):
+                _, _, s_from, s_in, s_out = s
+                _, _, r_from, r_in, r_out = r
+                late_recv = _overlap(r_from, r_in, s_in, s_out)   # a waited on b's host work
+                late_send = _overlap(s_from, s_in, r_in, r_out)   # b waited on a's host work
+                out[a][s_step] = out[a].get(s_step, 0.0) + late_recv
+                out[b][r_step] = out[b].get(r_step, 0.0) + late_send
+    return out
+
+
 def breakdown(ranks: List[dict], warmup: int) -> List[dict]:
-    """Per rank: shares of the step (kept steps) and the interpreter's own time per action."""
+    """Per rank: shares of the step (kept steps) and the interpreter's own time per action;
+    ``stall``: time this rank waited on a peer's host work (:func:`host_stalls`), part of comm."""
     out = []
+    stalls = host_stalls(ranks)
     for res in sorted(ranks, key=lambda r: r["rank"]):
         kept = [s for s in res["steps"] if s["step"] >= warmup]
         tot = sum(s["step_s"] for s in kept) or 1.0
         share = {k: sum(s[k + "_s"] for s in kept) / tot
                  for k in ("compute", "accumulate", "comm", "data", "optimizer", "loss_reduce", "interp")}
+        share["stall"] = sum(stalls.get(res["rank"], {}).get(s["step"], 0.0) for s in kept) / tot
         per_action = sum(s["interp_s"] for s in kept) / max(1, len(kept) * res["n_actions"])
         out.append({"rank": res["rank"], "share": share, "interp_us_per_action": per_action * 1e6,
                     "n_actions": res["n_actions"], "base_rss_mb": res["base_rss_mb"],
@@ -154,12 +209,23 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def _median_or_none(xs):
+    xs = [x for x in xs if x is not None]
+    return median(xs) if xs else None
+
+
 def format_memory(rows: List[dict]) -> str:
+    """Per rank memory; '-' where schedules shared a process (``--rotate steps``: use
+    ``--rotate launches`` to measure each schedule's own memory)."""
     lines = ["| schedule | rank | peak RSS (MB) | RSS at start (MB) | growth (MB) | predicted peak (MB) |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         for d in r["ranks"]:
             pred = d.get("predicted_peak_mb")
+            if d["peak_rss_mb"] is None:
+                lines.append(f"| `{r['schedule']}` | {d['rank']} | - | - | - | "
+                             f"{'-' if pred is None else f'{pred:.2f}'} |")
+                continue
             lines.append(f"| `{r['schedule']}` | {d['rank']} | {d['peak_rss_mb']:.0f} | {d['base_rss_mb']:.0f} | "
                          f"{d['peak_rss_mb'] - d['base_rss_mb']:.1f} | "
                          f"{'-' if pred is None else f'{pred:.2f}'} |")
@@ -167,15 +233,19 @@ def format_memory(rows: List[dict]) -> str:
 
 
 def format_overhead(rows: List[dict]) -> str:
+    """Shares of the step per rank. ``runtime overhead`` = the interpreter's own time plus the time
+    the rank waited on a peer's host work (a stall the runtime causes; counted inside comm too)."""
     lines = ["| schedule | rank | compute | grad accumulation | comm (incl. waiting) | data | optimizer | "
-             "interpreter | interpreter per action (us) |", "|---|---|---|---|---|---|---|---|---|"]
+             "interpreter | waited on peer's host work | runtime overhead | interpreter per action (us) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for d in r["ranks"]:
             s = d["share"]
+            stall = s.get("stall", 0.0)
             lines.append(f"| `{r['schedule']}` | {d['rank']} | {s['compute']:.1%} | {s['accumulate']:.1%} | "
                          f"{s['comm']:.1%} | "
-                         f"{s['data']:.1%} | {s['optimizer']:.1%} | {s['interp']:.2%} | "
-                         f"{d['interp_us_per_action']:.0f} |")
+                         f"{s['data']:.1%} | {s['optimizer']:.1%} | {s['interp']:.2%} | {stall:.2%} | "
+                         f"{s['interp'] + stall:.2%} | {d['interp_us_per_action']:.0f} |")
     return "\n".join(lines)
 
 
@@ -201,6 +271,11 @@ def load_with_profile(path: str, overrides: List[str], profile_path: Optional[st
     return recipe
 
 
+def measures_profile(args) -> bool:
+    """Is the profile measured in this run? (the default: profiles belong to the machine they ran on)"""
+    return bool(args.measure_profile or not (args.profile or getattr(args, "recipe_profile", False)))
+
+
 def prepare(args):
     """Everything checked before launch. Returns (recipe, run config, [(name, plan)]); with
     ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
@@ -222,12 +297,24 @@ def prepare(args):
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d):
             raise SpecError(flag, f"folder does not exist: {d}")
+    if args.rotate not in ("steps", "launches"):
+        raise SpecError("--rotate", f"must be steps or launches, got {args.rotate!r}")
     if args.measure_profile and args.profile:
         raise SpecError("--measure-profile", "give either --profile FILE or --measure-profile")
-    if getattr(args, "profile_schedule", None) and not args.measure_profile:
-        raise SpecError("--profile-schedule", "needs --measure-profile")
-    if args.save_profile and not args.measure_profile:
-        raise SpecError("--save-profile", "needs --measure-profile")
+    if args.recipe_profile and (args.profile or args.measure_profile):
+        raise SpecError("--recipe-profile", "give one of --recipe-profile, --profile FILE, --measure-profile")
+    measuring = measures_profile(args)
+    if args.profile_schedule and not measuring:
+        raise SpecError("--profile-schedule", "only with a profile measured in this run "
+                        "(not with --profile or --recipe-profile)")
+    if args.save_profile and not measuring:
+        raise SpecError("--save-profile", "only with a profile measured in this run "
+                        "(not with --profile or --recipe-profile)")
+    if measuring and args.profile_schedule is None:
+        from .profile import DEFAULT_REFERENCE
+        args.profile_schedule = DEFAULT_REFERENCE
+    if args.profile_schedule == "none":
+        args.profile_schedule = None
     if args.save_profile and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_profile))):
         raise SpecError("--save-profile", f"folder does not exist: {os.path.dirname(os.path.abspath(args.save_profile))}")
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
@@ -244,8 +331,9 @@ def prepare(args):
             raise SpecError("--profile-schedule", f"{args.profile_schedule} needs a different number of ranks")
         plans.append((None, ref))  # the reference: profiled, not compared (see run)
     world = plans[0][1].num_devices * plans[0][1].data_parallel
-    if args.measure_profile and world < 2:
-        raise SpecError("--measure-profile", "needs >= 2 ranks (the link is measured between two)")
+    if measuring and world < 2:
+        raise SpecError("--measure-profile", "a measured profile needs >= 2 ranks (the link is measured between two); "
+                        "give --profile FILE or --recipe-profile")
     msrun_overrides(world)
     return recipe, rc, plans
 
@@ -271,74 +359,112 @@ def run(args, launcher=None) -> int:
     world = plans[0][1].num_devices * plans[0][1].data_parallel
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
     run_dir = os.path.abspath(args.run_dir or os.path.join("runs", slug(f"bench_{stem}")))
-    order = run_order(len(plans), args.repeats)
-    print(f"bench {stem}: {len(names)} schedules x {args.repeats} repeats (alternating), "
+    measuring = measures_profile(args)
+    if not measuring:
+        from .machine import profile_warning
+        warn = profile_warning(recipe.profile, rc.device, args.profile or args.recipe)
+        if warn:
+            print(warn, file=sys.stderr)
+    how = ("in rotation, step by step, within each launch" if args.rotate == "steps"
+           else "one launch each, alternating")
+    print(f"bench {stem}: {len(names)} schedules x {args.repeats} repeats ({how}), "
           f"{args.warmup} warm-up + {args.steps} measured steps each, on {world} {rc.device} ranks; "
+          f"profile: {'measured in this run' if measuring else (args.profile or 'the recipe')}; "
           f"run dir {run_dir}", flush=True)
     if launcher is None:
         from ..launch import launch as launcher
     steps_of: Dict[str, List[tuple]] = {n: [] for n in names}
     per_rank: Dict[str, List[List[dict]]] = {n: [] for n in names}
     t_start = time.time()
-    if args.measure_profile:  # one profile launch at the head of every round: P A B P A B ...
-        order = [x for rep in range(args.repeats) for x in [(rep, -1)] + [(rep, i) for i in range(len(plans))]]
     rounds: List[List[dict]] = []
     ref_launches: List[List[dict]] = []
-    for k, (rep, i) in enumerate(order):
-        if i < 0:
-            from .profile import profile_job, read_ranks
-            tag = f"r{rep}_profile"
-            job = profile_job(recipe, rc, plans[0][1], 8, 1, os.path.join(run_dir, tag, "result"))
-            res = launcher(job, world, os.path.join(run_dir, tag, "logs"), timeout_s=args.timeout, echo=False,
-                           script=BENCH_WORKER)
-            if res.returncode != 0:
-                print(f"error: profile (repeat {rep + 1}) failed (exit {res.returncode}): {res.message}",
-                      file=sys.stderr)
-                return res.returncode
-            rounds.append(read_ranks(job["out_dir"], world))
-            print(f"[{k + 1}/{len(order)}] profile repeat {rep + 1} ({res.wall_s:.0f} s launch)", flush=True)
-            if ref_plan is not None:
-                from .profile import reference_job
-                tag = f"r{rep}_reference_{slug(args.profile_schedule)}"
-                job = reference_job(recipe, rc, ref_plan, args.profile_schedule, args.warmup + args.steps,
-                                    os.path.join(run_dir, tag, "result"))
-                res = launcher(job, world, os.path.join(run_dir, tag, "logs"), timeout_s=args.timeout,
-                               echo=False, script=BENCH_WORKER)
-                if res.returncode != 0:
-                    print(f"error: reference {args.profile_schedule} (repeat {rep + 1}) failed "
-                          f"(exit {res.returncode}): {res.message}", file=sys.stderr)
-                    return res.returncode
-                ref_launches.append(read_ranks(job["out_dir"], world))
-                print(f"[{k + 1}/{len(order)}] reference {args.profile_schedule} repeat {rep + 1}, "
-                      f"actions timed ({res.wall_s:.0f} s launch)", flush=True)
-            continue
+    from .profile import profile_job, read_ranks, reference_job
+
+    def case_job(rep: int, i: int) -> dict:
         name, plan = plans[i]
-        tag = f"r{rep}_{i}_{slug(name)}"
-        job = {"mode": "bench", "device": rc.device, "name": name, "schedule": name, "raw": recipe.raw,
-               "plan": plan.to_json(), "data_parallel": plan.data_parallel, "steps": args.warmup + args.steps,
-               "out_dir": os.path.join(run_dir, tag, "result"), "action_times": bool(os.environ.get("HP_BENCH_ACTION_TIMES"))}
-        res = launcher(job, world, os.path.join(run_dir, tag, "logs"), timeout_s=args.timeout, echo=False,
-                     script=BENCH_WORKER)
-        if res.returncode != 0:
-            print(f"error: {name} (repeat {rep + 1}) failed (exit {res.returncode}): {res.message}", file=sys.stderr)
-            return res.returncode
-        ranks = []
-        for r in range(world):
-            with open(os.path.join(job["out_dir"], f"rank_{r}.json")) as f:
-                ranks.append(json.load(f))
+        return {"mode": "bench", "device": rc.device, "name": name, "schedule": name, "raw": recipe.raw,
+                "plan": plan.to_json(), "data_parallel": plan.data_parallel, "steps": args.warmup + args.steps,
+                "out_dir": os.path.join(run_dir, f"r{rep}_{i}_{slug(name)}", "result"),
+                "action_times": bool(os.environ.get("HP_BENCH_ACTION_TIMES"))}
+
+    def ref_job(rep: int) -> dict:
+        return reference_job(recipe, rc, ref_plan, args.profile_schedule, args.warmup + args.steps,
+                             os.path.join(run_dir, f"r{rep}_reference_{slug(args.profile_schedule)}", "result"))
+
+    def prof_job(rep: int) -> dict:
+        return profile_job(recipe, rc, plans[0][1], 8, 1, os.path.join(run_dir, f"r{rep}_profile", "result"))
+
+    def take(i: int, rep: int, out_dir: str, tag: str) -> None:
+        name = names[i]
+        ranks = read_ranks(out_dir, world)
         kept = kept_steps(ranks, args.warmup)
         steps_of[name] += kept
         per_rank[name].append(ranks)
         busy = sum(1 for _, c in kept if c > args.max_contention)
-        print(f"[{k + 1}/{len(order)}] {name} repeat {rep + 1}: median {median([t for t, _ in kept]) * 1e3:.1f} ms "
-              f"over {len(kept)} steps, {busy} disturbed by other processes ({res.wall_s:.0f} s launch)", flush=True)
-    profile_path = args.profile
+        print(f"{tag} {name} repeat {rep + 1}: median {median([t for t, _ in kept]) * 1e3:.1f} ms "
+              f"over {len(kept)} steps, {busy} disturbed by other processes", flush=True)
+
+    def launch_or_fail(job: dict, tag: str, what: str):
+        res = launcher(job, world, os.path.join(run_dir, tag, "logs"), timeout_s=args.timeout, echo=False,
+                       script=BENCH_WORKER)
+        if res.returncode != 0:
+            print(f"error: {what} failed (exit {res.returncode}): {res.message}", file=sys.stderr)
+        return res
+
+    if args.rotate == "steps":
+        for rep in range(args.repeats):
+            k = rep % len(plans)   # the rotation starts at another schedule every repeat
+            order = list(range(k, len(plans))) + list(range(k))
+            cases = ([ref_job(rep)] if ref_plan is not None else []) + [case_job(rep, i) for i in order]
+            job = {"mode": "rotation", "device": rc.device, "data_parallel": plans[0][1].data_parallel,
+                   "profile": prof_job(rep) if measuring else None, "cases": cases}
+            res = launch_or_fail(job, f"r{rep}_rotation", f"rotation launch (repeat {rep + 1})")
+            if res.returncode != 0:
+                return res.returncode
+            print(f"[{rep + 1}/{args.repeats}] one launch ({res.wall_s:.0f} s): "
+                  f"{'profile, ' if measuring else ''}"
+                  f"{'reference ' + args.profile_schedule + ', ' if ref_plan is not None else ''}"
+                  f"{', '.join(names[i] for i in order)} in rotation", flush=True)
+            if measuring:
+                rounds.append(read_ranks(job["profile"]["out_dir"], world))
+            if ref_plan is not None:
+                ref_launches.append(read_ranks(cases[0]["out_dir"], world))
+            for i in order:
+                take(i, rep, case_job(rep, i)["out_dir"], "   ")
+    else:
+        order = run_order(len(plans), args.repeats)
+        if measuring:  # one profile launch at the head of every round: P A B P A B ...
+            order = [x for rep in range(args.repeats) for x in [(rep, -1)] + [(rep, i) for i in range(len(plans))]]
+        for k, (rep, i) in enumerate(order):
+            if i < 0:
+                job = prof_job(rep)
+                res = launch_or_fail(job, f"r{rep}_profile", f"profile (repeat {rep + 1})")
+                if res.returncode != 0:
+                    return res.returncode
+                rounds.append(read_ranks(job["out_dir"], world))
+                print(f"[{k + 1}/{len(order)}] profile repeat {rep + 1} ({res.wall_s:.0f} s launch)", flush=True)
+                if ref_plan is not None:
+                    job = ref_job(rep)
+                    res = launch_or_fail(job, f"r{rep}_reference_{slug(args.profile_schedule)}",
+                                         f"reference {args.profile_schedule} (repeat {rep + 1})")
+                    if res.returncode != 0:
+                        return res.returncode
+                    ref_launches.append(read_ranks(job["out_dir"], world))
+                    print(f"[{k + 1}/{len(order)}] reference {args.profile_schedule} repeat {rep + 1}, "
+                          f"actions timed ({res.wall_s:.0f} s launch)", flush=True)
+                continue
+            job = case_job(rep, i)
+            res = launch_or_fail(job, f"r{rep}_{i}_{slug(names[i])}", f"{names[i]} (repeat {rep + 1})")
+            if res.returncode != 0:
+                return res.returncode
+            take(i, rep, job["out_dir"], f"[{k + 1}/{len(order)}]")
+    profile_path = args.profile or (None if measuring else args.recipe)
     if rounds:
         from ..mpipe.profile import parse_profile
         from .profile import build_profile, merge_rounds, summary_lines, write_profile
         merged = merge_rounds(rounds)
         block = build_profile(recipe, plans[0][1], merged)
-        comments = [f"median over {len(rounds)} profile launches interleaved with the bench"]
+        comments = [f"median over {len(rounds)} profile measurements, one per repeat of the bench"]
         if ref_launches:
             from .profile import apply_pipeline_costs, mean_data_ms, pipeline_action_medians, pipeline_lines
             times = pipeline_action_medians(ref_launches, args.warmup)
@@ -366,11 +492,12 @@ def run(args, launcher=None) -> int:
             ranks.append({"rank": r, "device": r // plan.data_parallel, "share": share,
                           "interp_us_per_action": median([m["interp_us_per_action"] for m in mine]),
                           "n_actions": mine[0]["n_actions"],
-                          "base_rss_mb": median([m["base_rss_mb"] for m in mine]),
-                          "peak_rss_mb": median([m["peak_rss_mb"] for m in mine]),
+                          "base_rss_mb": _median_or_none([m["base_rss_mb"] for m in mine]),
+                          "peak_rss_mb": _median_or_none([m["peak_rss_mb"] for m in mine]),
                           "predicted_peak_mb": predicted[name]["peak_mb"].get(r // plan.data_parallel)})
         row["ranks"] = ranks
         row["interp_share"] = max(d["share"]["interp"] for d in ranks)
+        row["overhead_share"] = max(d["share"]["interp"] + d["share"].get("stall", 0.0) for d in ranks)
         row["samples_s"] = samples[name]
         row["median_all_steps_s"] = median([t for t, _ in steps_of[name]])
         row["repeat_medians_s"] = [median(kept_step_times(rk, args.warmup)) for rk in per_rank[name]]  # launch order
@@ -383,10 +510,14 @@ def run(args, launcher=None) -> int:
     print(format_memory(rows))
     print()
     print(format_overhead(rows))
-    print(f"\n{len(order)} launches in {time.time() - t_start:.0f} s")
+    n_launches = args.repeats if args.rotate == "steps" else len(order)
+    print(f"\n{n_launches} launches in {time.time() - t_start:.0f} s")
     result = {"recipe": args.recipe, "profile": profile_path, "overrides": args.overrides,
               "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "ranks": world,
-              "max_contention": args.max_contention, "profile_schedule": args.profile_schedule,
+              "max_contention": args.max_contention, "rotate": args.rotate,
+              "profile_schedule": args.profile_schedule if measuring else None,
+              "profile_measured_here": measuring,
+              "device_scale": list(recipe.profile.device_scale),
               "command": "hyperparallel " + " ".join(sys.argv[1:]), "schedules": rows}
     if args.out:
         with open(args.out, "w") as f:

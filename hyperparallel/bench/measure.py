@@ -96,10 +96,11 @@ class Stopwatch:
 class TimedTape:
     """The interpreter's tape with the time spent inside MindSpore autograd counted as compute."""
 
-    def __init__(self, tape, sw: Stopwatch):
-        self.forward = sw.wrap("compute", tape.forward)
-        self.no_grad = sw.wrap("compute", tape.no_grad)
-        self.grad = sw.wrap("compute", tape.grad)
+    def __init__(self, tape, sw: Stopwatch, clock: "BusyClock" = None):
+        w = clock.wrap if clock is not None else (lambda fn: fn)
+        self.forward = sw.wrap("compute", w(tape.forward))
+        self.no_grad = sw.wrap("compute", w(tape.no_grad))
+        self.grad = sw.wrap("compute", w(tape.grad))
 
 
 class TimedSource:
@@ -120,17 +121,59 @@ class TimedSource:
 
 
 class TimedComm:
-    """The rank's Comm with every communication call counted as comm (waiting included)."""
+    """The rank's Comm with every communication call counted as comm (waiting included).
+
+    Point-to-point calls are also logged as ``[op, peer global rank, host_from, enter, exit]``
+    (``time.perf_counter``: one clock for every process of a machine): ``host_from`` is when this
+    rank's previous compute or communication call ended (or the step began), so
+    ``enter - host_from`` is host work (interpreter, data) done just before the call. The bench
+    pairs every send with its receive (:func:`hyperparallel.bench.bench.host_stalls`) to find
+    where one rank waited on the other's host work."""
 
     TIMED = ("send", "recv", "all_reduce", "broadcast")
 
-    def __init__(self, comm, sw: Stopwatch):
+    def __init__(self, comm, sw: Stopwatch, clock: "BusyClock" = None):
         self._comm = comm
+        self.p2p: List[list] = []
+        self._clock = clock
         for name in self.TIMED:
-            setattr(self, name, sw.wrap("comm", getattr(comm, name)))
+            setattr(self, name, sw.wrap("comm", self._logged(name, getattr(comm, name))))
+
+    def _logged(self, name, fn):
+        clock = self._clock
+        if clock is None:
+            return fn
+        if name not in ("send", "recv"):
+            return clock.wrap(fn)
+
+        def call(*a, **k):
+            peer = self._comm.global_rank(a[1])
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                t1 = time.perf_counter()
+                self.p2p.append([name, peer, clock.last_end, t0, t1])
+                clock.last_end = t1
+        return call
 
     def __getattr__(self, name):
         return getattr(self._comm, name)
+
+
+class BusyClock:
+    """When this rank's last compute or communication call ended (see :class:`TimedComm`)."""
+
+    def __init__(self):
+        self.last_end = time.perf_counter()
+
+    def wrap(self, fn):
+        def call(*a, **k):
+            try:
+                return fn(*a, **k)
+            finally:
+                self.last_end = time.perf_counter()
+        return call
 
 
 # -- profile ------------------------------------------------------------------------------
@@ -198,7 +241,9 @@ def profile_rank(job: dict, comm) -> dict:
     cells = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
     fake = SimpleNamespace(device=0, dp_index=0, rank=comm.rank)
     steps, warmup, passes = int(job.get("steps", 4)), int(job.get("warmup", 1)), int(job.get("passes", 3))
-    out: dict = {"rank": comm.rank, "actions": [], "data_ms": [], "output_bytes": {r: [] for r in plan.regions()}}
+    from .machine import this_machine
+    out: dict = {"rank": comm.rank, "actions": [], "data_ms": [], "output_bytes": {r: [] for r in plan.regions()},
+                 "machine": this_machine(rc.device)}
     for mode in ("fused", "split"):
         lp = local_plan(plan, mode)
         if mode == "split" and not any(a.kind == ir.B for a in lp.programs[0]):
@@ -310,38 +355,42 @@ def ping_pong(comm, sizes, reps: int) -> dict:
 
 # -- bench --------------------------------------------------------------------------------
 
-def bench_rank(case: dict, comm) -> dict:
-    """Run the case's real program for ``steps`` steps; per-step time split by category."""
-    from hyperparallel.mindspore.optim import Optimizer
-    from hyperparallel.mindspore.worker import setup_case
+class CaseRunner:
+    """One bench case on this rank: its real program, stepped one optimizer step at a time, with the
+    step time split by category (see the module docstring)."""
 
-    base_rss = rss_mb()
-    plan, rc, chunks, interp = setup_case(case, comm)
-    opt = Optimizer(interp.updated, rc.train)
-    sw = Stopwatch()
-    interp.tape = TimedTape(interp.tape, sw)
-    interp.comm = TimedComm(comm, sw)
-    interp.micro = sw.wrap("data", interp.micro)
-    interp.source = TimedSource(interp.source, sw)
-    interp.add_grads = sw.wrap("accumulate", interp.add_grads)
-    n_actions = len(interp.program)
-    clock = None
-    if case.get("action_times"):
-        clock = ActionClock(interp)
-        interp.hook = clock
-    steps = []
-    if hasattr(interp, "run_prologue"):
+    def __init__(self, case: dict, comm):
+        from hyperparallel.mindspore.optim import Optimizer
+        from hyperparallel.mindspore.worker import setup_case
+
+        self.case, self.comm = case, comm
+        self.base_rss = rss_mb()
+        plan, rc, chunks, interp = setup_case(case, comm)
+        self.interp, self.opt = interp, Optimizer(interp.updated, rc.train)
+        self.sw, self.busy = Stopwatch(), BusyClock()
+        interp.tape = TimedTape(interp.tape, self.sw, self.busy)
+        interp.comm = self.tcomm = TimedComm(comm, self.sw, self.busy)
+        interp.micro = self.sw.wrap("data", interp.micro)
+        interp.source = TimedSource(interp.source, self.sw)
+        interp.add_grads = self.sw.wrap("accumulate", interp.add_grads)
+        self.clock = None
+        if case.get("action_times"):
+            self.clock = ActionClock(interp)
+            interp.hook = self.clock
+        self.steps: List[dict] = []
         interp.run_prologue(0)  # next-step (spill) work for the first step; nothing for most plans
-    for step in range(int(case["steps"])):
+
+    def step(self, step: int) -> None:
+        interp, comm, sw = self.interp, self.comm, self.sw
         before = sw.snapshot()
         c0 = cpu_ticks()
-        t0 = time.perf_counter()
+        t0 = self.busy.last_end = time.perf_counter()
+        self.tcomm.p2p = []
         part = interp.run_step(step)
-        if clock is not None:
-            clock.close()
+        if self.clock is not None:
+            self.clock.close()
         t1 = time.perf_counter()
-        grads = interp.step_grads()
-        opt.step(grads)
+        self.opt.step(interp.step_grads())
         t2 = time.perf_counter()
         loss = comm.all_reduce_scalar(part)
         t3 = time.perf_counter()
@@ -349,13 +398,40 @@ def bench_rank(case: dict, comm) -> dict:
         after = sw.snapshot()
         d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("compute", "accumulate", "comm", "data")}
         program_s = t1 - t0
-        steps.append({"step": step, "step_s": t3 - t0, "program_s": program_s, "compute_s": d["compute"],
-                      "accumulate_s": d["accumulate"], "comm_s": d["comm"], "data_s": d["data"], "optimizer_s": t2 - t1, "loss_reduce_s": t3 - t2,
-                      "interp_s": max(0.0, program_s - sum(d.values())), "foreign_cpu_s": foreign, "loss": loss})
+        self.steps.append({"step": step, "step_s": t3 - t0, "program_s": program_s, "compute_s": d["compute"],
+                           "accumulate_s": d["accumulate"], "comm_s": d["comm"], "data_s": d["data"],
+                           "optimizer_s": t2 - t1, "loss_reduce_s": t3 - t2,
+                           "interp_s": max(0.0, program_s - sum(d.values())), "foreign_cpu_s": foreign,
+                           "loss": loss, "p2p": self.tcomm.p2p})
         if comm.rank == 0:
-            print(f"[{case['name']}] step {step + 1}/{case['steps']} loss {loss:.6f} "
+            print(f"[{self.case['name']}] step {step + 1}/{self.case['steps']} loss {loss:.6f} "
                   f"step_time {t3 - t0:.3f}s", flush=True)
-    times = [dict(step=st, kind=k, region=r, chunk=c, micro=m, ms=ms) for st, k, r, c, m, ms in clock.times] \
-        if clock is not None else None
-    return {"rank": comm.rank, "device": comm.device, "n_actions": n_actions, "steps": steps, "action_times": times,
-            "base_rss_mb": base_rss, "end_rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb()}
+
+    def result(self, shared_process: bool = False) -> dict:
+        """``shared_process``: other cases ran in this process too, so its memory is not this case's."""
+        times = [dict(step=st, kind=k, region=r, chunk=c, micro=m, ms=ms)
+                 for st, k, r, c, m, ms in self.clock.times] if self.clock is not None else None
+        mem = (None, None, None) if shared_process else (self.base_rss, rss_mb(), peak_rss_mb())
+        return {"rank": self.comm.rank, "device": self.comm.device, "n_actions": len(self.interp.program),
+                "steps": self.steps, "action_times": times,
+                "base_rss_mb": mem[0], "end_rss_mb": mem[1], "peak_rss_mb": mem[2]}
+
+
+def bench_rank(case: dict, comm) -> dict:
+    """Run the case's real program for ``steps`` steps; per-step time split by category."""
+    runner = CaseRunner(case, comm)
+    for step in range(int(case["steps"])):
+        runner.step(step)
+    return runner.result()
+
+
+def bench_rotation(cases: List[dict], comm) -> List[dict]:
+    """Several cases in one launch, stepped in rotation (step 0 of A, B, C, then step 1 of A, B, C ...):
+    every schedule meets the same phases of a machine whose speed drifts, seconds apart instead of a
+    launch apart. Each case keeps its own Cells, data source, optimizer and tape."""
+    runners = [CaseRunner(c, comm) for c in cases]
+    for step in range(max(int(c["steps"]) for c in cases)):
+        for r in runners:
+            if step < int(r.case["steps"]):
+                r.step(step)
+    return [r.result(shared_process=len(runners) > 1) for r in runners]

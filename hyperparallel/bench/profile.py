@@ -129,10 +129,36 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
                             activation_mb=round(act / L, 4), output_mb=round(out, 5), param_mb=round(par / L, 5)))
     link = next((res["link"] for res in ranks if res.get("link")), None) or {}
     opt = recipe.raw.get("train", {}).get("optimizer", "adam")
-    return {"link": {"latency_ms": round(link.get("latency_ms", 0.0), 4),
+    block = {"link": {"latency_ms": round(link.get("latency_ms", 0.0), 4),
                      "bandwidth_gb_s": round(link.get("bandwidth_gb_s", 0.0), 4)},
             "optimizer_factor": 2.0 if opt == "adam" else 1.0,
             "regions": regions}
+    if ranks and ranks[0].get("machine"):
+        block["measured_on"] = dict(ranks[0]["machine"])
+    scale = device_scale(ranks, P, plan.data_parallel)
+    if scale:
+        block["device_scale"] = scale
+    return block
+
+
+def device_scale(ranks: List[dict], P: int, D: int = 1) -> List[float]:
+    """Per pipeline device, its ranks' time for the same work over the mean of all ranks: every rank
+    times every chunk (the tight loop), so the ratio is the device's speed, not its share of the model
+    (the cores of a VM can differ by tens of percent). [] with fewer than two ranks."""
+    if len(ranks) < 2:
+        return []
+    keys = None
+    per_rank = {}
+    for i, res in enumerate(ranks):
+        t = {(a["kind"], a["region"], a["chunk"], a.get("step"), a["micro"]): a["ms"]
+             for a in res["actions"] if a["mode"] == "fused"}
+        per_rank[res.get("rank", i)] = t
+        keys = set(t) if keys is None else keys & set(t)
+    totals = {r: sum(t[k] for k in keys) for r, t in per_rank.items()}
+    mean = sum(totals.values()) / len(totals)
+    if mean <= 0:
+        return []
+    return [round(_mean([totals[r] for r in totals if r // max(1, D) == d]) / mean, 4) for d in range(P)]
 
 
 def pipeline_action_medians(launches: List[List[dict]], warmup: int) -> Dict[tuple, List[float]]:
@@ -152,7 +178,8 @@ def apply_pipeline_costs(block: dict, plan, times: Dict[tuple, List[float]], dat
     """``block`` (a :func:`build_profile` result) with each region's compute costs replaced by the
     medians of the in-pipeline times (:func:`pipeline_action_medians`) of ``plan`` (the reference
     schedule's plan): per region, the sum over its chunks of the chunk's median time / the
-    region's layers. ``forward_ms`` gets the data-generation charge ``data_ms x P / layers`` on
+    region's layers, each chunk's time first divided by the ``device_scale`` of the device that ran
+    it (a slow device's time is not the chunk's cost). ``forward_ms`` gets the data-generation charge ``data_ms x P / layers`` on
     the last region, as :func:`build_profile` does. A trainable region's backward: the measured
     B and W when the reference runs them split, else the fused BW split in the tight loop's
     B : (BW - B) proportion (half each without one). A cost the reference did not run (a chunk
@@ -161,11 +188,18 @@ def apply_pipeline_costs(block: dict, plan, times: Dict[tuple, List[float]], dat
     P = plan.num_devices
     last = out["regions"][-1]["name"]
 
+    scale = out.get("device_scale") or []
+
+    def speed(c) -> float:   # the measured time on c's devices, over the time at mean speed
+        if not scale:
+            return 1.0
+        return _mean([scale[d] for d in c.devices if d < len(scale)]) or 1.0
+
     def total(kind, chunks):
         vals = [times.get((kind, c.region, c.index)) for c in chunks]
         if not chunks or any(not v for v in vals):
             return None
-        return sum(_median(v) for v in vals)
+        return sum(_median(v) / speed(c) for c, v in zip(chunks, vals))
 
     for reg in out["regions"]:
         chunks = [c for c in plan.chunks if c.region == reg["name"]]

@@ -71,6 +71,7 @@ class Interpreter:
         if hasattr(source, "will_read_pixels"):
             source.will_read_pixels(sorted({comm.dp_index * plan.num_micro + a.micro for a in self.program
                                             if (a.region, a.chunk) == first and a.kind in (ir.F, ir.R)}))
+        self.prefetch_at = prefetch_points(self.program, first)
         self.grads: Dict[str, Optional[Tensor]] = {}
         self.hook = None  # called as hook(step, action index, program length); fault injection
         self.tape = Tape  # autograd entry points; ``hyperparallel bench`` swaps in a timing wrapper
@@ -112,6 +113,16 @@ class Interpreter:
         for p, g in zip(params, grads):
             self.grads[p.name] = acc(self.grads.get(p.name), g)
 
+    def defer_grads(self, params, grads) -> None:
+        """Accumulate after the sends that follow (see :meth:`run_step`): the adds are host-issued
+        MindSpore work that would otherwise sit between a backward and the send of its input grad."""
+        self.pending_acc.append((params, grads))
+
+    def flush_grads(self) -> None:
+        for params, grads in self.pending_acc:
+            self.add_grads(params, grads)
+        self.pending_acc = []
+
     # -- one optimizer step ----------------------------------------------------------
     def run_step(self, step: int) -> float:
         """Run the program once; returns this rank's part of the step loss."""
@@ -125,13 +136,28 @@ class Interpreter:
         self.pending_w: Dict[Key, Tuple[Tensor, Tensor]] = {}
         self.grads = {p.name: None for p in self.updated}
         self.loss = 0.0
+        self.pending_acc: List[tuple] = []
         self.acts.update(self.ahead_acts)  # next-step work done last step (or by the prologue)
         self.ahead_acts = {}
         for i, a in enumerate(self.program):
             if self.hook is not None:
                 self.hook(step, i, len(self.program))
+            if self.pending_acc and a.kind != ir.SEND:
+                self.flush_grads()
+            if i in self.prefetch_at:
+                self.prefetch(self.prefetch_at[i])
             getattr(self, "do_" + a.kind)(a)
+        self.flush_grads()
         return self.loss
+
+    def prefetch(self, needs) -> None:
+        """Build the micro-batches (and load the model input) that the actions after a blocking
+        receive will read, before the receive: host work the rank would otherwise do between the
+        receive and its consumer (delaying it, and every peer waiting on it) is done while it waits."""
+        for m, ahead, model_input in needs:
+            mt = self.micro(m, ahead)
+            if model_input:
+                self.model.model_input(mt)
 
     def run_prologue(self, step: int) -> None:
         """Before the first step run here: the plan's next-step work for ``step`` (see ``Plan.prologue``)."""
@@ -190,7 +216,7 @@ class Interpreter:
         key = (a.region, a.chunk, a.micro)
         out, sens = self.pending_w.pop(key)
         params = list(self.chunks[key[:2]].get_parameters())
-        self.add_grads(params, self.tape.grad([out], [sens], params, keep_graph=False))
+        self.defer_grads(params, self.tape.grad([out], [sens], params, keep_graph=False))
         self.inputs.pop(key), self.outputs.pop(key)
 
     def do_BW(self, a: ir.Action) -> None:
@@ -203,7 +229,7 @@ class Interpreter:
         g = self.tape.grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
         if need_x:
             self.out_grads[prev], g = g[0], g[1:]
-        self.add_grads(params, g)
+        self.defer_grads(params, g)
 
     def do_SEND(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
@@ -255,3 +281,30 @@ class Interpreter:
         """Gradients of the parameters this rank updates (zeros where none arrived)."""
         return {p.name: (self.grads[p.name] if self.grads[p.name] is not None else ops.zeros_like(p))
                 for p in self.updated}
+
+
+def prefetch_points(program: List[ir.Action], first_chunk: Tuple[str, int]) -> Dict[int, List[tuple]]:
+    """Where the interpreter prepares data ahead: for every RECV at index i, the micro-batches
+    ``(micro, step offset, reads the model input)`` of the actions from i up to and including the
+    next RECV, in first-use order (read off the program; each listed once per step). The window
+    ends before a SEND: data built ahead of a send would delay the send, and the peer waiting on it."""
+    out: Dict[int, List[tuple]] = {}
+    seen = set()
+    for i, head in enumerate(program):
+        if head.kind != ir.RECV:
+            continue
+        needs = []
+        for j in range(i, len(program)):
+            a = program[j]
+            if j > i and a.kind == ir.SEND:
+                break
+            if a.micro is not None:
+                item = (a.micro, a.step, (a.region, a.chunk) == first_chunk and a.kind in (ir.F, ir.R))
+                if item not in seen and (a.micro, a.step, True) not in seen:
+                    seen.add(item)
+                    needs.append(item)
+            if j > i and a.kind == ir.RECV:
+                break
+        if needs:
+            out[i] = needs
+    return out

@@ -11,6 +11,7 @@ from typing import Dict, List
 
 from .execute import Execution, execute
 from .ir import ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
+from .errors import SpecError
 from .profile import ModelProfile, task_ms
 
 
@@ -164,9 +165,13 @@ def _per_device_collectives(plan: Plan):
 
 def simulate(plan: Plan, profile: ModelProfile, steps: int = 1) -> CostReport:
     """Execute ``steps`` optimizer steps; per-step figures come from the last step (steady state)."""
+    if profile.device_scale and len(profile.device_scale) != plan.num_devices:
+        raise SpecError("mpipe.profile.device_scale", f"has {len(profile.device_scale)} entries but the plan has "
+                        f"{plan.num_devices} pipeline devices (one per device, or leave it out)")
     dur = Durations(plan, profile)
     run, device_of = _per_device_collectives(plan)
-    ex = execute(run, dur.compute, lambda a: dur.comm(a, device_of.get(id(a), 0)), steps=steps)
+    ex = execute(run, dur.compute, lambda a: dur.comm(a, device_of.get(id(a), 0)), steps=steps,
+                 device_scale=profile.device_scale)
     step_ms = ex.step_ends[-1] - (ex.step_ends[-2] if steps > 1 else 0.0)
     mem = _memory(plan, profile, dur, ex)
     devices = []

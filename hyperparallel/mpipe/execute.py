@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .ir import COLLECTIVE_KINDS, COMPUTE_KINDS, DP_GROUP, RECV, SEND, Action, Plan
@@ -44,11 +44,12 @@ def coll_key(a: Action) -> Tuple:
 
 
 def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable[[Action], float],
-            steps: int = 1) -> Execution:
+            steps: int = 1, device_scale: Optional[Sequence[float]] = None) -> Execution:
     """Run ``steps`` consecutive optimizer steps; raise PlanError on deadlock or FIFO mismatch.
 
     Next-step (``step=1``, spill) work and its messages complete within the step
     that does them; the first step's share is the prologue's (not timed here).
+    ``device_scale[d]`` multiplies every compute duration on device d (devices of unequal speed).
     """
     P = plan.num_devices
     progs = {d: plan.programs.get(d, []) for d in range(P)}
@@ -61,6 +62,7 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
     ex = Execution(timeline={d: [] for d in range(P)})
     step_end = [0.0] * steps
     compute = {d: [a.kind in COMPUTE_KINDS for a in progs[d]] for d in range(P)}
+    scale = [float(device_scale[d]) if device_scale and d < len(device_scale) else 1.0 for d in range(P)]
 
     def q(src: int, dst: int) -> deque:
         return chan[(src, dst)]
@@ -87,7 +89,7 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
                 a = prog[j]
                 if comp[j]:
                     start = host[d]
-                    end = start + compute_ms(a)
+                    end = start + compute_ms(a) * scale[d]
                     tl.append(Timed(d, j, s, a, start, end, "compute"))
                     if end > step_end[s]:
                         step_end[s] = end

@@ -7,7 +7,7 @@ passed to the next layer, and parameter memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from .errors import SpecError
 
@@ -53,6 +53,12 @@ class ModelProfile:
     regions: Tuple[RegionProfile, ...]
     link: LinkProfile = LinkProfile()
     optimizer_factor: float = 2.0  # optimizer state bytes per parameter byte (Adam: m and v)
+    # where the costs were measured (``hyperparallel profile`` writes it): cpu, cores, device,
+    # mindspore; None for a hand-written or paper profile
+    measured_on: Optional[Tuple[Tuple[str, object], ...]] = None
+    # per pipeline device, a multiplier on every compute duration there (1 = the region costs):
+    # devices of unequal speed, e.g. the cores of a VM; () = all equal
+    device_scale: Tuple[float, ...] = ()
 
     def region(self, name: str) -> RegionProfile:
         for r in self.regions:
@@ -81,9 +87,10 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     """Build a ModelProfile from the recipe's ``mpipe.profile`` mapping, refusing bad input."""
     if not isinstance(obj, dict):
         raise SpecError(where, "must be a mapping with 'regions' (and optional 'link')")
-    unknown = set(obj) - {"regions", "link", "optimizer_factor"}
+    top = ("regions", "link", "optimizer_factor", "measured_on", "device_scale")
+    unknown = set(obj) - set(top)
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown key; allowed: regions, link, optimizer_factor")
+        raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown key; allowed: " + ", ".join(top))
     regions_obj = obj.get("regions")
     if not isinstance(regions_obj, list) or not regions_obj:
         raise SpecError(f"{where}.regions", "missing or empty; give a list of regions in data-flow order")
@@ -117,4 +124,38 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         raise SpecError(f"{where}.link.{sorted(unknown)[0]}", "unknown key; allowed: latency_ms, bandwidth_gb_s")
     link = LinkProfile(**{k: _number(f"{where}.link.{k}", v) for k, v in link_obj.items()})
     opt = _number(f"{where}.optimizer_factor", obj.get("optimizer_factor", 2.0))
-    return ModelProfile(regions=tuple(regions), link=link, optimizer_factor=opt)
+    scale = obj.get("device_scale", []) or []
+    if not isinstance(scale, list):
+        raise SpecError(f"{where}.device_scale", f"must be a list of numbers > 0 (one per pipeline device), got {scale!r}")
+    for i, v in enumerate(scale):
+        if _number(f"{where}.device_scale[{i}]", v) <= 0:
+            raise SpecError(f"{where}.device_scale[{i}]", f"must be > 0, got {v!r}")
+    return ModelProfile(regions=tuple(regions), link=link, optimizer_factor=opt,
+                        measured_on=_measured_on(obj.get("measured_on"), f"{where}.measured_on"),
+                        device_scale=tuple(float(v) for v in scale))
+
+
+MACHINE_KEYS = ("cpu", "cores", "device", "mindspore")
+
+
+def _measured_on(obj, where: str):
+    """``measured_on: {cpu: ..., cores: N, device: CPU|Ascend, mindspore: 2.9.0}`` as sorted pairs."""
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise SpecError(where, "must be a mapping with keys " + ", ".join(MACHINE_KEYS))
+    unknown = set(obj) - set(MACHINE_KEYS)
+    if unknown:
+        raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown key; allowed: " + ", ".join(MACHINE_KEYS))
+    for k, v in obj.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise SpecError(f"{where}.{k}", f"must be a string or a whole number, got {v!r}")
+    return tuple(sorted(obj.items()))
+
+
+def machine_differences(measured_on, here: dict) -> list:
+    """``key: profile value != this machine's`` for every machine key that differs (``measured_on``
+    as stored in :class:`ModelProfile`; ``here`` from :func:`hyperparallel.bench.machine.this_machine`)."""
+    there = dict(measured_on or ())
+    return [f"{k}: {there[k]!r} != {here.get(k)!r}" for k in MACHINE_KEYS
+            if k in there and str(there[k]) != str(here.get(k))]
