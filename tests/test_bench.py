@@ -209,9 +209,16 @@ def test_build_profile_per_layer_costs_and_data_charge(tmp_path):
     block = PR.build_profile(recipe, plan, [rank, dict(rank, link=None)])
     vis, llm = block["regions"]
     assert vis["forward_ms"] == 10.0 and vis["backward_ms"] == 0.0 and vis["weight_ms"] == 20.0
-    # llm: (3 + 5) ms over 2 layers, plus data generation 1 ms x P=2 / 2 layers
-    assert llm["forward_ms"] == pytest.approx(4.0 + 1.0)
+    # llm: chunk 0 gives 3 ms per layer (plus data generation 1 ms x P=2 / 2 layers); the last chunk's
+    # excess (5 - 3 ms) is the head (output head and loss), run once by the chunk with the last layer
+    assert llm["forward_ms"] == pytest.approx(3.0 + 1.0) and llm["head_forward_ms"] == 2.0
     assert llm["backward_ms"] == 2.0 and llm["weight_ms"] == 4.0
+    assert llm["head_backward_ms"] == 0.0 and llm["head_weight_ms"] == 0.0 and "head_forward_ms" not in vis
+    # the measured cut's total is reproduced by the cost model's task times
+    from hyperparallel.mpipe.profile import parse_profile, task_ms
+    prof = parse_profile(block)
+    assert task_ms(prof.region("llm"), "F", 1, head=True) == pytest.approx(5.0 + 1.0)
+    assert task_ms(prof.region("llm"), "F", 2, head=True) == pytest.approx(3.0 + 5.0 + 2.0)
     assert vis["param_mb"] == 0.5 and vis["activation_mb"] == 1.0
     assert block["link"] == {"latency_ms": 0.1, "bandwidth_gb_s": 0.5}
     out = tmp_path / "p.yaml"
@@ -286,10 +293,11 @@ def test_apply_pipeline_costs_frozen_encoder():
     out = PR.apply_pipeline_costs(block, plan, times, data_ms=0.5)
     vis, llm = out["regions"]
     assert vis["forward_ms"] == 16.0 and vis["backward_ms"] == 0.0 and vis["weight_ms"] == 0.0  # median 64 / 4
-    # llm: (6 + 15) ms / 2 layers + data 0.5 ms x P=2 / 2 layers
-    assert llm["forward_ms"] == pytest.approx(10.5 + 0.5)
-    # fused BW 8 + 12 = 20 ms over 2 layers, split in the tight loop's B : W = 1 : 3
-    assert llm["backward_ms"] == 2.5 and llm["weight_ms"] == 7.5
+    # llm: chunk 0 gives 6 ms per layer (+ data 0.5 ms x P=2 / 2 layers), chunk 1's 15 ms = 6 + a 9 ms head
+    assert llm["forward_ms"] == pytest.approx(6.0 + 0.5) and llm["head_forward_ms"] == 9.0
+    # fused BW 8 and 12 ms (head 4), split in the tight loop's B : W = 1 : 3
+    assert (llm["backward_ms"], llm["weight_ms"]) == (2.0, 6.0)
+    assert (llm["head_backward_ms"], llm["head_weight_ms"]) == (1.0, 3.0)
     # everything else as measured in the tight loop; the input block is not modified
     assert out["link"] == block["link"] and vis["param_mb"] == 0.5 and llm["activation_mb"] == 0.02
     assert block["regions"][0]["forward_ms"] == 10.0

@@ -5,6 +5,7 @@ from hyperparallel.mpipe import Plan, check, derive, load_recipe, derive_recipe,
 from hyperparallel.mpipe.cost import ring_ms, simulate
 from hyperparallel.mpipe.ir import ALLREDUCE, BROADCAST, F
 from hyperparallel.mpipe.profile import LinkProfile
+from hyperparallel.mpipe.errors import SpecError
 
 from conftest import recipe
 from helpers import profile
@@ -246,3 +247,23 @@ def test_data_parallel_allreduce_costed_with_each_devices_own_parameter_bytes():
     assert took[0] == [pytest.approx(ring_ms(ALLREDUCE, 2, 30.0, prof.link))]
     assert took[1] == [pytest.approx(ring_ms(ALLREDUCE, 2, 10.0, prof.link))]
     assert took[0][0] > 2 * took[1][0]
+
+
+def test_head_cost_on_the_last_chunk_and_device_scale():
+    """A region's head runs once, on the chunk holding its last layer; device_scale multiplies every
+    compute duration of a device (cores of unequal speed); the counts are exact."""
+    from hyperparallel.mpipe.derive import derive
+    from hyperparallel.mpipe.profile import parse_profile
+    from hyperparallel.mpipe.cost import simulate
+    block = {"regions": [{"name": "llm", "layers": 2, "forward_ms": 1.0, "backward_ms": 1.0, "weight_ms": 0.0,
+                          "head_forward_ms": 5.0, "head_backward_ms": 2.0}]}
+    plan = derive(parse_profile(block), "gpipe", P=2, M=1)
+    # device 0: F 1, device 1: F 1 + 5, BW 1 + 2, device 0: BW 1 (free communication)
+    assert simulate(plan, parse_profile(block)).step_ms == pytest.approx(1 + 6 + 3 + 1)
+    scaled = parse_profile(dict(block, device_scale=[1.0, 2.0]))
+    assert simulate(plan, scaled).step_ms == pytest.approx(1 + 12 + 6 + 1)
+    three = parse_profile(dict(block, device_scale=[1.0, 2.0, 1.0]))
+    with pytest.raises(SpecError, match="device_scale"):
+        simulate(plan, three)
+    with pytest.raises(SpecError, match=r"device_scale\[1\]"):
+        parse_profile(dict(block, device_scale=[1.0, 0.0]))

@@ -467,8 +467,10 @@ def run(args, launcher=None) -> int:
         comments = [f"median over {len(rounds)} profile measurements, one per repeat of the bench"]
         if ref_launches:
             from .profile import apply_pipeline_costs, mean_data_ms, pipeline_action_medians, pipeline_lines
+            from .profile import runtime_overheads
             times = pipeline_action_medians(ref_launches, args.warmup)
             block = apply_pipeline_costs(block, ref_plan, times, mean_data_ms(merged))
+            block.update(runtime_overheads(ref_launches, ref_plan, args.warmup))
             comments += pipeline_lines(args.profile_schedule, times)
         profile_path = args.save_profile or os.path.join(run_dir, "profile.yaml")
         write_profile(profile_path, args.recipe, block, comments + summary_lines(plans[0][1], merged),

@@ -201,8 +201,8 @@ class ActionClock:
     """Interpreter hook: wall time of every action; a micro-batch's data is generated (and timed)
     before its first action, so no compute time includes it."""
 
-    def __init__(self, interp):
-        self.interp = interp
+    def __init__(self, interp, rss: bool = True):
+        self.interp, self.record_rss = interp, rss
         self.times: List[tuple] = []   # (step, kind, region, chunk, micro, ms)
         self.data_ms: List[float] = []
         self.rss: List[float] = []     # RSS before each action (activation measurement)
@@ -225,7 +225,8 @@ class ActionClock:
                 self.interp.model.model_input(mt)   # lazy pixels: loaded (and timed) here, not in the action
             if len(self.interp._mb) > n:  # generated now (not already cached for this step)
                 self.data_ms.append((time.perf_counter() - t0) * 1e3)
-        self.rss.append(rss_mb())
+        if self.record_rss:
+            self.rss.append(rss_mb())
         self._open = (step, a, time.perf_counter())
 
 
@@ -375,7 +376,7 @@ class CaseRunner:
         interp.add_grads = self.sw.wrap("accumulate", interp.add_grads)
         self.clock = None
         if case.get("action_times"):
-            self.clock = ActionClock(interp)
+            self.clock = ActionClock(interp, rss=False)
             interp.hook = self.clock
         self.steps: List[dict] = []
         interp.run_prologue(0)  # next-step (spill) work for the first step; nothing for most plans

@@ -100,6 +100,18 @@ def _mean(xs: List[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
+def per_layer_and_head(chunks, ms: List[float]) -> tuple:
+    """(ms per layer, ms of the head) of one region from its chunks' times, chunks in data-flow
+    order: the chunks before the last give the per-layer cost, the last chunk's excess over its
+    layers is the head (an LLM's output head and loss, an encoder's projector). One chunk: no
+    head can be told apart (its whole time is per layer, exact for that chunk)."""
+    L = sum(c.layers for c in chunks)
+    if len(chunks) < 2:
+        return (sum(ms) / L if L else 0.0), 0.0
+    per = sum(ms[:-1]) / sum(c.layers for c in chunks[:-1])
+    return per, max(0.0, ms[-1] - per * chunks[-1].layers)
+
+
 def build_profile(recipe, plan, ranks: List[dict]) -> dict:
     """The ``mpipe.profile`` mapping from the per-rank measurements (see module docstring)."""
     per: Dict[tuple, List[float]] = {}
@@ -114,19 +126,24 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
     for r in recipe.profile.regions:
         chunks = [c for c in plan.chunks if c.region == r.name]
         L = sum(c.layers for c in chunks)
-        f = sum(t.get(("fused", "F", r.name, c.index), 0.0) for c in chunks)
-        bw = sum(t.get(("fused", "BW", r.name, c.index), 0.0) for c in chunks)
-        b = sum(t.get(("split", "B", r.name, c.index), 0.0) for c in chunks)
+        f = [t.get(("fused", "F", r.name, c.index), 0.0) for c in chunks]
+        bw = [t.get(("fused", "BW", r.name, c.index), 0.0) for c in chunks]
+        b = [t.get(("split", "B", r.name, c.index), 0.0) for c in chunks]
+        w = [max(0.0, x - y) for x, y in zip(bw, b)]
+        (f_l, f_h), (b_l, b_h), (w_l, w_h) = (per_layer_and_head(chunks, v) for v in (f, b, w))
         if r.name == last:
-            f += data_ms * P
+            f_l += data_ms * P / L
         act = _mean([sum(res["activation_mb"].get(f"{r.name}/{c.index}", 0.0) for c in chunks) for res in ranks])
         par = sum(ranks[0]["param_mb"][f"{r.name}/{c.index}"] for c in chunks)
         out = ranks[0]["output_mb"].get(r.name, r.output_mb)
-        regions.append(dict(name=r.name, layers=r.layers, trainable=r.trainable,
-                            forward_ms=round(f / L, 4),
-                            backward_ms=round(b / L, 4) if r.trainable else 0.0,
-                            weight_ms=round(max(0.0, bw - b) / L, 4) if r.trainable else 0.0,
-                            activation_mb=round(act / L, 4), output_mb=round(out, 5), param_mb=round(par / L, 5)))
+        tr = 1.0 if r.trainable else 0.0
+        reg = dict(name=r.name, layers=r.layers, trainable=r.trainable, forward_ms=round(f_l, 4),
+                   backward_ms=round(b_l * tr, 4), weight_ms=round(w_l * tr, 4),
+                   activation_mb=round(act / L, 4), output_mb=round(out, 5), param_mb=round(par / L, 5))
+        if len(chunks) > 1:
+            reg.update(head_forward_ms=round(f_h, 4), head_backward_ms=round(b_h * tr, 4),
+                       head_weight_ms=round(w_h * tr, 4))
+        regions.append(reg)
     link = next((res["link"] for res in ranks if res.get("link")), None) or {}
     opt = recipe.raw.get("train", {}).get("optimizer", "adam")
     block = {"link": {"latency_ms": round(link.get("latency_ms", 0.0), 4),
@@ -195,28 +212,58 @@ def apply_pipeline_costs(block: dict, plan, times: Dict[tuple, List[float]], dat
             return 1.0
         return _mean([scale[d] for d in c.devices if d < len(scale)]) or 1.0
 
-    def total(kind, chunks):
+    def split(kind, chunks):   # (per layer, head) from the chunks' median times, or None
         vals = [times.get((kind, c.region, c.index)) for c in chunks]
         if not chunks or any(not v for v in vals):
             return None
-        return sum(_median(v) / speed(c) for c, v in zip(chunks, vals))
+        return per_layer_and_head(chunks, [_median(v) / speed(c) for c, v in zip(chunks, vals)])
 
     for reg in out["regions"]:
         chunks = [c for c in plan.chunks if c.region == reg["name"]]
         L = sum(c.layers for c in chunks) or reg["layers"]
-        f = total("F", chunks)
+        heads = len(chunks) > 1
+        f = split("F", chunks)
         if f is not None:
-            reg["forward_ms"] = round((f + (data_ms * P if reg["name"] == last else 0.0)) / L, 4)
+            reg["forward_ms"] = round(f[0] + (data_ms * P / L if reg["name"] == last else 0.0), 4)
+            if heads:
+                reg["head_forward_ms"] = round(f[1], 4)
         if not reg["trainable"]:
             continue
-        b, w, bw = total("B", chunks), total("W", chunks), total("BW", chunks)
+        b, w, bw = split("B", chunks), split("W", chunks), split("BW", chunks)
         if b is not None and w is not None:
-            reg["backward_ms"], reg["weight_ms"] = round(b / L, 4), round(w / L, 4)
+            reg["backward_ms"], reg["weight_ms"] = round(b[0], 4), round(w[0], 4)
+            if heads:
+                reg["head_backward_ms"], reg["head_weight_ms"] = round(b[1], 4), round(w[1], 4)
         elif bw is not None:
             tb, tw = reg["backward_ms"], reg["weight_ms"]
             frac = tb / (tb + tw) if tb + tw > 0 else 0.5
-            reg["backward_ms"], reg["weight_ms"] = round(bw * frac / L, 4), round(bw * (1.0 - frac) / L, 4)
+            reg["backward_ms"], reg["weight_ms"] = round(bw[0] * frac, 4), round(bw[0] * (1.0 - frac), 4)
+            if heads:
+                reg["head_backward_ms"], reg["head_weight_ms"] = round(bw[1] * frac, 4), round(bw[1] * (1 - frac), 4)
     return out
+
+
+def runtime_overheads(launches: List[List[dict]], plan, warmup: int) -> Dict[str, float]:
+    """The runtime's own time in a reference run, for the cost model: ``action_overhead_ms``, the
+    host work per compute action (the interpreter and the gradient adds: a rank's ``interp_s +
+    accumulate_s`` over its compute actions, median over ranks and kept steps), and
+    ``step_overhead_ms``, the optimizer update and loss all-reduce after the programs (per step the
+    least over ranks, as the all-reduce includes waiting for the slowest; median over steps)."""
+    from ..mpipe import ir
+    per_action, per_step = [], []
+    for ranks in launches:
+        by_step: Dict[int, List[float]] = {}
+        for res in ranks:
+            n = sum(1 for a in plan.programs.get(res.get("device", 0), []) if a.kind in ir.COMPUTE_KINDS)
+            for st in res["steps"]:
+                if st["step"] < warmup:
+                    continue
+                if n:
+                    per_action.append((st["interp_s"] + st.get("accumulate_s", 0.0)) / n * 1e3)
+                by_step.setdefault(st["step"], []).append((st["optimizer_s"] + st["loss_reduce_s"]) * 1e3)
+        per_step += [min(v) for v in by_step.values()]
+    return {"action_overhead_ms": round(_median(per_action), 4) if per_action else 0.0,
+            "step_overhead_ms": round(_median(per_step), 4) if per_step else 0.0}
 
 
 def pipeline_lines(schedule: str, times: Dict[tuple, List[float]]) -> List[str]:

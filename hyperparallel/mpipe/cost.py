@@ -46,13 +46,18 @@ class Durations:
     def __init__(self, plan: Plan, profile: ModelProfile):
         self.plan, self.profile = plan, profile
         self.layers = {(c.region, c.index): c.layers for c in plan.chunks}
+        last = {}
+        for c in plan.chunks:
+            last[c.region] = max(last.get(c.region, 0), c.stop)
+        self.head = {(c.region, c.index): c.stop == last[c.region] for c in plan.chunks}
         self._cache: Dict[tuple, float] = {}
 
     def compute(self, a: Action) -> float:
         key = (a.kind, a.region, a.chunk)
         ms = self._cache.get(key)
         if ms is None:
-            ms = self._cache[key] = task_ms(self.profile.region(a.region), a.kind, self.layers[(a.region, a.chunk)])
+            ms = self._cache[key] = task_ms(self.profile.region(a.region), a.kind, self.layers[(a.region, a.chunk)],
+                                            self.head[(a.region, a.chunk)]) + self.profile.action_overhead_ms
         return ms
 
     def chunk_mb(self, region: str, chunk: int, per_layer: float) -> float:
@@ -172,7 +177,8 @@ def simulate(plan: Plan, profile: ModelProfile, steps: int = 1) -> CostReport:
     run, device_of = _per_device_collectives(plan)
     ex = execute(run, dur.compute, lambda a: dur.comm(a, device_of.get(id(a), 0)), steps=steps,
                  device_scale=profile.device_scale)
-    step_ms = ex.step_ends[-1] - (ex.step_ends[-2] if steps > 1 else 0.0)
+    # the optimizer update and the loss all-reduce follow every step's programs
+    step_ms = ex.step_ends[-1] - (ex.step_ends[-2] if steps > 1 else 0.0) + profile.step_overhead_ms
     mem = _memory(plan, profile, dur, ex)
     devices = []
     for d in range(plan.num_devices):

@@ -117,7 +117,7 @@ class _Derivation:
 
     def _region_ms(self, region: str, kinds: Tuple[str, ...]) -> float:
         r = self.profile.region(region)
-        return sum(task_ms(r, k, r.layers) for k in kinds)
+        return sum(task_ms(r, k, r.layers, head=True) for k in kinds)
 
     def _owners(self) -> Dict[str, List[int]]:
         """Owner map per transposed region; ``balanced`` reads the body's idle times (one estimate)."""
@@ -159,8 +159,10 @@ class _Derivation:
             return self._timing
         r = self.profile.region(self.body)
         layers = {c.index: c.layers for c in self.chunks if c.region == self.body}
+        last = max(c.stop for c in self.chunks if c.region == self.body)
+        head = {c.index: c.stop == last for c in self.chunks if c.region == self.body}
         body = Plan(num_devices=self.P, num_micro=self.M, programs=self.lower(self.main), chunks=self.chunks)
-        ex = execute(body, lambda a: task_ms(r, a.kind, layers[a.chunk]), lambda a: 0.0)
+        ex = execute(body, lambda a: task_ms(r, a.kind, layers[a.chunk], head[a.chunk]), lambda a: 0.0)
         tasks = {d: [t for t in ex.timeline[d] if t.lane == "compute"] for d in range(self.P)}
         span = max([ts[-1].end for ts in tasks.values() if ts] + [0.0])
         gaps = []

@@ -11,7 +11,8 @@ from typing import Optional, Tuple
 
 from .errors import SpecError
 
-COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb")
+COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
+             "head_forward_ms", "head_backward_ms", "head_weight_ms")
 REGION_KEYS = ("name", "layers", "trainable") + COST_KEYS
 
 
@@ -26,13 +27,23 @@ class RegionProfile:
     activation_mb: float = 0.0
     output_mb: float = 0.0
     param_mb: float = 0.0
+    # extra time of the region's head, run by the chunk that holds its last layer (an LLM's output
+    # head and loss, an encoder's projector): per micro-batch, not per layer
+    head_forward_ms: float = 0.0
+    head_backward_ms: float = 0.0
+    head_weight_ms: float = 0.0
 
 
-def task_ms(region: RegionProfile, kind: str, layers: int) -> float:
-    """Duration of one compute task of ``kind`` (F, R, B, W, BW) over ``layers`` layers of ``region``."""
+def task_ms(region: RegionProfile, kind: str, layers: int, head: bool = False) -> float:
+    """Duration of one compute task of ``kind`` (F, R, B, W, BW) over ``layers`` layers of ``region``;
+    ``head``: the task's chunk holds the region's last layer, so it also runs the region's head."""
     per = {"F": region.forward_ms, "R": region.forward_ms, "B": region.backward_ms, "W": region.weight_ms,
            "BW": region.backward_ms + region.weight_ms}[kind]
-    return per * layers
+    if not head:
+        return per * layers
+    extra = {"F": region.head_forward_ms, "R": region.head_forward_ms, "B": region.head_backward_ms,
+             "W": region.head_weight_ms, "BW": region.head_backward_ms + region.head_weight_ms}[kind]
+    return per * layers + extra
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,10 @@ class ModelProfile:
     # per pipeline device, a multiplier on every compute duration there (1 = the region costs):
     # devices of unequal speed, e.g. the cores of a VM; () = all equal
     device_scale: Tuple[float, ...] = ()
+    # the runtime's own time, measured in a pipeline run: host work per compute action (interpreter,
+    # graph cuts, reading the loss) and per step (optimizer update, loss all-reduce)
+    action_overhead_ms: float = 0.0
+    step_overhead_ms: float = 0.0
 
     def region(self, name: str) -> RegionProfile:
         for r in self.regions:
@@ -87,7 +102,8 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     """Build a ModelProfile from the recipe's ``mpipe.profile`` mapping, refusing bad input."""
     if not isinstance(obj, dict):
         raise SpecError(where, "must be a mapping with 'regions' (and optional 'link')")
-    top = ("regions", "link", "optimizer_factor", "measured_on", "device_scale")
+    top = ("regions", "link", "optimizer_factor", "measured_on", "device_scale", "action_overhead_ms",
+           "step_overhead_ms")
     unknown = set(obj) - set(top)
     if unknown:
         raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown key; allowed: " + ", ".join(top))
@@ -132,7 +148,9 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
             raise SpecError(f"{where}.device_scale[{i}]", f"must be > 0, got {v!r}")
     return ModelProfile(regions=tuple(regions), link=link, optimizer_factor=opt,
                         measured_on=_measured_on(obj.get("measured_on"), f"{where}.measured_on"),
-                        device_scale=tuple(float(v) for v in scale))
+                        device_scale=tuple(float(v) for v in scale),
+                        action_overhead_ms=_number(f"{where}.action_overhead_ms", obj.get("action_overhead_ms", 0.0)),
+                        step_overhead_ms=_number(f"{where}.step_overhead_ms", obj.get("step_overhead_ms", 0.0)))
 
 
 MACHINE_KEYS = ("cpu", "cores", "device", "mindspore")
