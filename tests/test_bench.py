@@ -244,17 +244,32 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
     block = yaml.safe_load(prof.read_text())["mpipe"]["profile"]
     assert [r["name"] for r in block["regions"]] == ["vision", "llm"]
     assert all(r["forward_ms"] > 0 for r in block["regions"]) and block["link"]["bandwidth_gb_s"] > 0
+    assert block["measured_on"]["device"] == "CPU" and len(block["device_scale"]) == 2
+    # the default: the profile measured in the run (tight loop + gpipe reference) and both schedules
+    # step by step in rotation, all in one launch
     out = tmp_path / "bench.json"
-    p = cli("bench", TINY, "--profile", str(prof), "--schedule", "1f1b", "--schedule", "transpose",
-            "--repeats", "1", "--warmup", "1", "--steps", "1", "--out", str(out),
+    p = cli("bench", TINY, "--schedule", "1f1b", "--schedule", "transpose", "--repeats", "1", "--warmup", "1",
+            "--steps", "2", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
             "--run-dir", str(tmp_path / "bench"), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    rows = json.loads(out.read_text())["schedules"]
+    res = json.loads(out.read_text())
+    assert res["rotate"] == "steps" and res["profile_measured_here"] and len(res["device_scale"]) == 2
+    rows = res["schedules"]
     assert [r["schedule"] for r in rows] == ["1f1b", "transpose"]
     for r in rows:
         assert r["median_step_s"] > 0 and r["predicted_step_s"] > 0 and r["ratio"] > 0
-        assert len(r["ranks"]) == 2 and all(d["peak_rss_mb"] > d["base_rss_mb"] > 0 for d in r["ranks"])
-        assert 0 <= r["interp_share"] < 1
+        assert 0 <= r["interp_share"] <= r["overhead_share"] < 1
+        assert all(d["peak_rss_mb"] is None and "stall" in d["share"] for d in r["ranks"])  # shared process
+    measured = yaml.safe_load((tmp_path / "m.yaml").read_text())["mpipe"]["profile"]
+    assert measured["step_overhead_ms"] > 0 and measured["action_overhead_ms"] > 0
+    assert set(measured["measured_on"]) == {"cpu", "cores", "device", "mindspore"}
+    # a stored profile, one launch per schedule: each schedule's own memory
+    p = cli("bench", TINY, "--profile", str(prof), "--schedule", "transpose", "--rotate", "launches",
+            "--repeats", "1", "--warmup", "1", "--steps", "1", "--out", str(out),
+            "--run-dir", str(tmp_path / "bench2"), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (r,) = json.loads(out.read_text())["schedules"]
+    assert len(r["ranks"]) == 2 and all(d["peak_rss_mb"] > d["base_rss_mb"] > 0 for d in r["ranks"])
 
 
 # -- in-pipeline profile (pure aggregation) ----------------------------------------------------

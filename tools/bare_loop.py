@@ -11,6 +11,9 @@ every launch are dropped. Printed per schedule: both medians over all kept steps
 runtime / bare, and its spread over the pairs (each pair's ratio of launch medians: quartiles,
 min, max). The losses of every step of every launch must be identical (bit for bit) between the
 two, or the command exits 1: a faster loop that computes something else proves nothing.
+``--in-process N`` adds N launches in which the two alternate step by step in one process (each with
+its own Cells and optimizer): this VM's speed drifts by tens of percent between launches, and
+seconds apart much less, so this ratio has the smaller spread.
 """
 from __future__ import annotations
 
@@ -38,12 +41,16 @@ def parse(argv=None):
     p.add_argument("--pairs", type=int, default=8, help="A/B launch pairs per schedule (default 8)")
     p.add_argument("--steps", type=int, default=6, help="measured steps per launch (default 6)")
     p.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of a launch (default 2)")
+    p.add_argument("--in-process", type=int, default=4, metavar="N",
+                   help="also N launches in which runtime and bare loop alternate step by step in one process "
+                        "(drift of the machine cancels within seconds; default 4, 0: none)")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--out", default=None, metavar="FILE.json")
     p.add_argument("--run-dir", default=os.path.join("runs", "bare_loop"))
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args(argv)
-    for flag, v, lo in (("--pairs", args.pairs, 1), ("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
+    for flag, v, lo in (("--pairs", args.pairs, 1), ("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                        ("--in-process", args.in_process, 0)):
         if v < lo:
             p.error(f"{flag}: must be >= {lo}, got {v}")
     if args.out and not args.out.endswith(".json"):
@@ -72,18 +79,24 @@ def plans(args):
     return recipe, out
 
 
-def launch_one(recipe, plan, schedule, mode, steps, out_dir, timeout):
+def launch_one(recipe, plan, schedule, mode, steps, out_dir, timeout, first="runtime"):
+    """Per-rank results of one launch; with mode ``both`` a dict {"runtime": ranks, "bare": ranks}."""
     from hyperparallel.launch import launch
     job = {"mode": mode, "schedule": schedule, "device": recipe.raw.get("device", "CPU"), "raw": recipe.raw,
-           "plan": plan.to_json(), "steps": steps, "out_dir": os.path.join(out_dir, "result")}
+           "plan": plan.to_json(), "steps": steps, "out_dir": os.path.join(out_dir, "result"), "first": first}
     res = launch(job, plan.num_devices, os.path.join(out_dir, "logs"), timeout_s=timeout, echo=False, script=WORKER)
     if res.returncode != 0:
         raise SystemExit(f"error: {mode} {schedule} failed (exit {res.returncode}): {res.message}")
-    ranks = []
-    for r in range(plan.num_devices):
-        with open(os.path.join(job["out_dir"], f"rank_{r}.json")) as f:
-            ranks.append(json.load(f))
-    return ranks
+
+    def read(d):
+        ranks = []
+        for r in range(plan.num_devices):
+            with open(os.path.join(d, f"rank_{r}.json")) as f:
+                ranks.append(json.load(f))
+        return ranks
+    if mode == "both":
+        return {m: read(os.path.join(job["out_dir"], m)) for m in ("runtime", "bare")}
+    return read(job["out_dir"])
 
 
 def step_times(ranks, warmup):
@@ -138,15 +151,36 @@ def main(argv=None) -> int:
                   f"bare {median(got['bare']) * 1e3:.1f} ms, ratio {ratios[-1]:.3f}", flush=True)
         rows.append(summarize(s, rt, bare, ratios))
         rows[-1]["losses"] = ref
+        if args.in_process:
+            rt2, bare2, ratios2 = [], [], []
+            for k in range(args.in_process):
+                first = "runtime" if k % 2 == 0 else "bare"
+                got = launch_one(recipe, plan, s, "both", args.warmup + args.steps,
+                                 os.path.join(run_dir, slug(s), f"q{k}_both"), args.timeout, first)
+                for mode in ("runtime", "bare"):
+                    if losses(got[mode]) != ref:
+                        print(f"error: {s}: {mode} (in-process launch {k + 1}) losses {losses(got[mode])} "
+                              f"differ from {ref}", file=sys.stderr)
+                        return 1
+                rt2.append(step_times(got["runtime"], args.warmup))
+                bare2.append(step_times(got["bare"], args.warmup))
+                ratios2.append(median(rt2[-1]) / median(bare2[-1]))
+                print(f"[{s} in-process {k + 1}/{args.in_process}] runtime {median(rt2[-1]) * 1e3:.1f} ms, "
+                      f"bare {median(bare2[-1]) * 1e3:.1f} ms, ratio {ratios2[-1]:.3f}", flush=True)
+            rows[-1]["in_process"] = summarize(s, rt2, bare2, ratios2)
     print()
     for r in rows:
         print(line(r))
-    print(f"losses identical in every launch; {2 * args.pairs * len(rows)} launches in {time.time() - t0:.0f} s")
+        if "in_process" in r:
+            print("  in one process, alternating steps: " + line(r["in_process"]))
+    print(f"losses identical in every launch; {(2 * args.pairs + args.in_process) * len(rows)} launches in "
+          f"{time.time() - t0:.0f} s")
     if args.out:
         cmd = "python tools/bare_loop.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(args.out, "w") as f:
             json.dump({"recipe": args.recipe, "command": cmd, "pairs": args.pairs, "steps": args.steps,
-                       "warmup": args.warmup, "ranks": next(iter(plan_of.values())).num_devices,
+                       "warmup": args.warmup, "in_process_launches": args.in_process,
+                       "ranks": next(iter(plan_of.values())).num_devices,
                        "overrides": args.overrides, "schedules": rows}, f, indent=1)
         print(f"wrote {args.out}")
     return 0

@@ -1,8 +1,10 @@
 """msrun entry of ``tools/bare_loop.py``: one rank runs either the runtime or a hand-written loop.
 
 ``msrun ... tools/bare_loop_worker.py JOB.json`` with ``JOB.json`` =
-``{"mode": "runtime" | "bare", "schedule": "1f1b" | "transpose", "raw": recipe, "plan": plan JSON,
-"steps": N, "out_dir": DIR}``; every rank writes ``DIR/rank_N.json`` with its step times and losses.
+``{"mode": "runtime" | "bare" | "both", "schedule": "1f1b" | "transpose", "raw": recipe, "plan": plan
+JSON, "steps": N, "out_dir": DIR, "first": "runtime" | "bare"}``; every rank writes
+``DIR/rank_N.json`` (with ``both``: ``DIR/runtime/`` and ``DIR/bare/``, the two alternating step by
+step in one process) with its step times and losses.
 
 Both modes build the same chunk Cells (the recipe's adapter, the plan's cut), read the same data
 source, use the same ``Comm``, tape autograd and optimizer, and time a step the same way (program,
@@ -144,36 +146,48 @@ def schedule_of(plan) -> str:
     return "transpose" if any(len(c.devices) > 1 for c in plan.chunks) else "1f1b"
 
 
+def timed_step(loop, opt, comm, step: int) -> dict:
+    """One optimizer step of ``loop`` (the runtime's interpreter or the bare loop), timed alike."""
+    from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
+    c0 = cpu_ticks()
+    t0 = time.perf_counter()
+    part = loop.run_step(step)
+    opt.step(loop.step_grads())
+    loss = comm.all_reduce_scalar(part)
+    t1 = time.perf_counter()
+    return {"step": step, "step_s": t1 - t0, "loss": loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())}
+
+
 def main(argv=None) -> int:
     from hyperparallel.mindspore.worker import end_job, setup_case, start_job
     from hyperparallel.mindspore.comm import Comm
     from hyperparallel.mindspore.optim import Optimizer
-    from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
 
     job = start_job(sys.argv[1:] if argv is None else argv)
     comm = Comm(1)
-    plan, rc, cells, interp = setup_case(job, comm)
-    if job["mode"] == "bare":
-        loop = BareLoop(plan, rc, comm, interp.source, cells)
-        params = loop.params
-    else:
-        loop, params = interp, interp.updated
-    opt = Optimizer(params, rc.train)
-    steps = []
+    # mode "runtime" or "bare": one loop; "both": each with its own Cells and optimizer, alternating
+    # step by step in this one process (the order given by job["first"])
+    modes = ["runtime", "bare"] if job["mode"] == "both" else [job["mode"]]
+    if job.get("first") == "bare":
+        modes.reverse()
+    loops = {}
+    for mode in modes:
+        plan, rc, cells, interp = setup_case(job, comm)
+        loop = BareLoop(plan, rc, comm, interp.source, cells) if mode == "bare" else interp
+        loops[mode] = (loop, Optimizer(loop.params if mode == "bare" else interp.updated, rc.train))
+    steps = {m: [] for m in modes}
     for step in range(int(job["steps"])):
-        c0 = cpu_ticks()
-        t0 = time.perf_counter()
-        part = loop.run_step(step)
-        opt.step(loop.step_grads())
-        loss = comm.all_reduce_scalar(part)
-        t1 = time.perf_counter()
-        steps.append({"step": step, "step_s": t1 - t0, "loss": loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())})
-        if comm.rank == 0:
-            print(f"[{job['mode']} {job['schedule']}] step {step + 1}/{job['steps']} loss {loss:.6f} "
-                  f"step_time {t1 - t0:.3f}s", flush=True)
-    os.makedirs(job["out_dir"], exist_ok=True)
-    with open(os.path.join(job["out_dir"], f"rank_{comm.rank}.json"), "w") as f:
-        json.dump({"rank": comm.rank, "steps": steps}, f)
+        for mode in modes:
+            loop, opt = loops[mode]
+            steps[mode].append(timed_step(loop, opt, comm, step))
+            if comm.rank == 0:
+                print(f"[{mode} {job['schedule']}] step {step + 1}/{job['steps']} loss {steps[mode][-1]['loss']:.6f} "
+                      f"step_time {steps[mode][-1]['step_s']:.3f}s", flush=True)
+    for mode in modes:
+        out = os.path.join(job["out_dir"], mode) if job["mode"] == "both" else job["out_dir"]
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"rank_{comm.rank}.json"), "w") as f:
+            json.dump({"rank": comm.rank, "steps": steps[mode]}, f)
     return end_job(comm)
 
 

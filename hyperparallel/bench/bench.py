@@ -49,7 +49,8 @@ def add_parser(subparsers) -> None:
                    help="schedule to run; repeat to compare (the first is the baseline of the ratio)")
     p.add_argument("--steps", type=int, default=6, help="measured steps per launch (default 6)")
     p.add_argument("--warmup", type=int, default=2, help="steps discarded at the start of every launch (default 2)")
-    p.add_argument("--repeats", type=int, default=3, help="launches per schedule, alternating schedules (default 3)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats (default 3): one launch each running every schedule in rotation (--rotate steps), "
+                        "or one launch per schedule (--rotate launches)")
     p.add_argument("--max-contention", type=float, default=0.1, metavar="FRAC",
                    help="drop kept steps during which other processes used a rank's core for more than FRAC "
                         "of the step (default 0.1; 1 keeps every step)")

@@ -23,7 +23,8 @@ split), the recipe runs on real ranks with a *reference* schedule (``--schedule`
 ``gpipe``: not one of the schedules usually compared, so a prediction is not fitted to itself)
 with every action timed (:func:`pipeline_action_medians`); each region's ``forward_ms`` /
 ``backward_ms`` / ``weight_ms`` then come from the medians of those in-pipeline F/B/W/BW times
-(:func:`apply_pipeline_costs`), the data-generation charge added as before.
+(:func:`apply_pipeline_costs`), the data-generation charge added as before, and the runtime's own
+time per compute action and per step (:func:`runtime_overheads`).
 
 The output file is a recipe that inherits the measured one (``base_config``) and replaces
 its ``mpipe.profile``: ``hyperparallel simulate|bench OUT.yaml`` use it directly, and
@@ -411,8 +412,10 @@ def run(args) -> int:
         if res.returncode != 0:
             print(f"error: reference run failed (exit {res.returncode}): {res.message}", file=sys.stderr)
             return res.returncode
-        times = pipeline_action_medians([read_ranks(ref["out_dir"], world)], REFERENCE_WARMUP)
+        ref_ranks = [read_ranks(ref["out_dir"], world)]
+        times = pipeline_action_medians(ref_ranks, REFERENCE_WARMUP)
         block = apply_pipeline_costs(block, plan, times, mean_data_ms(ranks))
+        block.update(runtime_overheads(ref_ranks, plan, REFERENCE_WARMUP))
         comments = pipeline_lines(sched, times) + comments
     write_profile(out, args.recipe, block, comments, sys.argv[1:])
     for c in comments:

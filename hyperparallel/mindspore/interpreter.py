@@ -19,6 +19,11 @@ per-step stores keyed by ``(region, chunk, micro)``:
   ``ALLREDUCE dp``: sum every gradient of this rank over its data-parallel group;
   ``BROADCAST weights``: copy a region's parameters from the root device.
 
+Host work never sits between a receive and its consumer or between a backward and its
+send: before every blocking RECV the micro-batches (and model inputs) that the actions up to the
+next RECV will read are built (:func:`prefetch_points`, read off the program), and weight-grad
+adds wait until the SENDs that follow a backward have gone out.
+
 Which forwards record a tape, and which inputs need a gradient, is read off the
 plan (the backward actions it contains), not decided here. The model is reached
 only through its adapter (:mod:`hyperparallel.models.base`): no region name,
@@ -285,26 +290,33 @@ class Interpreter:
 
 def prefetch_points(program: List[ir.Action], first_chunk: Tuple[str, int]) -> Dict[int, List[tuple]]:
     """Where the interpreter prepares data ahead: for every RECV at index i, the micro-batches
-    ``(micro, step offset, reads the model input)`` of the actions from i up to and including the
-    next RECV, in first-use order (read off the program; each listed once per step). The window
-    ends before a SEND: data built ahead of a send would delay the send, and the peer waiting on it."""
+    ``(micro, step offset, reads the model input)`` that the actions from i up to and including the
+    next RECV will touch first, in first-use order (read off the program). The window ends before a
+    SEND: data built ahead of a send would delay the send, and the peer waiting on it."""
+    def needs(a: ir.Action) -> List[tuple]:
+        if a.micro is None:
+            return []
+        reads_input = (a.region, a.chunk) == first_chunk and a.kind in (ir.F, ir.R)
+        return [(a.micro, a.step, False)] + ([(a.micro, a.step, True)] if reads_input else [])
+
     out: Dict[int, List[tuple]] = {}
-    seen = set()
+    done = set()   # (micro, step, model input) built by an earlier action or prefetch
     for i, head in enumerate(program):
-        if head.kind != ir.RECV:
-            continue
-        needs = []
-        for j in range(i, len(program)):
-            a = program[j]
-            if j > i and a.kind == ir.SEND:
-                break
-            if a.micro is not None:
-                item = (a.micro, a.step, (a.region, a.chunk) == first_chunk and a.kind in (ir.F, ir.R))
-                if item not in seen and (a.micro, a.step, True) not in seen:
-                    seen.add(item)
-                    needs.append(item)
-            if j > i and a.kind == ir.RECV:
-                break
-        if needs:
-            out[i] = needs
+        if head.kind == ir.RECV:
+            ahead = []
+            for j in range(i, len(program)):
+                a = program[j]
+                if j > i and a.kind == ir.SEND:
+                    break
+                for item in needs(a):
+                    if item not in done:
+                        done.add(item)
+                        ahead.append(item)
+                if j > i and a.kind == ir.RECV:
+                    break
+            # one entry per micro-batch: loading the model input builds the micro-batch too
+            ahead = [x for x in ahead if x[2] or (x[0], x[1], True) not in ahead]
+            if ahead:
+                out[i] = ahead
+        done.update(needs(head))
     return out
