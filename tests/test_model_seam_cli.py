@@ -117,7 +117,9 @@ def test_bench_prepares_mindformers_recipes(name):
     from hyperparallel.cli import build_parser
     args = build_parser().parse_args(["bench", recipe(name), "--schedule", "1f1b", "--schedule", "transpose"])
     _, rc, plans = B.prepare(args)
-    assert [n for n, _ in plans] == ["1f1b", "transpose"]
+    # the two schedules, then (None, plan) of the reference whose run measures the profile (gpipe)
+    assert [n for n, _ in plans] == ["1f1b", "transpose", None] and args.profile_schedule == "gpipe"
+    assert plans[-1][1].meta["order"] == "gpipe"
     assert rc.model.family == "mindformers LlamaForCausalLM"
     for _, plan in plans:
         assert {c.region: c.stop for c in plan.chunks} == {r.name: r.layers for r in rc.model.regions()}
