@@ -277,6 +277,37 @@ def bench_targets_14() -> str:
         + "; ".join(", ".join(f"{x:.2f}" for x in d.get("device_scale") or []) for d in four) + ".\n")
 
 
+def model_terms() -> str:
+    """Run 2's predictions with and without the terms the cost model gained (heads, the runtime's own
+    time, device speeds), from the profiles that run saved, against what it measured."""
+    from dataclasses import replace
+    sys.path.insert(0, ROOT)
+    from hyperparallel.mpipe.cost import simulate as cost
+    from hyperparallel.mpipe.derive import derive_recipe
+    out = ["| encoder | schedule | measured (ms) | predicted (ms) | error | without heads, runtime time, device "
+           "speeds (ms) | error |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for enc, prof, name in (("frozen", "recipes/bench_encoder_heavy.profile.yaml", FOUR[1]),
+                            ("trained", "recipes/bench_encoder_heavy.trained.profile.yaml", TRAINED[1])):
+        rec = recipe(prof)
+        full = rec.profile
+        bare = replace(full, device_scale=(), action_overhead_ms=0.0, step_overhead_ms=0.0,
+                       regions=tuple(replace(r, head_forward_ms=0.0, head_backward_ms=0.0, head_weight_ms=0.0)
+                                     for r in full.regions))
+        measured = {x["schedule"]: x["median_step_s"] * 1e3 for x in bench(name)["schedules"]}
+        for sched in ("1f1b", "transpose"):
+            plan = derive_recipe(rec, sched)
+            a, b = cost(plan, full).step_ms, cost(plan, bare).step_ms
+            m = measured[sched]
+            out.append(f"| {enc} | `{sched}` | {ms(m)} | {ms(a)} | {pct(a / m - 1)} | {ms(b)} | {pct(b / m - 1)} |")
+        llm = full.regions[-1]
+        notes.append(f"{enc}: the LM head and loss add {llm.head_forward_ms:.1f} ms to the last LLM chunk's forward "
+                     f"({llm.head_forward_ms / llm.forward_ms:.0%} of a layer's), the runtime spends "
+                     f"{full.action_overhead_ms:.2f} ms of host time per compute action and "
+                     f"{full.step_overhead_ms:.1f} ms per step (optimizer, loss all-reduce)")
+    return "\n".join(out) + "\n\n" + "; ".join(notes) + ".\n"
+
+
 def bare_loop() -> str:
     d = bench("bare_loop_2rank.json")
     out = ["| schedule | how | runtime (ms) | bare loop (ms) | runtime / bare | per pair: quartiles | min - max |",
@@ -318,6 +349,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-trained-two": lambda: two_runs_table(TRAINED),
     "bench-targets-14": bench_targets_14,
     "bare-loop": bare_loop,
+    "model-terms": model_terms,
     "bench-overhead-14": bench_overhead_14,
     "encoder-heavy": encoder_heavy,
     "frozen-vit": frozen_vit,
