@@ -170,6 +170,7 @@ def test_bench_measure_profile_interleaves_profile_launches(tmp_path):
     (["--recipe-profile", "--save-profile", "p.yaml"], "--save-profile"),
     (["--recipe-profile", "--profile", HEAVY], "--recipe-profile"),
     (["--rotate", "sometimes"], "--rotate"),
+    (["--profile-samples", "0"], "--profile-samples"),
     (["--set", "model.llm_heads=3"], "model.llm_heads"),
 ])
 def test_bench_refuses_bad_input_before_launch(tmp_path, flags, field):
@@ -249,7 +250,7 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
     # step by step in rotation, all in one launch
     out = tmp_path / "bench.json"
     p = cli("bench", TINY, "--schedule", "1f1b", "--schedule", "transpose", "--repeats", "1", "--warmup", "1",
-            "--steps", "2", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
+            "--steps", "2", "--profile-samples", "1", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
             "--run-dir", str(tmp_path / "bench"), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())

@@ -70,6 +70,9 @@ def add_parser(subparsers) -> None:
                    help="reference schedule whose real run, every action timed, gives the measured profile's "
                         "compute costs (default gpipe: not a compared schedule, so no prediction is fitted to "
                         "itself; 'none': the tight-loop costs; see hyperparallel profile --in-pipeline)")
+    p.add_argument("--profile-samples", type=int, default=8, metavar="N",
+                   help="when the profile is measured: steps of micro-batches the tight loop times per rank "
+                        "(default 8)")
     p.add_argument("--rotate", default="steps", metavar="steps|launches",
                    help="steps (default): one launch per repeat runs every schedule (and the reference) step "
                         "by step in rotation, so all meet the same machine drift; launches: one launch per "
@@ -285,7 +288,8 @@ def prepare(args):
     from ..mpipe.derive import derive_recipe
     from ..launch import msrun_overrides
 
-    for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
+    for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
+                        ("--profile-samples", args.profile_samples, 1)):
         if v < lo:
             raise SpecError(flag, f"must be >= {lo}, got {v}")
     if not 0 < args.max_contention <= 1:
@@ -393,7 +397,8 @@ def run(args, launcher=None) -> int:
                              os.path.join(run_dir, f"r{rep}_reference_{slug(args.profile_schedule)}", "result"))
 
     def prof_job(rep: int) -> dict:
-        return profile_job(recipe, rc, plans[0][1], 8, 1, os.path.join(run_dir, f"r{rep}_profile", "result"))
+        return profile_job(recipe, rc, plans[0][1], args.profile_samples, 1,
+                           os.path.join(run_dir, f"r{rep}_profile", "result"))
 
     def take(i: int, rep: int, out_dir: str, tag: str) -> None:
         name = names[i]
