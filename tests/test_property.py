@@ -6,6 +6,8 @@ examples exercise derivation and checking rather than the refusal path.
 """
 import random
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +95,15 @@ def test_spill_with_a_near_zero_encoder_cost_derives():
                {"name": "llm", "layers": 4, "trainable": True, "forward_ms": 1.0, "backward_ms": 1.0,
                 "weight_ms": 0.5}]
     assert outcome((4, 8, 1, regions, "transpose(spill=next_step)")) == "valid"
+
+
+@pytest.mark.parametrize("seed", [894, 2592, 2643, 2710, 4171, 12748, 15130])
+def test_two_spilled_regions_with_different_owners_give_valid_plans(seed):
+    """Regression (found by the random specs): vision and projector both transposed with
+    spill=next_step but different owners. The sender's next-step messages are ordered as it emits
+    them, their receives go after the collectives with their consumers, and a spilled forward fed
+    from another device is not put into an idle gap (it would wait there on the other's trailing
+    work): FIFO breaks and deadlocks before the fix."""
+    spec = draw_spec(random.Random(seed))
+    assert isinstance(spec[4], list) and sum(1 for s in spec[4] if s.get("spill") == "next_step") == 2
+    assert outcome(spec) == "valid"

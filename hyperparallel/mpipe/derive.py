@@ -323,18 +323,28 @@ class _Derivation:
                     units[-1].append(t)
                 else:
                     units.append([t])
+            # a unit whose input comes from another device (an upstream spilled region with other
+            # owners) waits for that device's next-step work: it runs in the suffix, never in a gap
+            # (a gap would block this device's body on the other's trailing work)
+            local = [u for u in units if all(self._spill_input_device(t) in (None, d) for t in u)]
+            rest = [u for u in units if u not in local]
             at = 0
             inserts = []
             for i, k in self._gap_slots(d, unit) if self.P > 1 else []:
-                take = units[at:at + k]
+                take = local[at:at + k]
                 at += len(take)
                 if take:
                     inserts.append((i, [t for u in take for t in u]))
-                if at >= len(units):
+                if at >= len(local):
                     break
             for i, ts in reversed(inserts):
                 main[d][i:i] = ts
-            suffix[d].extend(t for u in units[at:] for t in u)
+            suffix[d].extend(t for u in local[at:] + rest for t in u)
+
+    def _spill_input_device(self, t: Task) -> Optional[int]:
+        """Device of the forward that feeds spilled task ``t`` (None for the model's first region)."""
+        i = self.ridx[t.region]
+        return None if i == 0 else self.forward_device(self.regions[i - 1], 0, t.micro)
 
     # -- lowering -----------------------------------------------------------------------
     def _prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
@@ -392,11 +402,14 @@ class _Derivation:
         recvs_at: Dict[int, Dict[int, List[Receive]]] = defaultdict(lambda: defaultdict(list))
         sends_after: Dict[int, Dict[int, List[Message]]] = defaultdict(lambda: defaultdict(list))
         channels: Dict[Tuple[int, int], List[Message]] = defaultdict(list)
+        # each device's trailing block of next-step work runs after the collectives (see below)
+        trailing = {d: _trailing(seq) for d, seq in seqs.items()}
         for msg in messages:
             channels[(msg.src, msg.dst)].append(msg)
             sends_after[msg.src][msg.src_index].append(msg)
         for (src, dst), msgs in channels.items():
-            msgs.sort(key=lambda x: (x.next_step, x.src_index))
+            # the order the sender emits them: its program part, then its after-collectives part
+            msgs.sort(key=lambda x: (x.next_step or x.src_index >= trailing[src], x.src_index))
             end = len(seqs[dst])
             pos = None
             placed = []
@@ -432,16 +445,14 @@ class _Derivation:
             prog = list(head)
             pairs = self.pairs.get(d)
             spilled: List[Action] = []
-            # next-step work: forwards in the trailing block run after the collectives; spilled
-            # forwards placed earlier (in idle gaps) run in place, but every spilled SEND goes
-            # after the collectives (the first messages of the next step on its channel)
-            trailing = len(seq)
-            while trailing > 0 and seq[trailing - 1].step:
-                trailing -= 1
+            # next-step work: forwards in the trailing block run after the collectives (their
+            # receives too); spilled forwards placed earlier (in idle gaps) run in place, but every
+            # next-step SEND goes after the collectives (the first messages of the next step on
+            # its channel)
             for i, t in enumerate(seq):
+                out = spilled if i >= trailing[d] else prog
                 for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x.src, x.k)):
-                    prog.append(p2p(RECV, msg, src))
-                out = spilled if (t.step and i >= trailing) else prog
+                    out.append(p2p(RECV, msg, src))
                 pair = pairs.get((t.kind, t.chunk, t.micro)) if pairs and t.region == self.body else None
                 out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step, pair=pair))
                 for msg in sends_after[d][i]:
@@ -458,6 +469,14 @@ class _Derivation:
                     meta={"schedule_name": self.schedule.name(), "order": self.pipe.order,
                           "pipeline_stage": self.P, "micro_batch_num": self.M, "pp_interleave_num": self.V,
                           "owners": {r: o for r, o in self.owners.items()}})
+
+
+def _trailing(seq: List[Task]) -> int:
+    """Index where a device's trailing block of next-step tasks starts (len(seq) if none)."""
+    i = len(seq)
+    while i > 0 and seq[i - 1].step:
+        i -= 1
+    return i
 
 
 class BodyTiming(NamedTuple):
