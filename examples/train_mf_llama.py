@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from hyperparallel.api import Runtime  # noqa: E402
-from hyperparallel.mindspore.data import make_micro_batch  # noqa: E402
+from hyperparallel.data import make_micro_batch  # noqa: E402
 
 RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes", "mf_llama_mllm.yaml")
 

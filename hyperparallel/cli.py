@@ -1,124 +1,177 @@
-"""The ``hyperparallel`` command: plan, check, simulate (pure Python); train, profile, bench (MindSpore, via msrun); data check.
+"""The ``hyperparallel`` command: every sub-command's parser, in one place.
 
+plan, check, simulate (pure Python); train, profile, bench (MindSpore, via msrun); data check; ckpt.
+The commands themselves live in :mod:`hyperparallel.commands` and :mod:`hyperparallel.bench` (none
+imports MindSpore before it runs).
 Bad input exits with status 2 and a one-line ``error: field: message``; no traceback.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import List, Optional
 
+from .bench import bench, profile
+from .commands import data, plan, simulate, train
 from .mpipe.errors import PlanError, SpecError
+from .util import error
 
 
-def _add_recipe_args(p: argparse.ArgumentParser, many_schedules: bool = False) -> None:
-    p.add_argument("recipe", help="recipe YAML (MindFormers-style, with an mpipe: section)")
-    if many_schedules:
-        p.add_argument("--schedule", action="append", default=None, metavar="S",
-                       help="schedule short name or list form; repeat to compare (the first is the baseline)")
+# -- flags shared by several commands ---------------------------------------------------------
+
+def _recipe(p, help_text="recipe YAML (MindFormers-style, with an mpipe: section)") -> None:
+    p.add_argument("recipe", help=help_text)
+
+
+def _schedule(p, many: bool = False, help_text: str = "override the recipe's mpipe.schedule") -> None:
+    if many:
+        p.add_argument("--schedule", action="append", default=None, metavar="S", help=help_text)
     else:
-        p.add_argument("--schedule", default=None, metavar="S", help="override the recipe's mpipe.schedule")
+        p.add_argument("--schedule", default=None, metavar="S", help=help_text)
+
+
+def _overrides(p) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override a recipe value, e.g. parallel_config.pipeline_stage=8")
 
 
-def cmd_plan(args) -> int:
-    from .mpipe.check import assert_valid
-    from .mpipe.derive import derive_recipe
-    from .mpipe.recipe import load_recipe
-    from .mpipe.table import program_table
-
-    recipe = load_recipe(args.recipe, args.overrides)
-    plan = assert_valid(derive_recipe(recipe, args.schedule))
-    print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
-          f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
-    print(cut_lines(plan))
-    print(program_table(plan))
-    if args.export:
-        with open(args.export, "w") as f:
-            f.write(plan.dumps())
-        print(f"wrote {args.export}")
-    return 0
+def _run_dir(p, default: str) -> None:
+    p.add_argument("--run-dir", default=None, help=f"logs and results go here (default {default})")
 
 
-def cut_lines(plan) -> str:
-    """Layers of every chunk, per region: ``llm: chunk 0 layers 0-8 (9) on device 0``, one line a region."""
-    out = []
-    for region in dict.fromkeys(c.region for c in plan.chunks):
-        cs = [c for c in plan.chunks if c.region == region]
-        devs = lambda c: ",".join(str(d) for d in c.devices)  # noqa: E731
-        out.append(f"layers {region}: " + " ".join(f"{c.layers}@{devs(c)}" for c in cs)
-                   + f"  ({sum(c.layers for c in cs)} layers; chunk layers@device)")
-    return "\n".join(out)
+def _timeout(p, default: float, what: str = "the job") -> None:
+    p.add_argument("--timeout", type=float, default=default, help=f"stop {what} after this many seconds")
 
 
-def cmd_check(args) -> int:
-    from .mpipe.check import check
-    from .mpipe.derive import derive_recipe
-    from .mpipe.ir import Plan
-    from .mpipe.recipe import load_recipe
+# -- the parsers --------------------------------------------------------------------------------
 
-    if args.recipe.endswith(".json"):
-        try:
-            with open(args.recipe) as f:
-                plan = Plan.loads(f.read())
-        except FileNotFoundError:
-            raise SpecError("plan", f"file not found: {args.recipe}") from None
-        except json.JSONDecodeError as e:
-            raise SpecError("plan", f"{args.recipe} is not valid JSON: {e}") from None
-        except (ValueError, TypeError, KeyError) as e:
-            raise SpecError("plan", f"{args.recipe}: {e}") from None
-    else:
-        plan = derive_recipe(load_recipe(args.recipe, args.overrides), args.schedule)
-    errs = check(plan)
-    if errs:
-        for e in errs[:10]:
-            print(f"error: {e}", file=sys.stderr)
-        if len(errs) > 10:
-            print(f"error: ... and {len(errs) - 10} more", file=sys.stderr)
-        return 1
-    n = sum(len(p) for p in plan.programs.values())
-    print(f"OK: {plan.num_devices} devices, {plan.num_micro} micro-batches, {n} actions; complete, "
-          "dependency-ordered, FIFO-paired, collectives aligned, deadlock-free")
-    return 0
+def _plan_parsers(sub) -> None:
+    p = sub.add_parser("plan", help="derive and print each device's program")
+    _recipe(p)
+    _schedule(p)
+    _overrides(p)
+    p.add_argument("--export", metavar="FILE.json", help="write the plan as JSON")
+    p.set_defaults(func=plan.cmd_plan)
+
+    p = sub.add_parser("check", help="validate a plan JSON file or a recipe's derived plan")
+    p.add_argument("recipe", metavar="FILE.json|RECIPE", help="exported plan JSON, or a recipe YAML")
+    _schedule(p)
+    _overrides(p)
+    p.set_defaults(func=plan.cmd_check)
+
+    p = sub.add_parser("simulate", help="predict step time, bubbles and memory with the cost model")
+    _recipe(p)
+    _schedule(p, many=True, help_text="schedule short name or list form; repeat to compare (the first is the "
+                                      "baseline)")
+    _overrides(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace")
+    p.add_argument("--png", metavar="FILE.png", help="draw a Gantt timeline (matplotlib)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps to execute (steady state)")
+    p.set_defaults(func=simulate.run_simulate)
 
 
-def cmd_simulate(args) -> int:
-    from .mpipe.simulate_cli import run_simulate
-    return run_simulate(args)
+def _train_parsers(sub) -> None:
+    p = sub.add_parser("train", help="train the recipe's model with MindSpore (msrun, P x D ranks)")
+    _recipe(p, "recipe YAML with model:, data:, train: and mpipe: sections")
+    _schedule(p)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: train.steps)")
+    _overrides(p)
+    p.add_argument("--reference", action="store_true", help="single process, no pipeline (same model/data/seed)")
+    _run_dir(p, "runs/<recipe>_<schedule>: metrics.jsonl and logs/")
+    p.add_argument("--save-dir", default=None, help="save every rank's parameters and optimizer state here")
+    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (default train.save_every)")
+    p.add_argument("--save-format", choices=("safetensors", "ckpt"), default="safetensors",
+                   help="MindSpore checkpoint file format (default safetensors)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in --save-dir")
+    p.add_argument("--resume-from", default=None, metavar="PATH",
+                   help="start from a checkpoint: a step directory, a save directory (its newest complete "
+                        "step) or a single-process MindSpore .safetensors/.ckpt file (step 0)")
+    _timeout(p, 3600)
+    p.set_defaults(func=train.run)
+
+    p = sub.add_parser("ckpt", help="list the checkpoints of a save directory; merge a step into one file")
+    p.add_argument("path", help="a save directory (--save-dir), a step directory or a checkpoint file")
+    p.add_argument("--merge", default=None, metavar="OUT",
+                   help="write the step (newest complete of a save directory) as one .safetensors/.ckpt file")
+    p.add_argument("--with-optimizer", action="store_true", help="--merge also writes the optimizer state")
+    p.set_defaults(func=train.run_ckpt)
+
+    p = sub.add_parser("data", help="data set tools: check (scan a recipe's data for bad samples)")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    c = dsub.add_parser("check", help="scan the recipe's whole data set; report every problem with counts")
+    _recipe(c, "recipe YAML with a data: section")
+    _overrides(c)
+    c.set_defaults(func=data.run)
+
+
+def _measure_parsers(sub) -> None:
+    p = sub.add_parser("profile", help="measure per-layer F/B/W costs and the link with MindSpore (msrun)")
+    _recipe(p, "recipe YAML with model:, data:, train: and mpipe: sections")
+    _schedule(p, help_text="schedule whose cut is measured (default: the recipe's); with --in-pipeline the "
+                           "reference schedule run on real ranks (default gpipe)")
+    p.add_argument("--in-pipeline", action="store_true",
+                   help="take the F/B/W costs from a real run of the reference schedule (--schedule, default gpipe), "
+                        "every action timed, instead of from the tight loop")
+    _overrides(p)
+    p.add_argument("--out", default=None, metavar="FILE.yaml",
+                   help="write the measured profile here (default: RECIPE_STEM.profile.yaml next to the recipe)")
+    p.add_argument("--samples", type=int, default=8, help="steps of micro-batches timed per rank (default 8)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="passes over the sampled micro-batches; the median per action is kept (default 3)")
+    _run_dir(p, "runs/profile_<recipe>")
+    _timeout(p, 900)
+    p.set_defaults(func=profile.run)
+
+    p = sub.add_parser("bench", help="run schedules side by side on real ranks (msrun) against the cost model")
+    _recipe(p, "recipe YAML with model:, data:, train: and mpipe: sections")
+    _schedule(p, many=True, help_text="schedule to run; repeat to compare (the first is the baseline of the ratio)")
+    p.add_argument("--steps", type=int, default=6, help="measured steps per launch (default 6)")
+    p.add_argument("--warmup", type=int, default=2, help="steps discarded at the start of every launch (default 2)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="repeats (default 3): one launch each running every schedule in rotation (--rotate steps), "
+                        "or one launch per schedule (--rotate launches)")
+    p.add_argument("--max-contention", type=float, default=0.1, metavar="FRAC",
+                   help="drop kept steps during which other processes used a rank's core for more than FRAC "
+                        "of the step (default 0.1; 1 keeps every step)")
+    _overrides(p)
+    p.add_argument("--profile", default=None, metavar="FILE.yaml",
+                   help="predict with mpipe.profile from this file (e.g. written by hyperparallel profile) instead "
+                        "of measuring one (warns when it was measured on another machine)")
+    p.add_argument("--recipe-profile", action="store_true",
+                   help="predict with the recipe's own mpipe.profile instead of measuring one (warns when it was "
+                        "measured on another machine)")
+    p.add_argument("--measure-profile", action="store_true",
+                   help="measure the profile in this run, on this machine (the default without --profile or "
+                        "--recipe-profile): the tight-loop profile once per repeat, then the compute costs "
+                        "in a pipeline context (--profile-schedule)")
+    p.add_argument("--profile-schedule", default=None, metavar="S",
+                   help="reference schedule whose real run, every action timed, gives the measured profile's "
+                        "compute costs (default gpipe: not a compared schedule, so no prediction is fitted to "
+                        "itself; 'none': the tight-loop costs; see hyperparallel profile --in-pipeline)")
+    p.add_argument("--profile-samples", type=int, default=8, metavar="N",
+                   help="when the profile is measured: steps of micro-batches the tight loop times per rank "
+                        "(default 8)")
+    p.add_argument("--rotate", default="steps", metavar="steps|launches",
+                   help="steps (default): one launch per repeat runs every schedule (and the reference) step "
+                        "by step in rotation, so all meet the same machine drift; launches: one launch per "
+                        "schedule and repeat, alternating (also measures each schedule's own memory)")
+    p.add_argument("--save-profile", default=None, metavar="FILE.yaml",
+                   help="when the profile is measured: also write it here")
+    p.add_argument("--out", default=None, metavar="FILE.json", help="write the results as JSON")
+    p.add_argument("--png", default=None, metavar="FILE.png", help="draw a bar chart (measured vs predicted)")
+    _run_dir(p, "runs/bench_<recipe>")
+    _timeout(p, 900, "one launch")
+    p.set_defaults(func=bench.run)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hyperparallel", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("plan", help="derive and print each device's program")
-    _add_recipe_args(p)
-    p.add_argument("--export", metavar="FILE.json", help="write the plan as JSON")
-    p.set_defaults(func=cmd_plan)
-
-    p = sub.add_parser("check", help="validate a plan JSON file or a recipe's derived plan")
-    p.add_argument("recipe", metavar="FILE.json|RECIPE", help="exported plan JSON, or a recipe YAML")
-    p.add_argument("--schedule", default=None, metavar="S")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
-    p.set_defaults(func=cmd_check)
-
-    p = sub.add_parser("simulate", help="predict step time, bubbles and memory with the cost model")
-    _add_recipe_args(p, many_schedules=True)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace")
-    p.add_argument("--png", metavar="FILE.png", help="draw a Gantt timeline (matplotlib)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps to execute (steady state)")
-    p.set_defaults(func=cmd_simulate)
-
-    from . import train_cli
-    from .bench import bench as bench_cmd, profile as profile_cmd
-    from .data import check as data_check
-    train_cli.add_parser(sub)
-    data_check.add_parser(sub)
-    profile_cmd.add_parser(sub)
-    bench_cmd.add_parser(sub)
+    _plan_parsers(sub)
+    _train_parsers(sub)
+    _measure_parsers(sub)
     return ap
 
 
@@ -127,8 +180,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.func(args)
     except (SpecError, PlanError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e).splitlines()[0])
 
 
 if __name__ == "__main__":

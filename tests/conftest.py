@@ -7,6 +7,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
+sys.path.insert(0, os.path.join(ROOT, "tools"))   # tools/make_demo_data.py writes the tests' data sets
 # MindFormers writes logs under $LOCAL_DEFAULT_PATH (default ./output), read when it is imported:
 # keep them out of the repository for every test and every job a test launches
 os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="hp_mindformers_logs_"))

@@ -40,7 +40,7 @@ def dumped(dump_dir: str):
 def reference_run(recipe, steps: int):
     """(per-step losses, step-0 grads by name) of the single-process reference of a loaded recipe."""
     from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.runconfig import RunConfig
     from hyperparallel.mindspore.reference import Reference
     compat.setup_device("CPU")
     ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num * recipe.data_parallel,
@@ -51,3 +51,54 @@ def reference_run(recipe, steps: int):
         losses.append(loss)
         grads0 = g if grads0 is None else grads0
     return losses, grads0
+
+
+# -- msrun job cases (the worker's job file), shared by the equivalence and checkpoint suites ------
+
+def case_name(text: str) -> str:
+    """A case name (a dump folder) from a schedule spelling and its settings."""
+    import re
+    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+
+
+def job_case(tmp: str, recipe_path: str, schedule, name: str, overrides=(), steps: int = 3, **kw) -> dict:
+    """One case of a worker job: the recipe (``--set`` overrides applied), its plan for ``schedule``,
+    ``steps`` steps, losses and step-0 gradients dumped under ``tmp/dump/NAME``; ``kw`` adds job keys
+    (``save_dir``, ``resume``, ``resume_from``, ``run_dir``, ...)."""
+    import os
+    from hyperparallel.recipe import derive_recipe, load_recipe
+    recipe = load_recipe(recipe_path, overrides=list(overrides))
+    plan = derive_recipe(recipe, schedule)
+    case = dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=schedule,
+                dump_dir=os.path.join(tmp, "dump", name))
+    case.update(kw)
+    return case
+
+
+def launch_cases(tmp: str, cases, world: int, timeout: float = 400):
+    """Run the cases in one msrun launch of ``world`` ranks; fails the test on a non-zero exit."""
+    import os
+    from hyperparallel.launch import launch
+    res = launch({"cases": list(cases), "device": "CPU"}, world, os.path.join(tmp, "log"), timeout_s=timeout,
+                 echo=False)
+    assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
+    return res
+
+
+def assert_equivalent(case: dict, ref_losses, ref_grads) -> dict:
+    """The case's dumped losses equal the reference's (the steps both have, 1e-5 relative) and every rank's
+    step-0 gradient of every parameter equals the reference's (1e-5 of its scale); the same parameters
+    are trained, and none has a zero gradient. Returns the dumped gradients."""
+    import numpy as np
+    got, grads = dumped(case["dump_dir"])
+    n = min(len(got["losses"]), len(ref_losses))
+    assert n >= 1, case["name"]
+    np.testing.assert_allclose(got["losses"][:n], ref_losses[:n], rtol=1e-5, err_msg=f"{case['name']}: losses")
+    assert set(grads) == set(ref_grads), f"{case['name']}: grads held {sorted(set(grads) ^ set(ref_grads))[:5]}"
+    for name, got_list in grads.items():
+        want = ref_grads[name]
+        scale = max(float(np.abs(want).max()), 1e-12)
+        assert np.abs(want).max() > 0, name
+        for g in got_list:   # every rank holding this parameter (replicas, data-parallel peers) agrees
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{case['name']}: grad {name}")
+    return grads

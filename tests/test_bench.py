@@ -12,8 +12,8 @@ from hyperparallel.bench import bench as B
 from hyperparallel.bench import profile as PR
 from hyperparallel.cli import build_parser
 from hyperparallel.launch import LaunchResult
-from hyperparallel.mpipe.derive import derive_recipe
-from hyperparallel.mpipe.recipe import load_recipe
+from hyperparallel.recipe import derive_recipe
+from hyperparallel.recipe import load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -27,9 +27,15 @@ def cli(*args, timeout=60):
 
 # -- pure math ------------------------------------------------------------------------------
 
-def test_run_order_alternates_schedules_across_repeats():
-    assert B.run_order(2, 3) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
-    assert [i for _, i in B.run_order(3, 2)] == [0, 1, 2, 0, 1, 2]
+def test_launch_plan_alternates_schedules_and_rotates_the_start():
+    case = lambda *i: [("case", x) for x in i]  # noqa: E731
+    assert B.launch_plan("launches", 2, 3, False, False) == [(r, case(i)) for r in range(3) for i in (0, 1)]
+    assert B.launch_plan("launches", 2, 1, True, True) == [(0, [("profile", -1)]), (0, [("reference", -1)]),
+                                                           (0, case(0)), (0, case(1))]
+    head = [("profile", -1), ("reference", -1)]
+    assert B.launch_plan("steps", 3, 3, True, True) == [(0, head + case(0, 1, 2)), (1, head + case(1, 2, 0)),
+                                                        (2, head + case(2, 0, 1))]
+    assert B.launch_plan("steps", 2, 2, False, False) == [(0, case(0, 1)), (1, case(1, 0))]
 
 
 def test_median_ratio_and_error():

@@ -20,10 +20,9 @@ import pytest
 
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 
-from hyperparallel.launch import launch  # noqa: E402
+from helpers import job_case, launch_cases  # noqa: E402
 from hyperparallel.mindspore import ckpt_files as cf  # noqa: E402
-from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
-from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
+from hyperparallel.recipe import load_recipe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -43,7 +42,7 @@ def metrics(run_dir):
 
 def _reference():
     from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.runconfig import RunConfig
     from hyperparallel.mindspore.reference import Reference
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE)
@@ -95,17 +94,11 @@ def resumed(faulted):
 
 
 def _case(tmp, name, schedule, overrides, src, steps=4, **kw):
-    recipe = load_recipe(RECIPE, overrides=list(overrides))
-    plan = derive_recipe(recipe, schedule)
-    case = dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=schedule,
-                resume_from=cf.resolve(src).to_json(), dump_dir=os.path.join(tmp, "dump", name))
-    case.update(kw)
-    return case
+    return job_case(tmp, RECIPE, schedule, name, overrides, steps=steps, resume_from=cf.resolve(src).to_json(), **kw)
 
 
 def _run(tmp, cases, world):
-    res = launch({"cases": cases, "device": "CPU"}, world, os.path.join(tmp, "log"), timeout_s=400, echo=False)
-    assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
+    res = launch_cases(tmp, cases, world)
     out = {}
     for c in cases:
         with open(os.path.join(c["dump_dir"], "losses.json")) as f:

@@ -1,11 +1,13 @@
 """Cost model: closed forms of the design doc (section 6), memory, link model, balanced owners and spill."""
 import pytest
 
-from hyperparallel.mpipe import Plan, check, derive, load_recipe, derive_recipe, parse_profile
+from hyperparallel.mpipe import Plan, check, derive, parse_profile
+from hyperparallel.recipe import derive_recipe, load_recipe
 from hyperparallel.mpipe.cost import ring_ms, simulate
 from hyperparallel.mpipe.ir import ALLREDUCE, BROADCAST, F
 from hyperparallel.mpipe.profile import LinkProfile
 from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.mpipe.orders import ORDERS, validate
 
 from conftest import recipe
 from helpers import profile
@@ -267,3 +269,37 @@ def test_head_cost_on_the_last_chunk_and_device_scale():
         simulate(plan, three)
     with pytest.raises(SpecError, match=r"device_scale\[1\]"):
         parse_profile(dict(block, device_scale=[1.0, 0.0]))
+
+
+# -- the order registry's closed forms, every order that has one ----------------------------------
+REGISTRY_SHAPES = [(2, 1, 4), (4, 1, 8), (3, 1, 7), (2, 2, 4), (4, 2, 8), (4, 2, 12), (3, 3, 9), (2, 2, 3)]
+
+
+@pytest.mark.parametrize("ff,bb,ww", [(1.0, 1.0, 0.5), (1.0, 2.0, 0.5), (2.0, 1.0, 1.0), (1.0, 1.0, 0.0)])
+@pytest.mark.parametrize("name", [n for n, o in ORDERS.items() if o.closed_form is not None])
+def test_registry_closed_forms_are_the_simulated_makespans(name, ff, bb, ww):
+    order, checked = ORDERS[name], 0
+    for P, V, M in REGISTRY_SHAPES:
+        try:
+            validate(name, P, V, M)
+        except SpecError:
+            continue
+        want = order.closed_form(P, V, M, ff, bb, ww)
+        if want is None:
+            continue
+        _, rep = run(llm(P, V, ff, bb, ww), name, P, M, V)
+        assert rep.makespan_ms == pytest.approx(want, abs=1e-9), (name, P, V, M)
+        checked += 1
+    if name != "zbv" or (ff == bb and 2 * ww <= ff):
+        assert checked > 0, name   # every closed form is exercised somewhere
+
+
+def test_every_order_has_one_registry_entry_read_everywhere():
+    """The schedule parser, MindFormers' scheduler keys and the graph-mode mapping read the registry."""
+    from hyperparallel.mpipe.schedule import SHORT_NAMES
+    from hyperparallel.mpipe.orders import for_scheduler
+    assert set(ORDERS) <= set(SHORT_NAMES)
+    for name, o in ORDERS.items():
+        if o.mindspore:   # the MindSpore scheduler maps back to this order at a V the order runs with
+            V = o.V or (1 if name == "gpipe" else 2)
+            assert for_scheduler(o.mindspore[0], V).name == name, name

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from hyperparallel.mpipe import derive_recipe, load_recipe
+from hyperparallel.recipe import derive_recipe, load_recipe
 from hyperparallel.mpipe.cost import simulate
 from hyperparallel.mpipe.draw import PID_STRIDE, write_png, write_trace
 

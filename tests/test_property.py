@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hyperparallel.mpipe import SpecError, check, derive, parse_profile
-from hyperparallel.mpipe.schedule import BACKWARDS, ORDERS, OWNERS, SPILLS
+from hyperparallel.mpipe.orders import ORDER_NAMES as ORDERS
+from hyperparallel.mpipe.schedule import BACKWARDS, OWNERS, SPILLS
 
 NAMES = ["vision", "projector", "llm"]
 

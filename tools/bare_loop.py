@@ -26,8 +26,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hyperparallel.bench.bench import median, quantile  # noqa: E402
-from hyperparallel.bench.common import slug  # noqa: E402
+from hyperparallel.util import median, quantile  # noqa: E402
+from hyperparallel.util import slug  # noqa: E402
 
 WORKER = os.path.join(ROOT, "tools", "bare_loop_worker.py")
 SCHEDULES = ("1f1b", "transpose")
@@ -60,21 +60,19 @@ def parse(argv=None):
 
 def plans(args):
     """(recipe, {schedule: plan}) checked before any launch; refuses what the bare loop cannot run."""
-    from hyperparallel.mindspore.config import run_config_of
-    from hyperparallel.mpipe.check import assert_valid
-    from hyperparallel.mpipe.derive import derive_recipe
-    from hyperparallel.mpipe.recipe import load_recipe
+    from hyperparallel.recipe import checked_plan, load_recipe
+    from hyperparallel.runconfig import run_config_of
     recipe = load_recipe(args.recipe, args.overrides)
     run_config_of(recipe)
     out = {}
     for s in args.schedule or SCHEDULES:
-        plan = assert_valid(derive_recipe(recipe, s))
+        plan = checked_plan(recipe, s)
         if plan.data_parallel != 1 or len({c.index for c in plan.chunks if c.region == plan.regions()[-1]}) \
                 != plan.num_devices:
             raise SystemExit(f"error: --schedule {s}: the bare loop runs D=1, one chunk of the last region per device")
         if s == "transpose" and plan.trainable.get(plan.regions()[0], True):
             raise SystemExit("error: --schedule transpose: the bare transpose loop needs a frozen encoder "
-                             f"(mpipe.profile.regions[0].trainable: false)")
+                             "(mpipe.profile.regions[0].trainable: false)")
         out[s] = plan
     return recipe, out
 

@@ -9,7 +9,7 @@ step in one process) with its step times and losses.
 Both modes build the same chunk Cells (the recipe's adapter, the plan's cut), read the same data
 source, use the same ``Comm``, tape autograd and optimizer, and time a step the same way (program,
 optimizer, loss all-reduce), with no instrumentation inside the step. ``runtime`` runs the derived
-program through :class:`~hyperparallel.mindspore.interpreter.Interpreter`; ``bare`` runs the minimal
+program through the rank runtime (:class:`~hyperparallel.mindspore.rank.RankRuntime`); ``bare`` runs the minimal
 hand-written loop below: what an engineer would write for this one schedule, with nothing
 model- or plan-generic in the step. It is the yardstick of the interpreter's overhead, not a
 second runtime: it knows only 1F1B (V=1) and round-robin transpose with a frozen first region.
@@ -147,7 +147,8 @@ def schedule_of(plan) -> str:
 
 
 def timed_step(loop, opt, comm, step: int) -> dict:
-    """One optimizer step of ``loop`` (the runtime's interpreter or the bare loop), timed alike."""
+    """One optimizer step of the bare loop, timed as the rank runtime times its own (program,
+    optimizer, loss all-reduce)."""
     from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
     c0 = cpu_ticks()
     t0 = time.perf_counter()
@@ -158,9 +159,16 @@ def timed_step(loop, opt, comm, step: int) -> dict:
     return {"step": step, "step_s": t1 - t0, "loss": loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())}
 
 
+def runtime_step(rt, step: int) -> dict:
+    from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
+    c0 = cpu_ticks()
+    res = rt.step(step)
+    return {"step": step, "step_s": res.step_s, "loss": res.loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())}
+
+
 def main(argv=None) -> int:
-    from hyperparallel.mindspore.worker import end_job, setup_case, start_job
     from hyperparallel.mindspore.comm import Comm
+    from hyperparallel.mindspore.job import case_runtime, end_job, start_job
     from hyperparallel.mindspore.optim import Optimizer
 
     job = start_job(sys.argv[1:] if argv is None else argv)
@@ -172,14 +180,16 @@ def main(argv=None) -> int:
         modes.reverse()
     loops = {}
     for mode in modes:
-        plan, rc, cells, interp = setup_case(job, comm)
-        loop = BareLoop(plan, rc, comm, interp.source, cells) if mode == "bare" else interp
-        loops[mode] = (loop, Optimizer(loop.params if mode == "bare" else interp.updated, rc.train))
+        rc, rt = case_runtime(job, comm)
+        if mode == "bare":
+            loop = BareLoop(rt.plan, rc, comm, rt.source, rt.chunks)
+            loops[mode] = lambda step, loop=loop, opt=Optimizer(loop.params, rc.train): timed_step(loop, opt, comm, step)
+        else:
+            loops[mode] = lambda step, rt=rt: runtime_step(rt, step)
     steps = {m: [] for m in modes}
     for step in range(int(job["steps"])):
         for mode in modes:
-            loop, opt = loops[mode]
-            steps[mode].append(timed_step(loop, opt, comm, step))
+            steps[mode].append(loops[mode](step))
             if comm.rank == 0:
                 print(f"[{mode} {job['schedule']}] step {step + 1}/{job['steps']} loss {steps[mode][-1]['loss']:.6f} "
                       f"step_time {steps[mode][-1]['step_s']:.3f}s", flush=True)

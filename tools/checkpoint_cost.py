@@ -43,9 +43,9 @@ def load_time(save: str, fmt: str, repeats: int = 5) -> float:
     sys.path.insert(0, ROOT)
     import mindspore as ms
     from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.runconfig import RunConfig
     from hyperparallel.mindspore.reference import Reference
-    from hyperparallel.mpipe.recipe import load_recipe
+    from hyperparallel.recipe import load_recipe
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE)
     rc = RunConfig.from_raw(recipe.raw)

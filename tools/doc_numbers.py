@@ -41,7 +41,7 @@ def simulate(recipe: str, *schedules: str, sets=()) -> List[dict]:
 
 def recipe(name: str):
     sys.path.insert(0, ROOT)
-    from hyperparallel.mpipe.recipe import load_recipe
+    from hyperparallel.recipe import load_recipe
     return load_recipe(os.path.join(ROOT, name))
 
 
@@ -283,7 +283,7 @@ def model_terms() -> str:
     from dataclasses import replace
     sys.path.insert(0, ROOT)
     from hyperparallel.mpipe.cost import simulate as cost
-    from hyperparallel.mpipe.derive import derive_recipe
+    from hyperparallel.recipe import derive_recipe
     out = ["| encoder | schedule | measured (ms) | predicted (ms) | error | without heads, runtime time, device "
            "speeds (ms) | error |", "|---|---|---|---|---|---|---|"]
     notes = []

@@ -1,32 +1,11 @@
 """``hyperparallel bench RECIPE --schedule A --schedule B ...``: schedules side by side on real ranks.
 
-By default (``--rotate steps``) every repeat is one msrun launch in which every schedule runs
-its derived programs for ``warmup + steps`` optimizer steps in rotation, step by step (A B C A B
-C ..., starting at another schedule each repeat): a machine whose speed drifts over seconds hits
-every schedule alike. ``--rotate launches`` gives each (repeat, schedule) its own launch,
-alternating A B A B ... (and then also each schedule's own memory). The first ``warmup`` steps
-of every schedule are discarded; a step's time is the slowest rank's (every step ends with a loss
-all-reduce, so ranks agree to within it). Kept steps during which other processes used a rank's
-core (the core's busy time in ``/proc/stat`` minus the rank's own CPU time; ranks are bound to
-one core each) for more than ``--max-contention`` of the step are dropped and counted: on a
-shared machine they measure the neighbours, not the schedule (with fewer than 3 undisturbed
-steps all are kept, with a warning).
-
-The prediction: a profile belongs to the machine it was measured on, so by default the profile
-is measured in the same run (the tight-loop profile, then the compute costs from a real run of
-the reference schedule ``--profile-schedule``, default gpipe, every action timed; the per-device
-speed ``device_scale`` from every rank timing the same work). ``--profile FILE`` or
-``--recipe-profile`` predict with a stored profile instead, with a warning when its
-``measured_on`` is another machine.
-
-Per schedule the table gives the median step time over all kept steps of all repeats, the ratio
-``median(first schedule) / median(this)`` (> 1: faster than the first), the cost model's
-predicted step time and the prediction error ``predicted / measured - 1``; per rank the peak
-resident memory next to the cost model's peak memory; and the runtime's overhead: the
-interpreter's own time (everything that is not MindSpore compute, communication, data
-generation or the optimizer) plus the time a rank waited on a peer's host work
-(:func:`host_stalls`), a stall the runtime causes that a compute/comm split books as
-communication.
+Each repeat is one msrun launch running every schedule step by step in rotation (``--rotate
+steps``), or one launch per schedule (``--rotate launches``); warm-up steps and steps disturbed by
+other processes are left out; the profile is measured in the run unless one is given; the table
+sets the medians against the cost model's predictions, with per-rank memory and runtime overhead
+(the interpreter's own time plus waits on a peer's host work, :func:`host_stalls`). The method,
+with every JSON key, is in ``docs/bench.md``.
 """
 from __future__ import annotations
 
@@ -35,80 +14,14 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from ..mpipe.errors import PlanError, SpecError
-from .common import error, slug
+from ..util import error, median, quantile, slug
 from .profile import BENCH_WORKER
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="run schedules side by side on real ranks (msrun) against the cost model")
-    p.add_argument("recipe", help="recipe YAML with model:, data:, train: and mpipe: sections")
-    p.add_argument("--schedule", action="append", default=None, metavar="S",
-                   help="schedule to run; repeat to compare (the first is the baseline of the ratio)")
-    p.add_argument("--steps", type=int, default=6, help="measured steps per launch (default 6)")
-    p.add_argument("--warmup", type=int, default=2, help="steps discarded at the start of every launch (default 2)")
-    p.add_argument("--repeats", type=int, default=3, help="repeats (default 3): one launch each running every schedule in rotation (--rotate steps), "
-                        "or one launch per schedule (--rotate launches)")
-    p.add_argument("--max-contention", type=float, default=0.1, metavar="FRAC",
-                   help="drop kept steps during which other processes used a rank's core for more than FRAC "
-                        "of the step (default 0.1; 1 keeps every step)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a recipe value, e.g. mpipe.profile.regions.0.trainable=true")
-    p.add_argument("--profile", default=None, metavar="FILE.yaml",
-                   help="predict with mpipe.profile from this file (e.g. written by hyperparallel profile) instead "
-                        "of measuring one (warns when it was measured on another machine)")
-    p.add_argument("--recipe-profile", action="store_true",
-                   help="predict with the recipe's own mpipe.profile instead of measuring one (warns when it was "
-                        "measured on another machine)")
-    p.add_argument("--measure-profile", action="store_true",
-                   help="measure the profile in this run, on this machine (the default without --profile or "
-                        "--recipe-profile): the tight-loop profile once per repeat, then the compute costs "
-                        "in a pipeline context (--profile-schedule)")
-    p.add_argument("--profile-schedule", default=None, metavar="S",
-                   help="reference schedule whose real run, every action timed, gives the measured profile's "
-                        "compute costs (default gpipe: not a compared schedule, so no prediction is fitted to "
-                        "itself; 'none': the tight-loop costs; see hyperparallel profile --in-pipeline)")
-    p.add_argument("--profile-samples", type=int, default=8, metavar="N",
-                   help="when the profile is measured: steps of micro-batches the tight loop times per rank "
-                        "(default 8)")
-    p.add_argument("--rotate", default="steps", metavar="steps|launches",
-                   help="steps (default): one launch per repeat runs every schedule (and the reference) step "
-                        "by step in rotation, so all meet the same machine drift; launches: one launch per "
-                        "schedule and repeat, alternating (also measures each schedule's own memory)")
-    p.add_argument("--save-profile", default=None, metavar="FILE.yaml",
-                   help="when the profile is measured: also write it here")
-    p.add_argument("--out", default=None, metavar="FILE.json", help="write the results as JSON")
-    p.add_argument("--png", default=None, metavar="FILE.png", help="draw a bar chart (measured vs predicted)")
-    p.add_argument("--run-dir", default=None, help="logs and raw per-rank results (default runs/bench_<recipe>)")
-    p.add_argument("--timeout", type=float, default=900, help="stop one launch after this many seconds")
-    p.set_defaults(func=run)
-
-
 # -- pure orchestration (unit-tested) ---------------------------------------------------------
-
-def run_order(n_schedules: int, repeats: int) -> List[tuple]:
-    """(repeat, schedule index) in launch order: A B C A B C ... (alternating across repeats)."""
-    return [(r, i) for r in range(repeats) for i in range(n_schedules)]
-
-
-def median(xs: Sequence[float]) -> float:
-    v = sorted(xs)
-    if not v:
-        raise ValueError("median of no values")
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
-
-
-def quantile(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default), without numpy."""
-    v = sorted(xs)
-    pos = (len(v) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
 
 def kept_steps(ranks: List[dict], warmup: int) -> List[tuple]:
     """Per kept step (index >= warmup): (the slowest rank's step time in seconds, contention:
@@ -142,7 +55,7 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
 
 
 def host_stalls(ranks: List[dict]) -> Dict[int, Dict[int, float]]:
-    """Seconds each rank waited, per step, on host work of its peer (see ``TimedComm``).
+    """Seconds each rank waited, per step, on host work of its peer (see ``TimingHooks``).
 
     The k-th send from rank a to rank b is received by b's k-th receive from a (one FIFO channel
     per pair). A sender still inside its send while the receiver did host work before posting the
@@ -257,22 +170,20 @@ def format_overhead(rows: List[dict]) -> str:
 
 def load_with_profile(path: str, overrides: List[str], profile_path: Optional[str]):
     """The recipe, with ``mpipe.profile`` taken from ``profile_path`` when given (then ``--set``)."""
-    from ..mpipe.recipe import load_raw, load_recipe, recipe_from_dict
+    from ..recipe import load_raw, load_recipe, recipe_from_dict
     if not profile_path:
         return load_recipe(path, overrides)
     if not os.path.isfile(profile_path):
         raise SpecError("--profile", f"file not found: {profile_path}")
-    prof_raw, _ = load_raw(profile_path)
+    prof_raw = load_raw(profile_path)
     prof = (prof_raw.get("mpipe") or {}).get("profile") if isinstance(prof_raw, dict) else None
     if not isinstance(prof, dict):
         raise SpecError("--profile", f"{profile_path} has no mpipe.profile mapping")
-    raw, loader = load_raw(path)
+    raw = load_raw(path)
     if not isinstance(raw.get("mpipe"), dict):
         raise SpecError("mpipe", "missing; add an mpipe: section")
     raw["mpipe"]["profile"] = copy.deepcopy(prof)
-    recipe = recipe_from_dict(raw, path=path, overrides=overrides)
-    recipe.loader = loader
-    return recipe
+    return recipe_from_dict(raw, path=path, overrides=overrides)
 
 
 def measures_profile(args) -> bool:
@@ -283,10 +194,9 @@ def measures_profile(args) -> bool:
 def prepare(args):
     """Everything checked before launch. Returns (recipe, run config, [(name, plan)]); with
     ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
-    from ..mindspore.config import run_config_of
-    from ..mpipe.check import assert_valid
-    from ..mpipe.derive import derive_recipe
     from ..launch import msrun_overrides
+    from ..recipe import checked_plan
+    from ..runconfig import run_config_of
 
     for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
                         ("--profile-samples", args.profile_samples, 1)):
@@ -327,11 +237,9 @@ def prepare(args):
     scheds = args.schedule or [recipe.schedule if isinstance(recipe.schedule, str) else json.dumps(recipe.schedule)]
     if len(set(scheds)) != len(scheds):
         raise SpecError("--schedule", "each schedule once (repeats come from --repeats)")
-    plans = []
-    for s in scheds:
-        plans.append((s, assert_valid(derive_recipe(recipe, s))))
+    plans = [(s, checked_plan(recipe, s)) for s in scheds]
     if getattr(args, "profile_schedule", None):
-        ref = assert_valid(derive_recipe(recipe, args.profile_schedule))
+        ref = checked_plan(recipe, args.profile_schedule)
         if ref.num_devices * ref.data_parallel != plans[0][1].num_devices * plans[0][1].data_parallel:
             raise SpecError("--profile-schedule", f"{args.profile_schedule} needs a different number of ranks")
         plans.append((None, ref))  # the reference: profiled, not compared (see run)
@@ -353,6 +261,134 @@ def predict(recipe, plan) -> dict:
 
 # -- the command ------------------------------------------------------------------------------
 
+def launch_plan(rotate: str, n: int, repeats: int, measuring: bool, reference: bool) -> List[tuple]:
+    """The launches of a bench, as ``(repeat, [(part, schedule index), ...])`` with part ``profile``
+    (the tight-loop profile), ``reference`` (the reference schedule, every action timed) or ``case``.
+    ``steps``: one launch per repeat, its cases in rotation starting at another schedule each repeat;
+    ``launches``: one launch per part, the profile and reference at the head of every round."""
+    head = ([("profile", -1)] if measuring else []) + ([("reference", -1)] if reference else [])
+    if rotate == "steps":
+        out = []
+        for rep in range(repeats):
+            k = rep % n
+            out.append((rep, head + [("case", i) for i in list(range(k, n)) + list(range(k))]))
+        return out
+    return [(rep, [part]) for rep in range(repeats) for part in head + [("case", i) for i in range(n)]]
+
+
+class _Bench:
+    """One ``hyperparallel bench`` run: its jobs, its launches, what they measured."""
+
+    def __init__(self, args, recipe, rc, plans, ref_plan, run_dir, launcher):
+        self.args, self.recipe, self.rc, self.plans, self.ref_plan = args, recipe, rc, plans, ref_plan
+        self.names = [n for n, _ in plans]
+        self.world = plans[0][1].num_devices * plans[0][1].data_parallel
+        self.run_dir, self.launcher = run_dir, launcher
+        self.steps_of: Dict[str, List[tuple]] = {n: [] for n in self.names}
+        self.per_rank: Dict[str, List[List[dict]]] = {n: [] for n in self.names}
+        self.rounds: List[List[dict]] = []         # tight-loop profile measurements, one per repeat
+        self.ref_launches: List[List[dict]] = []   # reference-schedule runs, one per repeat
+
+    def tag(self, part: str, rep: int, i: int) -> str:
+        if part == "profile":
+            return f"r{rep}_profile"
+        if part == "reference":
+            return f"r{rep}_reference_{slug(self.args.profile_schedule)}"
+        return f"r{rep}_{i}_{slug(self.names[i])}"
+
+    def job(self, part: str, rep: int, i: int) -> dict:
+        from .profile import profile_job, reference_job
+        a, out = self.args, os.path.join(self.run_dir, self.tag(part, rep, i), "result")
+        if part == "profile":
+            return profile_job(self.recipe, self.rc, self.plans[0][1], a.profile_samples, 1, out)
+        if part == "reference":
+            return reference_job(self.recipe, self.rc, self.ref_plan, a.profile_schedule, a.warmup + a.steps, out)
+        name, plan = self.plans[i]
+        return {"mode": "bench", "device": self.rc.device, "name": name, "schedule": name, "raw": self.recipe.raw,
+                "plan": plan.to_json(), "data_parallel": plan.data_parallel, "steps": a.warmup + a.steps,
+                "out_dir": out, "action_times": bool(os.environ.get("HP_BENCH_ACTION_TIMES"))}
+
+    def what(self, part: str, i: int) -> str:
+        return {"profile": "profile", "reference": f"reference {self.args.profile_schedule}"}.get(part) or \
+            self.names[i]
+
+    def run_launch(self, k: int, total: int, rep: int, parts: List[tuple]) -> int:
+        """One launch: a rotation of all its parts (``--rotate steps``) or one part; reads what it measured."""
+        from .profile import read_ranks
+        jobs = [(part, i, self.job(part, rep, i)) for part, i in parts]
+        rotation = self.args.rotate == "steps"
+        if rotation:
+            tag, what = f"r{rep}_rotation", f"rotation launch (repeat {rep + 1})"
+            job = {"mode": "rotation", "device": self.rc.device, "data_parallel": self.plans[0][1].data_parallel,
+                   "profile": next((j for p, _, j in jobs if p == "profile"), None),
+                   "cases": [j for p, _, j in jobs if p != "profile"]}
+        else:
+            (part, i, job), = jobs
+            tag, what = self.tag(part, rep, i), f"{self.what(part, i)} (repeat {rep + 1})"
+        res = self.launcher(job, self.world, os.path.join(self.run_dir, tag, "logs"), timeout_s=self.args.timeout,
+                            echo=False, script=BENCH_WORKER)
+        if res.returncode != 0:
+            print(f"error: {what} failed (exit {res.returncode}): {res.message}", file=sys.stderr)
+            return res.returncode
+        if rotation:
+            print(f"[{rep + 1}/{self.args.repeats}] one launch ({res.wall_s:.0f} s): "
+                  f"{', '.join(self.what(p, i) for p, i, _ in jobs)} in rotation", flush=True)
+        for part, i, j in jobs:
+            ranks = read_ranks(j["out_dir"], self.world)
+            if part == "case":
+                self.take(i, rep, ranks, "   " if rotation else f"[{k + 1}/{total}]")
+                continue
+            (self.rounds if part == "profile" else self.ref_launches).append(ranks)
+            if not rotation:
+                timed = "" if part == "profile" else ", actions timed"
+                print(f"[{k + 1}/{total}] {self.what(part, i)} repeat {rep + 1}{timed} ({res.wall_s:.0f} s launch)",
+                      flush=True)
+        return 0
+
+    def take(self, i: int, rep: int, ranks: List[dict], tag: str) -> None:
+        name = self.names[i]
+        kept = kept_steps(ranks, self.args.warmup)
+        self.steps_of[name] += kept
+        self.per_rank[name].append(ranks)
+        busy = sum(1 for _, c in kept if c > self.args.max_contention)
+        print(f"{tag} {name} repeat {rep + 1}: median {median([t for t, _ in kept]) * 1e3:.1f} ms "
+              f"over {len(kept)} steps, {busy} disturbed by other processes", flush=True)
+
+    def rows(self, predicted: Dict[str, dict]) -> List[dict]:
+        """The result table: per schedule the step-time statistics against the prediction, per rank the
+        time shares and memory (see the module docstring)."""
+        a = self.args
+        samples, dropped, fell_back = {}, {}, {}
+        for n in self.names:
+            samples[n], dropped[n], fell_back[n] = undisturbed(self.steps_of[n], a.max_contention)
+            if fell_back[n]:
+                print(f"warning: {n}: fewer than 3 undisturbed steps; the median uses every kept step "
+                      f"(the machine was busy: rerun when it is quiet)", file=sys.stderr)
+        rows = summarize(self.names, samples, {n: predicted[n]["step_s"] for n in self.names})
+        for row, (name, plan) in zip(rows, self.plans):
+            launches = [breakdown(rk, a.warmup) for rk in self.per_rank[name]]
+            ranks = []
+            for r in range(self.world):
+                mine = [l[r] for l in launches]
+                share = {k: median([m["share"][k] for m in mine]) for k in mine[0]["share"]}
+                ranks.append({"rank": r, "device": r // plan.data_parallel, "share": share,
+                              "interp_us_per_action": median([m["interp_us_per_action"] for m in mine]),
+                              "n_actions": mine[0]["n_actions"],
+                              "base_rss_mb": _median_or_none([m["base_rss_mb"] for m in mine]),
+                              "peak_rss_mb": _median_or_none([m["peak_rss_mb"] for m in mine]),
+                              "predicted_peak_mb": predicted[name]["peak_mb"].get(r // plan.data_parallel)})
+            row["ranks"] = ranks
+            row["interp_share"] = max(d["share"]["interp"] for d in ranks)
+            row["overhead_share"] = max(d["share"]["interp"] + d["share"].get("stall", 0.0) for d in ranks)
+            row["samples_s"] = samples[name]
+            row["median_all_steps_s"] = median([t for t, _ in self.steps_of[name]])
+            row["repeat_medians_s"] = [median(kept_step_times(rk, a.warmup)) for rk in self.per_rank[name]]
+            row["dropped_disturbed"] = dropped[name]
+            row["all_steps_kept_busy_machine"] = fell_back[name]
+            row["contention"] = [c for _, c in self.steps_of[name]]
+        return rows
+
+
 def run(args, launcher=None) -> int:
     """``launcher``: stands in for :func:`hyperparallel.launch.launch` (tests)."""
     try:
@@ -360,8 +396,6 @@ def run(args, launcher=None) -> int:
     except (SpecError, PlanError) as e:
         return error(str(e).splitlines()[0])
     ref_plan = plans.pop()[1] if plans[-1][0] is None else None
-    names = [n for n, _ in plans]
-    world = plans[0][1].num_devices * plans[0][1].data_parallel
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
     run_dir = os.path.abspath(args.run_dir or os.path.join("runs", slug(f"bench_{stem}")))
     measuring = measures_profile(args)
@@ -370,158 +404,41 @@ def run(args, launcher=None) -> int:
         warn = profile_warning(recipe.profile, rc.device, args.profile or args.recipe)
         if warn:
             print(warn, file=sys.stderr)
-    how = ("in rotation, step by step, within each launch" if args.rotate == "steps"
-           else "one launch each, alternating")
-    print(f"bench {stem}: {len(names)} schedules x {args.repeats} repeats ({how}), "
-          f"{args.warmup} warm-up + {args.steps} measured steps each, on {world} {rc.device} ranks; "
-          f"profile: {'measured in this run' if measuring else (args.profile or 'the recipe')}; "
-          f"run dir {run_dir}", flush=True)
     if launcher is None:
         from ..launch import launch as launcher
-    steps_of: Dict[str, List[tuple]] = {n: [] for n in names}
-    per_rank: Dict[str, List[List[dict]]] = {n: [] for n in names}
+    b = _Bench(args, recipe, rc, plans, ref_plan, run_dir, launcher)
+    how = ("in rotation, step by step, within each launch" if args.rotate == "steps"
+           else "one launch each, alternating")
+    print(f"bench {stem}: {len(b.names)} schedules x {args.repeats} repeats ({how}), "
+          f"{args.warmup} warm-up + {args.steps} measured steps each, on {b.world} {rc.device} ranks; "
+          f"profile: {'measured in this run' if measuring else (args.profile or 'the recipe')}; "
+          f"run dir {run_dir}", flush=True)
     t_start = time.time()
-    rounds: List[List[dict]] = []
-    ref_launches: List[List[dict]] = []
-    from .profile import profile_job, read_ranks, reference_job
-
-    def case_job(rep: int, i: int) -> dict:
-        name, plan = plans[i]
-        return {"mode": "bench", "device": rc.device, "name": name, "schedule": name, "raw": recipe.raw,
-                "plan": plan.to_json(), "data_parallel": plan.data_parallel, "steps": args.warmup + args.steps,
-                "out_dir": os.path.join(run_dir, f"r{rep}_{i}_{slug(name)}", "result"),
-                "action_times": bool(os.environ.get("HP_BENCH_ACTION_TIMES"))}
-
-    def ref_job(rep: int) -> dict:
-        return reference_job(recipe, rc, ref_plan, args.profile_schedule, args.warmup + args.steps,
-                             os.path.join(run_dir, f"r{rep}_reference_{slug(args.profile_schedule)}", "result"))
-
-    def prof_job(rep: int) -> dict:
-        return profile_job(recipe, rc, plans[0][1], args.profile_samples, 1,
-                           os.path.join(run_dir, f"r{rep}_profile", "result"))
-
-    def take(i: int, rep: int, out_dir: str, tag: str) -> None:
-        name = names[i]
-        ranks = read_ranks(out_dir, world)
-        kept = kept_steps(ranks, args.warmup)
-        steps_of[name] += kept
-        per_rank[name].append(ranks)
-        busy = sum(1 for _, c in kept if c > args.max_contention)
-        print(f"{tag} {name} repeat {rep + 1}: median {median([t for t, _ in kept]) * 1e3:.1f} ms "
-              f"over {len(kept)} steps, {busy} disturbed by other processes", flush=True)
-
-    def launch_or_fail(job: dict, tag: str, what: str):
-        res = launcher(job, world, os.path.join(run_dir, tag, "logs"), timeout_s=args.timeout, echo=False,
-                       script=BENCH_WORKER)
-        if res.returncode != 0:
-            print(f"error: {what} failed (exit {res.returncode}): {res.message}", file=sys.stderr)
-        return res
-
-    if args.rotate == "steps":
-        for rep in range(args.repeats):
-            k = rep % len(plans)   # the rotation starts at another schedule every repeat
-            order = list(range(k, len(plans))) + list(range(k))
-            cases = ([ref_job(rep)] if ref_plan is not None else []) + [case_job(rep, i) for i in order]
-            job = {"mode": "rotation", "device": rc.device, "data_parallel": plans[0][1].data_parallel,
-                   "profile": prof_job(rep) if measuring else None, "cases": cases}
-            res = launch_or_fail(job, f"r{rep}_rotation", f"rotation launch (repeat {rep + 1})")
-            if res.returncode != 0:
-                return res.returncode
-            print(f"[{rep + 1}/{args.repeats}] one launch ({res.wall_s:.0f} s): "
-                  f"{'profile, ' if measuring else ''}"
-                  f"{'reference ' + args.profile_schedule + ', ' if ref_plan is not None else ''}"
-                  f"{', '.join(names[i] for i in order)} in rotation", flush=True)
-            if measuring:
-                rounds.append(read_ranks(job["profile"]["out_dir"], world))
-            if ref_plan is not None:
-                ref_launches.append(read_ranks(cases[0]["out_dir"], world))
-            for i in order:
-                take(i, rep, case_job(rep, i)["out_dir"], "   ")
-    else:
-        order = run_order(len(plans), args.repeats)
-        if measuring:  # one profile launch at the head of every round: P A B P A B ...
-            order = [x for rep in range(args.repeats) for x in [(rep, -1)] + [(rep, i) for i in range(len(plans))]]
-        for k, (rep, i) in enumerate(order):
-            if i < 0:
-                job = prof_job(rep)
-                res = launch_or_fail(job, f"r{rep}_profile", f"profile (repeat {rep + 1})")
-                if res.returncode != 0:
-                    return res.returncode
-                rounds.append(read_ranks(job["out_dir"], world))
-                print(f"[{k + 1}/{len(order)}] profile repeat {rep + 1} ({res.wall_s:.0f} s launch)", flush=True)
-                if ref_plan is not None:
-                    job = ref_job(rep)
-                    res = launch_or_fail(job, f"r{rep}_reference_{slug(args.profile_schedule)}",
-                                         f"reference {args.profile_schedule} (repeat {rep + 1})")
-                    if res.returncode != 0:
-                        return res.returncode
-                    ref_launches.append(read_ranks(job["out_dir"], world))
-                    print(f"[{k + 1}/{len(order)}] reference {args.profile_schedule} repeat {rep + 1}, "
-                          f"actions timed ({res.wall_s:.0f} s launch)", flush=True)
-                continue
-            job = case_job(rep, i)
-            res = launch_or_fail(job, f"r{rep}_{i}_{slug(names[i])}", f"{names[i]} (repeat {rep + 1})")
-            if res.returncode != 0:
-                return res.returncode
-            take(i, rep, job["out_dir"], f"[{k + 1}/{len(order)}]")
+    launches = launch_plan(args.rotate, len(b.names), args.repeats, measuring, ref_plan is not None)
+    for k, (rep, parts) in enumerate(launches):
+        rc_ = b.run_launch(k, len(launches), rep, parts)
+        if rc_:
+            return rc_
     profile_path = args.profile or (None if measuring else args.recipe)
-    if rounds:
+    if b.rounds:
         from ..mpipe.profile import parse_profile
-        from .profile import build_profile, merge_rounds, summary_lines, write_profile
-        merged = merge_rounds(rounds)
-        block = build_profile(recipe, plans[0][1], merged)
-        comments = [f"median over {len(rounds)} profile measurements, one per repeat of the bench"]
-        if ref_launches:
-            from .profile import apply_pipeline_costs, mean_data_ms, pipeline_action_medians, pipeline_lines
-            from .profile import runtime_overheads
-            times = pipeline_action_medians(ref_launches, args.warmup)
-            block = apply_pipeline_costs(block, ref_plan, times, mean_data_ms(merged))
-            block.update(runtime_overheads(ref_launches, ref_plan, args.warmup))
-            comments += pipeline_lines(args.profile_schedule, times)
+        from .profile import measured_profile, write_profile
+        ref = (ref_plan, b.ref_launches, args.profile_schedule, args.warmup) if b.ref_launches else None
+        block, comments = measured_profile(recipe, plans[0][1], b.rounds, ref)
         profile_path = args.save_profile or os.path.join(run_dir, "profile.yaml")
-        write_profile(profile_path, args.recipe, block, comments + summary_lines(plans[0][1], merged),
-                      sys.argv[1:])
+        write_profile(profile_path, args.recipe, block, comments, sys.argv[1:])
         recipe.profile = parse_profile(block)
         print(f"measured profile: {profile_path}")
-    predicted = {n: predict(recipe, p) for n, p in plans}
-    samples, dropped, fell_back = {}, {}, {}
-    for n in names:
-        samples[n], dropped[n], fell_back[n] = undisturbed(steps_of[n], args.max_contention)
-        if fell_back[n]:
-            print(f"warning: {n}: fewer than 3 undisturbed steps; the median uses every kept step "
-                  f"(the machine was busy: rerun when it is quiet)", file=sys.stderr)
-    rows = summarize(names, samples, {n: predicted[n]["step_s"] for n in names})
-    for row, (name, plan) in zip(rows, plans):
-        launches = [breakdown(rk, args.warmup) for rk in per_rank[name]]
-        ranks = []
-        for r in range(world):
-            mine = [l[r] for l in launches]
-            share = {k: median([m["share"][k] for m in mine]) for k in mine[0]["share"]}
-            ranks.append({"rank": r, "device": r // plan.data_parallel, "share": share,
-                          "interp_us_per_action": median([m["interp_us_per_action"] for m in mine]),
-                          "n_actions": mine[0]["n_actions"],
-                          "base_rss_mb": _median_or_none([m["base_rss_mb"] for m in mine]),
-                          "peak_rss_mb": _median_or_none([m["peak_rss_mb"] for m in mine]),
-                          "predicted_peak_mb": predicted[name]["peak_mb"].get(r // plan.data_parallel)})
-        row["ranks"] = ranks
-        row["interp_share"] = max(d["share"]["interp"] for d in ranks)
-        row["overhead_share"] = max(d["share"]["interp"] + d["share"].get("stall", 0.0) for d in ranks)
-        row["samples_s"] = samples[name]
-        row["median_all_steps_s"] = median([t for t, _ in steps_of[name]])
-        row["repeat_medians_s"] = [median(kept_step_times(rk, args.warmup)) for rk in per_rank[name]]  # launch order
-        row["dropped_disturbed"] = dropped[name]
-        row["all_steps_kept_busy_machine"] = fell_back[name]
-        row["contention"] = [c for _, c in steps_of[name]]
+    rows = b.rows({n: predict(recipe, p) for n, p in plans})
     print()
     print(format_table(rows))
     print()
     print(format_memory(rows))
     print()
     print(format_overhead(rows))
-    n_launches = args.repeats if args.rotate == "steps" else len(order)
-    print(f"\n{n_launches} launches in {time.time() - t_start:.0f} s")
+    print(f"\n{len(launches)} launches in {time.time() - t_start:.0f} s")
     result = {"recipe": args.recipe, "profile": profile_path, "overrides": args.overrides,
-              "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "ranks": world,
+              "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "ranks": b.world,
               "max_contention": args.max_contention, "rotate": args.rotate,
               "profile_schedule": args.profile_schedule if measuring else None,
               "profile_measured_here": measuring,
@@ -533,7 +450,7 @@ def run(args, launcher=None) -> int:
         print(f"wrote {args.out}")
     if args.png:
         from .plot import bar_chart
-        title = f"{stem}: {world} {rc.device} ranks, median of {args.repeats} x {args.steps} steps"
+        title = f"{stem}: {b.world} {rc.device} ranks, median of {args.repeats} x {args.steps} steps"
         if args.overrides:
             title += "\n" + ", ".join(args.overrides)
         bar_chart(rows, args.png, title=title)

@@ -1,34 +1,11 @@
 """``hyperparallel profile RECIPE``: measure the recipe's per-layer costs and the link on this machine.
 
-Launches the recipe's ranks with msrun (the runtime's execution mode: PyNative, blocking
-launch, tape autograd, one bound core per rank), has every rank time every chunk of the
-recipe's cut through the runtime's own interpreter at the recipe's micro-batches, pings
-rank 0 <-> rank 1, and writes an ``mpipe.profile`` block (:func:`build_profile`):
-
-* ``forward_ms`` / ``backward_ms`` / ``weight_ms`` per layer = chunk time / chunk layers,
-  averaged over the region's chunks, the sampled micro-batches and the ranks (the encoder's
-  cost is the mean over the recipe's deterministic data: mean images per micro-batch);
-  ``backward_ms`` is the input-grad (B) time, ``weight_ms`` the fused backward (BW) minus B,
-  so a fused BW costs what was measured;
-* data generation, which each rank pays once per micro-batch it touches (every rank runs one
-  forward of the last region per micro-batch), is added to the last region's ``forward_ms``
-  as ``data_ms x P / layers``;
-* ``activation_mb``: resident-memory growth per recorded forward / layers; ``output_mb`` the
-  exact size of a region's output message; ``param_mb`` exact parameter bytes / layers;
-* ``link``: least-squares fit of the ping-pong one-way times (latency + bytes / bandwidth).
-
-``--in-pipeline``: the compute costs are taken inside a running pipeline instead. After the
-tight-loop launch above (which still gives the link, data generation, memory and the B/W
-split), the recipe runs on real ranks with a *reference* schedule (``--schedule``, default
-``gpipe``: not one of the schedules usually compared, so a prediction is not fitted to itself)
-with every action timed (:func:`pipeline_action_medians`); each region's ``forward_ms`` /
-``backward_ms`` / ``weight_ms`` then come from the medians of those in-pipeline F/B/W/BW times
-(:func:`apply_pipeline_costs`), the data-generation charge added as before, and the runtime's own
-time per compute action and per step (:func:`runtime_overheads`).
-
-The output file is a recipe that inherits the measured one (``base_config``) and replaces
-its ``mpipe.profile``: ``hyperparallel simulate|bench OUT.yaml`` use it directly, and
-``hyperparallel bench RECIPE --profile OUT.yaml`` takes just its ``mpipe.profile``.
+Every rank times every chunk of the recipe's cut through the rank runtime on a one-device program
+(the tight loop, :mod:`.measure`), ranks 0 and 1 ping-pong; :func:`build_profile` turns that into an
+``mpipe.profile`` block. ``--in-pipeline`` then takes the compute costs from a real run of a
+reference schedule with every action timed (:func:`apply_pipeline_costs`, :func:`runtime_overheads`).
+The output is a recipe inheriting the measured one (``base_config``) with its own ``mpipe.profile``.
+How each figure is measured: ``docs/bench.md``.
 """
 from __future__ import annotations
 
@@ -44,6 +21,7 @@ from typing import Dict, List
 import yaml
 
 from ..mpipe.errors import SpecError
+from ..util import median
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
 PIPELINE_KINDS = ("F", "B", "W", "BW")  # compute actions whose in-pipeline times set the costs
@@ -51,40 +29,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH_WORKER = os.path.join(HERE, "worker.py")
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("profile", help="measure per-layer F/B/W costs and the link with MindSpore (msrun)")
-    p.add_argument("recipe", help="recipe YAML with model:, data:, train: and mpipe: sections")
-    p.add_argument("--schedule", default=None, metavar="S",
-                   help="schedule whose cut is measured (default: the recipe's); with --in-pipeline the reference "
-                        "schedule run on real ranks (default gpipe)")
-    p.add_argument("--in-pipeline", action="store_true",
-                   help="take the F/B/W costs from a real run of the reference schedule (--schedule, default gpipe), "
-                        "every action timed, instead of from the tight loop")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a recipe value, e.g. mpipe.profile.regions.0.trainable=true")
-    p.add_argument("--out", default=None, metavar="FILE.yaml",
-                   help="write the measured profile here (default: RECIPE_STEM.profile.yaml next to the recipe)")
-    p.add_argument("--samples", type=int, default=8, help="steps of micro-batches timed per rank (default 8)")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="passes over the sampled micro-batches; the median per action is kept (default 3)")
-    p.add_argument("--run-dir", default=None, help="logs and raw per-rank measurements (default runs/profile_<recipe>)")
-    p.add_argument("--timeout", type=float, default=900, help="stop the job after this many seconds")
-    p.set_defaults(func=run)
-
-
 def prepare(args):
     """Recipe, run config and plan, all checked before anything is launched (SpecError/PlanError)."""
-    from ..mindspore.config import run_config_of
-    from ..mpipe.check import assert_valid
-    from ..mpipe.derive import derive_recipe
-    from ..mpipe.recipe import load_recipe
+    from ..recipe import checked_plan, load_recipe
+    from ..runconfig import run_config_of
 
     recipe = load_recipe(args.recipe, args.overrides)
     rc = run_config_of(recipe)
     sched = args.schedule
     if getattr(args, "in_pipeline", False) and sched is None:
         sched = DEFAULT_REFERENCE
-    plan = assert_valid(derive_recipe(recipe, sched))
+    plan = checked_plan(recipe, sched)
     if args.samples < 1:
         raise SpecError("--samples", f"must be >= 1, got {args.samples}")
     if args.repeats < 1:
@@ -217,7 +172,7 @@ def apply_pipeline_costs(block: dict, plan, times: Dict[tuple, List[float]], dat
         vals = [times.get((kind, c.region, c.index)) for c in chunks]
         if not chunks or any(not v for v in vals):
             return None
-        return per_layer_and_head(chunks, [_median(v) / speed(c) for c, v in zip(chunks, vals)])
+        return per_layer_and_head(chunks, [median(v) / speed(c) for c, v in zip(chunks, vals)])
 
     for reg in out["regions"]:
         chunks = [c for c in plan.chunks if c.region == reg["name"]]
@@ -263,15 +218,15 @@ def runtime_overheads(launches: List[List[dict]], plan, warmup: int) -> Dict[str
                     per_action.append((st["interp_s"] + st.get("accumulate_s", 0.0)) / n * 1e3)
                 by_step.setdefault(st["step"], []).append((st["optimizer_s"] + st["loss_reduce_s"]) * 1e3)
         per_step += [min(v) for v in by_step.values()]
-    return {"action_overhead_ms": round(_median(per_action), 4) if per_action else 0.0,
-            "step_overhead_ms": round(_median(per_step), 4) if per_step else 0.0}
+    return {"action_overhead_ms": round(median(per_action), 4) if per_action else 0.0,
+            "step_overhead_ms": round(median(per_step), 4) if per_step else 0.0}
 
 
 def pipeline_lines(schedule: str, times: Dict[tuple, List[float]]) -> List[str]:
     """The in-pipeline medians, written as comments next to the profile."""
     lines = [f"compute costs from in-pipeline action times of a {schedule} run (median per action):"]
     for (kind, region, chunk), v in sorted(times.items()):
-        lines.append(f"in-pipeline {kind:2s} {region} c{chunk}: median {_median(v):.3f} ms over {len(v)}")
+        lines.append(f"in-pipeline {kind:2s} {region} c{chunk}: median {median(v):.3f} ms over {len(v)}")
     return lines
 
 
@@ -344,12 +299,6 @@ def read_ranks(out_dir: str, world: int) -> List[dict]:
     return ranks
 
 
-def _median(xs: List[float]) -> float:
-    v = sorted(xs)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
-
-
 def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
     """Per-rank measurements of several profile launches merged into one set: for every timed
     (action, step, micro-batch), data generation, activation and the link, the median over the
@@ -364,24 +313,43 @@ def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
             for a in res["actions"]:
                 key = (a["mode"], a["kind"], a["region"], a["chunk"], a.get("step"), a["micro"])
                 per.setdefault(key, []).append(a["ms"])
-        actions = [dict(mode=k[0], kind=k[1], region=k[2], chunk=k[3], step=k[4], micro=k[5], ms=_median(v))
+        actions = [dict(mode=k[0], kind=k[1], region=k[2], chunk=k[3], step=k[4], micro=k[5], ms=median(v))
                    for k, v in per.items()]
         n = min(len(res["data_ms"]) for res in runs)
-        data = [_median([res["data_ms"][i] for res in runs]) for i in range(n)]
-        act = {k: _median([res["activation_mb"][k] for res in runs]) for k in runs[0]["activation_mb"]}
+        data = [median([res["data_ms"][i] for res in runs]) for i in range(n)]
+        act = {k: median([res["activation_mb"][k] for res in runs]) for k in runs[0]["activation_mb"]}
         links = [res["link"] for res in runs if res.get("link")]
         link = None
         if links:
-            link = {"latency_ms": _median([x["latency_ms"] for x in links]),
-                    "bandwidth_gb_s": _median([x["bandwidth_gb_s"] for x in links]),
+            link = {"latency_ms": median([x["latency_ms"] for x in links]),
+                    "bandwidth_gb_s": median([x["bandwidth_gb_s"] for x in links]),
                     "points": links[len(links) // 2]["points"]}
         merged.append(dict(runs[0], actions=actions, data_ms=data, activation_mb=act, link=link))
     return merged
 
 
+def measured_profile(recipe, plan, rounds: List[List[dict]], reference=None):
+    """(the ``mpipe.profile`` block, comments for its file) from tight-loop measurements of ``plan``'s cut
+    (``rounds``: one per launch, merged by :func:`merge_rounds`) and, with ``reference`` =
+    ``(reference plan, launches, schedule, warm-up steps)``, the compute costs and runtime overheads
+    of the reference schedule's real runs (:func:`apply_pipeline_costs`, :func:`runtime_overheads`).
+    ``hyperparallel profile`` and ``hyperparallel bench`` both build their profile here."""
+    merged = merge_rounds(rounds)
+    block = build_profile(recipe, plan, merged)
+    comments = [f"median over {len(rounds)} profile measurements, one per repeat of the bench"] if len(rounds) > 1 \
+        else []
+    if reference is not None:
+        ref_plan, launches, schedule, warmup = reference
+        times = pipeline_action_medians(launches, warmup)
+        block = apply_pipeline_costs(block, ref_plan, times, mean_data_ms(merged))
+        block.update(runtime_overheads(launches, ref_plan, warmup))
+        comments += pipeline_lines(schedule, times)
+    return block, comments + summary_lines(plan, merged)
+
+
 def run(args) -> int:
-    from .common import error, slug
     from ..mpipe.errors import PlanError
+    from ..util import error, slug
     try:
         recipe, rc, plan = prepare(args)
     except (SpecError, PlanError) as e:
@@ -398,9 +366,7 @@ def run(args) -> int:
     if res.returncode != 0:
         print(f"error: job failed (exit {res.returncode}): {res.message}", file=sys.stderr)
         return res.returncode
-    ranks = read_ranks(job["out_dir"], world)
-    block = build_profile(recipe, plan, ranks)
-    comments = summary_lines(plan, ranks)
+    reference = None
     if args.in_pipeline:
         sched = args.schedule or DEFAULT_REFERENCE
         ref = reference_job(recipe, rc, plan, sched, REFERENCE_WARMUP + args.samples,
@@ -412,11 +378,8 @@ def run(args) -> int:
         if res.returncode != 0:
             print(f"error: reference run failed (exit {res.returncode}): {res.message}", file=sys.stderr)
             return res.returncode
-        ref_ranks = [read_ranks(ref["out_dir"], world)]
-        times = pipeline_action_medians(ref_ranks, REFERENCE_WARMUP)
-        block = apply_pipeline_costs(block, plan, times, mean_data_ms(ranks))
-        block.update(runtime_overheads(ref_ranks, plan, REFERENCE_WARMUP))
-        comments = pipeline_lines(sched, times) + comments
+        reference = (plan, [read_ranks(ref["out_dir"], world)], sched, REFERENCE_WARMUP)
+    block, comments = measured_profile(recipe, plan, [read_ranks(job["out_dir"], world)], reference)
     write_profile(out, args.recipe, block, comments, sys.argv[1:])
     for c in comments:
         print(c)

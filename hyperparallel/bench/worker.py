@@ -22,7 +22,7 @@ import json
 
 
 def main(argv=None) -> int:
-    from hyperparallel.mindspore.worker import end_job, start_job
+    from hyperparallel.mindspore.job import end_job, start_job
     job = start_job(sys.argv[1:] if argv is None else argv)
     from hyperparallel.mindspore.comm import Comm
     from hyperparallel.bench import measure
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     if job["mode"] == "profile":
         write(job["out_dir"], comm.rank, measure.profile_rank(job, comm))
     elif job["mode"] == "bench":
-        write(job["out_dir"], comm.rank, measure.bench_rank(job, comm))
+        write(job["out_dir"], comm.rank, measure.bench_rotation([job], comm)[0])
     elif job["mode"] == "rotation":   # optional tight-loop profile first, then the cases in step rotation
         if job.get("profile"):
             write(job["profile"]["out_dir"], comm.rank, measure.profile_rank(job["profile"], comm))

@@ -1,17 +1,10 @@
 """Data sources: what the runtime trains on (recipe ``data:``; ``data.type`` picks the source).
 
-A source answers, for optimizer step ``step`` and global micro-batch index ``micro``
-(over all data-parallel groups):
-
-* ``micro_batch(step, micro)`` -> :class:`~.batch.MicroBatch`: text, targets and the
-  shape facts (images per sample) at once, pixels only when ``patches`` is first read;
-* ``meta(step, micro)``: the same object, for ranks that need only the shape facts;
-* ``position(step)`` / ``seek(position, step)``: the data position where a step starts
-  (stored with a checkpoint) and its inverse; a micro-batch is a pure function of
-  (seed, step, micro) and that position, so a resumed run reads the next samples;
-* ``skipped``: samples left out by ``data.on_bad_sample: skip`` (0 otherwise);
-* optional ``will_read_pixels(micros)``: the micro-batches of each step whose pixels
-  this process reads (a prefetch hint), and ``close()``.
+Every source is a :class:`~.source.DataSource` (the contract: ``micro_batch(step, micro)`` ->
+:class:`~.batch.MicroBatch`, text, targets and shape facts at once, pixels only when ``patches``
+is first read; data position and seek for resume; a pixel read-ahead hint; stats). A
+micro-batch is a pure function of (seed, step, micro) and the data position, so a resumed run
+reads the next samples.
 
 Types: ``synthetic`` (default; :mod:`.synthetic`) and ``conversations``
 (LLaVA-style JSON/JSONL with image files; :mod:`.conversations`).
@@ -19,7 +12,9 @@ Types: ``synthetic`` (default; :mod:`.synthetic`) and ``conversations``
 from __future__ import annotations
 
 from .batch import MicroBatch, patchify
+from .source import DataSource
 from .synthetic import DataConfig, SyntheticSource, make_micro_batch
+from ..mpipe.errors import SpecError
 
 TYPES = ("synthetic", "conversations")
 
@@ -38,16 +33,17 @@ def data_config(raw: dict):
         except (TypeError, ValueError):
             mps = 1
         return ConversationsConfig.from_section(sec, max(1, mps))
-    raise ValueError(f"data.type: {kind!r} unknown (known: {', '.join(TYPES)})")
+    raise SpecError("data.type", f"{kind!r} unknown (known: {', '.join(TYPES)})")
 
 
-def data_source(rc):
-    """The data source a run config (model adapter, data config, train seed) asks for."""
-    if isinstance(rc.data, DataConfig):
-        return SyntheticSource(rc.data, rc.train.seed)
+def data_source(cfg, seed: int, image_tokens) -> DataSource:
+    """The source of a data config (:func:`data_config`); ``image_tokens()``: LLM tokens per image
+    (the model adapter's), read only by sources that lay out conversations."""
+    if isinstance(cfg, DataConfig):
+        return SyntheticSource(cfg, seed)
     from .conversations import ConversationsSource
-    return ConversationsSource(rc.data, rc.model.image_tokens(), rc.train.seed)
+    return ConversationsSource(cfg, image_tokens(), seed)
 
 
-__all__ = ["MicroBatch", "patchify", "DataConfig", "SyntheticSource", "make_micro_batch", "data_config",
+__all__ = ["DataSource", "MicroBatch", "patchify", "DataConfig", "SyntheticSource", "make_micro_batch", "data_config",
            "data_source", "TYPES"]

@@ -58,11 +58,6 @@ class MicroBatch:
     def pixels_loaded(self) -> bool:
         return self._patches is not None
 
-    def wrap_load(self, wrap: Callable) -> None:
-        """Replace the pixel loader by ``wrap(loader)`` (once; e.g. to time it); no-op once loaded."""
-        if self._load is not None and not getattr(self, "_wrapped", False):
-            self._load, self._wrapped = wrap(self._load), True
-
     @property
     def patches(self) -> np.ndarray:
         if self._patches is None:

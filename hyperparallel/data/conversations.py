@@ -54,7 +54,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .batch import MicroBatch, PatchGeometry, patchify
+from .source import DataSource
 from .text import Encoded, SampleProblem, Tok, encode_conversation, image_files
+from ..mpipe.errors import SpecError
 
 DEMO_HINT = "for the demo set run: python tools/make_demo_data.py data/demo"
 POLICIES = ("error", "skip")
@@ -90,7 +92,7 @@ class ConversationsConfig(PatchGeometry):
         sec = dict(sec or {})
         bad = sorted(set(sec) - set(ConversationsConfig.RECIPE_KEYS))
         if bad:
-            raise ValueError(f"data.{bad[0]}: unknown key for data.type conversations "
+            raise SpecError(f"data.{bad[0]}", f"unknown key for data.type conversations "
                              f"(known: {', '.join(ConversationsConfig.RECIPE_KEYS)})")
         sec.pop("type", None)
         cfg = ConversationsConfig(micro_per_step=int(micro_per_step), **sec)
@@ -105,35 +107,35 @@ class ConversationsConfig(PatchGeometry):
         for key in ("path", "tokenizer"):
             v = getattr(self, key)
             if not isinstance(v, str) or not v:
-                raise ValueError(f"data.{key}: required for data.type conversations")
+                raise SpecError(f"data.{key}", "required for data.type conversations")
             if not os.path.isfile(v):
-                raise ValueError(f"data.{key}: file not found: {v} ({DEMO_HINT})")
+                raise SpecError(f"data.{key}", f"file not found: {v} ({DEMO_HINT})")
         if not self.path.endswith((".json", ".jsonl")):
-            raise ValueError(f"data.path: {self.path} must be a .json (list of samples) or .jsonl file")
+            raise SpecError("data.path", f"{self.path} must be a .json (list of samples) or .jsonl file")
         if not os.path.isdir(self.root):
-            raise ValueError(f"data.image_root: folder not found: {self.root}")
+            raise SpecError("data.image_root", f"folder not found: {self.root}")
         if self.on_bad_sample not in POLICIES:
-            raise ValueError(f"data.on_bad_sample: {self.on_bad_sample!r} unknown (error, skip)")
+            raise SpecError("data.on_bad_sample", f"{self.on_bad_sample!r} unknown (error, skip)")
         for k in ("seq_len", "micro_batch_size", "image_size", "patch", "num_parallel_workers", "prefetch"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
-                raise ValueError(f"data.{k}: must be an integer >= 1")
+                raise SpecError(f"data.{k}", "must be an integer >= 1")
         if self.image_size % self.patch:
-            raise ValueError("data.patch: must divide data.image_size")
+            raise SpecError("data.patch", "must divide data.image_size")
         if self.channels != 3:
-            raise ValueError("data.channels: images are decoded to RGB (3)")
+            raise SpecError("data.channels", "images are decoded to RGB (3)")
         for k in ("mean", "std"):
             v = getattr(self, k)
             if not isinstance(v, list) or len(v) != 3:
-                raise ValueError(f"data.{k}: a list of 3 numbers (R, G, B)")
+                raise SpecError(f"data.{k}", "a list of 3 numbers (R, G, B)")
         if any(float(s) <= 0 for s in self.std):
-            raise ValueError("data.std: must be > 0")
+            raise SpecError("data.std", "must be > 0")
         if not isinstance(self.shuffle, bool):
-            raise ValueError(f"data.shuffle: true or false, got {self.shuffle!r}")
+            raise SpecError("data.shuffle", f"true or false, got {self.shuffle!r}")
         if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"data.seed: an integer (or null: train.seed), got {self.seed!r}")
+            raise SpecError("data.seed", f"an integer (or null: train.seed), got {self.seed!r}")
         size = self.load_tokenizer().vocab_size
         if self.vocab is not None and int(self.vocab) < size:
-            raise ValueError(f"data.vocab: {self.vocab} is smaller than the vocabulary of the tokenizer "
+            raise SpecError("data.vocab", f"{self.vocab} is smaller than the vocabulary of the tokenizer "
                              f"{self.tokenizer} ({size} tokens); remove data.vocab or raise it to >= {size}")
 
     def load_tokenizer(self) -> Tok:
@@ -184,10 +186,10 @@ def read_records(path: str):
         try:
             data = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"data.path: {name}:{e.lineno}: malformed JSON ({e.msg}, column {e.colno}); "
+            raise SpecError("data.path", f"{name}:{e.lineno}: malformed JSON ({e.msg}, column {e.colno}); "
                              "the whole file is unusable") from None
     if not isinstance(data, list):
-        raise ValueError(f"data.path: {name}: expected a JSON list of samples")
+        raise SpecError("data.path", f"{name}: expected a JSON list of samples")
     for i, rec in enumerate(data):
         yield f"{name} sample {i}", rec, None
 
@@ -241,9 +243,32 @@ def summary(problems: List[Problem]) -> str:
     return ", ".join(f"{k} {n}" for k, n in sorted(c.items()))
 
 
+# -- the whole data set, for data check and before launch ----------------------------------------
+
+def scan(cfg: ConversationsConfig, tokens_per_image: int) -> Tuple[int, list, List[Problem]]:
+    """(records read, usable samples, problems), decoding every image once."""
+    from .pixels import decode_eager, transforms
+    ops = transforms(cfg.image_size, cfg.mean, cfg.std)
+    decoded = {}
+
+    def check_and_decode(path: str) -> None:
+        check_image(path)
+        if path not in decoded:
+            try:
+                decode_eager(path, ops)
+                decoded[path] = None
+            except RuntimeError as e:
+                decoded[path] = str(e)
+        if decoded[path]:
+            raise SampleProblem("undecodable_image", decoded[path].replace("data: ", "", 1))
+
+    samples, problems = build_index(cfg, tokens_per_image, check_and_decode)
+    return len(samples) + len(problems), samples, problems
+
+
 # -- the source -------------------------------------------------------------------------------
 
-class ConversationsSource:
+class ConversationsSource(DataSource):
     """``micro_batch(step, micro)``: text, targets and shape facts from the index; pixels
     decoded (lazily, on first access) by a :class:`~.pixels.PixelStream`."""
 
@@ -252,10 +277,10 @@ class ConversationsSource:
         self.seed = int(cfg.seed if cfg.seed is not None else seed)
         samples, problems = build_index(cfg, self.k)
         if problems and cfg.on_bad_sample == "error":
-            raise ValueError(f"data: {len(problems)} bad sample(s) in {cfg.path} ({summary(problems)}); first: "
+            raise SpecError("data", f"{len(problems)} bad sample(s) in {cfg.path} ({summary(problems)}); first: "
                              f"{problems[0]} (list all: hyperparallel data check RECIPE; or data.on_bad_sample=skip)")
         if not samples:
-            raise ValueError(f"data.path: no usable sample in {cfg.path}")
+            raise SpecError("data.path", f"no usable sample in {cfg.path}")
         self.samples, self.problems = samples, problems
         self.skipped = len(problems)
         self.vocab = cfg.shapes()["vocab"]
@@ -296,7 +321,7 @@ class ConversationsSource:
         """Make step ``step`` start at ``position`` (a ``position()`` of this data set)."""
         n = int(position.get("num_samples", len(self.samples)))
         if n != len(self.samples):
-            raise ValueError(f"data: the saved data position is for {n} usable samples, {self.cfg.path} has "
+            raise SpecError("data", f"the saved data position is for {n} usable samples, {self.cfg.path} has "
                              f"{len(self.samples)} now (data set or on_bad_sample changed)")
         self.base = int(position["epoch"]) * n + int(position["index"]) - int(step) * self.samples_per_step
         self._meta.clear()
@@ -309,9 +334,6 @@ class ConversationsSource:
     def will_read_pixels(self, micros) -> None:
         """Hint: the global micro-batches of every step whose pixels this process reads."""
         self.pixels.plan(micros)
-
-    def meta(self, step: int, micro: int) -> MicroBatch:
-        return self.micro_batch(step, micro)
 
     def micro_batch(self, step: int, micro: int) -> MicroBatch:
         key = (int(step), int(micro))

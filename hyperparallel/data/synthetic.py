@@ -23,6 +23,8 @@ from typing import List
 import numpy as np
 
 from .batch import MicroBatch, PatchGeometry, patchify
+from .source import DataSource
+from ..mpipe.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class DataConfig(PatchGeometry):
         known = set(DataConfig.__dataclass_fields__)
         bad = sorted(set(sec or {}) - known)
         if bad:
-            raise ValueError(f"data.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
+            raise SpecError(f"data.{bad[0]}", f"unknown key (known: {', '.join(sorted(known))})")
         cfg = DataConfig(**(sec or {}))
         cfg.validate()
         return cfg
@@ -54,16 +56,16 @@ class DataConfig(PatchGeometry):
     def validate(self) -> None:
         p = np.asarray(self.images_per_sample, float)
         if p.ndim != 1 or len(p) < 1 or (p < 0).any() or abs(p.sum() - 1) > 1e-6:
-            raise ValueError("data.images_per_sample: must be a list of probabilities summing to 1")
+            raise SpecError("data.images_per_sample", "must be a list of probabilities summing to 1")
         if self.image_size % self.patch:
-            raise ValueError("data.patch: must divide data.image_size")
+            raise SpecError("data.patch", "must divide data.image_size")
         if not 0 <= self.video_prob <= 1:
-            raise ValueError("data.video_prob: must be in [0, 1]")
+            raise SpecError("data.video_prob", "must be in [0, 1]")
         if self.num_classes + 1 > self.vocab:
-            raise ValueError("data.vocab: must exceed data.num_classes")
+            raise SpecError("data.vocab", "must exceed data.num_classes")
         for k in ("micro_batch_size", "text_len", "video_frames", "num_classes"):
             if int(getattr(self, k)) < 1:
-                raise ValueError(f"data.{k}: must be >= 1")
+                raise SpecError(f"data.{k}", "must be >= 1")
 
     @property
     def max_images(self) -> int:
@@ -136,25 +138,14 @@ def make_micro_batch(cfg: DataConfig, seed: int, step: int, micro: int) -> Micro
                       images_per_sample=[len(s[0]) for s in samples])
 
 
-class SyntheticSource:
+class SyntheticSource(DataSource):
     """The synthetic generator as a data source: ``micro_batch(step, micro)`` for the global
     micro-batch index ``micro`` (over data-parallel groups) of optimizer step ``step``.
-    Generation is cheap and a pure function of (seed, step, micro), so ``meta`` is the
-    micro-batch itself and the data position is the step."""
-
-    skipped = 0
+    Generation is cheap and a pure function of (seed, step, micro), so the data position is the
+    step (the contract's defaults)."""
 
     def __init__(self, cfg: DataConfig, seed: int):
         self.cfg, self.seed = cfg, int(seed)
 
     def micro_batch(self, step: int, micro: int) -> MicroBatch:
         return make_micro_batch(self.cfg, self.seed, step, micro)
-
-    meta = micro_batch
-
-    def position(self, step: int) -> dict:
-        return {"step": int(step)}
-
-    def seek(self, position: dict, step: int) -> None:
-        if int(position.get("step", step)) != int(step):
-            raise ValueError(f"data: synthetic data position {position} cannot start step {step}")

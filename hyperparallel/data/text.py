@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 import numpy as np
+from ..mpipe.errors import SpecError
 
 IMAGE, VIDEO = "<image>", "<video>"
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|im_end|>", "<eos>", "[SEP]")
@@ -45,7 +46,7 @@ class Tok:
         try:
             self.tk = Tokenizer.from_file(path)
         except Exception as e:  # the Rust side raises a bare Exception
-            raise ValueError(f"data.tokenizer: cannot load {path} as a Hugging Face tokenizers JSON file "
+            raise SpecError("data.tokenizer", f"cannot load {path} as a Hugging Face tokenizers JSON file "
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
         self.path = path
         self.vocab_size = int(self.tk.get_vocab_size(with_added_tokens=True))

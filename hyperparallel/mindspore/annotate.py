@@ -1,68 +1,16 @@
 """Graph-mode annotations: a plan's placement as ``cell.pipeline_stage`` + MindSpore/MindFormers config.
 
-MindSpore's static-graph pipeline (semi-auto parallel, Ascend/GPU) places every
-operator on the stage of the Cell it runs in (``cell.pipeline_stage``) and runs one of
-its built-in schedulers. For the plans whose skeletons it can express, this module
-writes the plan's placement onto the model's cells and returns the matching settings::
-
-    from hyperparallel.mindspore.annotate import annotate
-    gp = annotate(model, plan)           # sets cell.pipeline_stage on the model's cells
-    gp.auto_parallel_pipeline_kwargs()   # AutoParallel(net, parallel_mode="semi_auto").pipeline(**kw)
-    gp.mindformers()                     # parallel_config / parallel.pipeline_config / model_config
-
-What maps (plan -> MindSpore), and why:
-
-* ``pipe(order)`` of the last region: chunk ``c`` on device ``c mod P`` is MindSpore's
-  own placement rule (MindFormers' ``LayerSetting`` gives layer ``i`` the stage
-  ``searchsorted(cumulative layers, i + 1) mod pp`` over a ``(pp_interleave_num, pp)``
-  grid: consecutive layers, cyclic over stages), so each layer's cell gets the device of
-  the plan chunk that holds it. ``gp.mindformers()`` also gives the ``model.model_config.offset``
-  with which MindFormers' ``LayerSetting`` cuts the layers exactly as the plan does (the same
-  cut that ``plan``, ``simulate`` and the runtime use).
-* order ``1f1b`` -> scheduler ``1f1b``, ``pipeline_interleave: False`` (MindSpore's default).
-* order ``gpipe`` -> scheduler ``gpipe`` with ``pipeline_interleave: True``: MindSpore's
-  ``set_pipeline_config`` refuses any scheduler but ``1f1b`` when interleave is off
-  ("When pipeline_interleave is False, ... only '1f1b' is allowed"); with one virtual
-  stage the interleave switch only selects the scheduler framework.
-* order ``interleaved`` (V > 1) -> scheduler ``1f1b`` with ``pipeline_interleave: True`` and
-  ``pp_interleave_num: V``: Megatron-style interleaved 1F1B over V chunks per device, the
-  same chunking and placement as the plan. ``seqpipe``/``seqvpp``/``seqsmartvpp`` are
-  MindSpore's sequence-pipelined and memory-balanced variants (micro-batches further
-  split along the sequence with ``seq_split_num``, or a different per-device order); no
-  plan order corresponds to them, so none is emitted.
-* order ``zbv`` (V = 2) -> scheduler ``zero_bubble_v`` with ``pipeline_interleave: True`` and
-  ``pp_interleave_num: 2``. The plan's V-shape placement (chunk ``c`` on device ``c`` for
-  ``c < P``, on ``2P-1-c`` after) is MindFormers' ``zero_bubble_v`` stage assignment (its
-  ``LayerSetting`` reverses the second row of the ``(2, pp)`` layer grid and gives layers of
-  the second segment stage ``pp - 1 - (k mod pp)``, ``pipeline_segment`` 1); each cell also
-  gets ``pipeline_segment = chunk // P``. MindSpore runs its own ZB-V order on that placement.
-* orders ``zb_h1``, ``interleaved_zb`` and ``dualpipev`` are refused: MindSpore's only
-  zero-bubble scheduler, ``zero_bubble_v``, is the V-shape ZB-V schedule; ``zb_h1`` and
-  ``interleaved_zb`` use the loop placement, and DualPipeV's overlapped pairs are another
-  order. Emitting ``zero_bubble_v`` for them would run a schedule the checker never saw.
-* ``place(d)`` of an encoder region: all its cells get stage ``d``. MindSpore's stages
-  must be non-decreasing along the data flow, and the encoder feeds the first LLM chunk
-  (stage 0), so only ``d == 0`` is expressible (the usual "encoder on the first stage").
-* ``transpose``: refused. A transposed encoder is replicated on every pipeline stage and
-  micro-batch ``m`` runs on its owner; a static-graph pipeline gives each operator one
-  stage. Run it with the PyNative runtime: ``hyperparallel train RECIPE``.
-
-Cells are mapped to plan chunks by region and layer index, generically:
-
-* a cell with ``region``, ``start`` and ``blocks`` attributes (the tiny MLLM's
-  :class:`~hyperparallel.models.tiny_cells.ChunkCell`, one per region or per chunk) gets the
-  stage of its first layer, ``blocks[i]`` the stage of layer ``start + i``;
-* any other cell whose parameters all belong to one ``(region, layer)`` gets that layer's
-  stage. Parameter names carry the region and layer: ``REGION.LAYER.name`` (e.g.
-  ``llm.3.attn.wq``); layer ``-1`` is the region's head part (patch/token embedding, on the
-  first chunk's device) and layer ``L`` (the region's layer count) its tail part
-  (projector, final norm, LM head, on the last chunk's device);
-* ``layer_of(name, cell)`` may override: return ``(region, layer)`` or ``None``.
-
-Every parameter is also placed by its own name (``param_stages``); a parameter owned
-directly by a cell whose stage differs (the tiny MLLM's LM head weight lives on the llm
-ChunkCell itself, so its matmul would run on the cell's first stage) is listed in
-``conflicts``. Graph-mode pipeline compilation needs Ascend or GPU; on CPU these
+MindSpore's static-graph pipeline (semi-auto parallel, Ascend/GPU) places every operator on the
+stage of the Cell it runs in and runs one of its built-in schedulers. For the plans whose
+skeletons it can express, :func:`annotate` writes the plan's placement onto the model's cells and
+returns the matching settings (:class:`GraphPipeline`); the pipe order's MindSpore scheduler comes
+from the order registry (:data:`hyperparallel.mpipe.orders.ORDERS`). Transpose, ``place`` on a device
+other than 0 and the orders no MindSpore scheduler runs are refused (:class:`GraphModeUnsupported`)
+before any cell is touched. Cells are mapped to plan chunks by region and layer: a cell with
+``region``, ``start`` and ``blocks`` attributes (the project's chunk cells), any cell whose
+parameters all carry one ``REGION.LAYER.`` name prefix, or ``layer_of(name, cell)``; a parameter
+whose owning cell is on another stage than its name asks for is listed in ``conflicts``. The
+mapping table and its reasons: ``docs/mindformers.md`` ("What runs in graph mode"). On CPU these
 annotations are produced and checked as data.
 """
 from __future__ import annotations
@@ -72,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from hyperparallel.mpipe.errors import SpecError
-from hyperparallel.mpipe.mindformers_rules import SCHEDULERS, offset_of  # noqa: F401 (SCHEDULERS: MindSpore 2.9's)
+from hyperparallel.mpipe import orders
+from hyperparallel.recipe.mindformers import offset_of
 
 
 class GraphModeUnsupported(SpecError):
@@ -104,10 +53,6 @@ class GraphPipeline:
         """Arguments of ``mindspore.parallel.auto_parallel.AutoParallel(...).pipeline``."""
         return {"stages": self.stages, "interleave": self.interleave, "scheduler": self.scheduler}
 
-    def context_kwargs(self) -> dict:
-        """Arguments of ``mindspore.set_auto_parallel_context`` (older API)."""
-        return {"pipeline_stages": self.stages, "pipeline_config": self.pipeline_config()}
-
     def mindformers(self) -> dict:
         """The MindFormers sections (1.9 spelling: ``pp_interleave_num`` in ``model.model_config``)."""
         return {
@@ -116,13 +61,6 @@ class GraphPipeline:
             "parallel": {"pipeline_config": self.pipeline_config()},
             "model": {"model_config": {"pp_interleave_num": self.virtual_stages, "offset": self.offset}},
         }
-
-    def to_dict(self) -> dict:
-        return {"mindspore": {"pipeline": self.auto_parallel_pipeline_kwargs(), "micro_size": self.micro_batches},
-                "mindformers": self.mindformers(), "cell_stages": dict(self.cell_stages),
-                "cell_segments": dict(self.cell_segments),
-                "param_stages": dict(self.param_stages), "conflicts": list(self.conflicts),
-                "frozen_regions": list(self.frozen_regions)}
 
 
 def _schedule_parts(plan) -> List[dict]:
@@ -154,22 +92,14 @@ def graph_pipeline(plan) -> GraphPipeline:
     body = parts[-1]
     order = body.get("order", plan.meta.get("order"))
     V = int(plan.meta.get("pp_interleave_num", 1))
-    if order == "1f1b":
-        interleave, sched = False, "1f1b"
-    elif order == "gpipe":
-        interleave, sched = True, "gpipe"
-    elif order == "interleaved":
-        interleave, sched = True, "1f1b"
-    elif order == "zbv":
-        interleave, sched = True, "zero_bubble_v"
-    elif order in ("zb_h1", "interleaved_zb", "dualpipev"):
+    graph = [n for n, o in orders.ORDERS.items() if o.mindspore]
+    entry = orders.ORDERS.get(order)
+    if entry is None or entry.mindspore is None:
+        why = entry.no_graph if entry is not None else "has no MindSpore scheduler"
         raise GraphModeUnsupported(
-            "schedule.order", f"{order} has no MindSpore scheduler: 'zero_bubble_v' is the V-shape ZB-V schedule "
-            "(order zbv). Allowed in graph mode: gpipe, 1f1b, interleaved, zbv; or run "
+            "schedule.order", f"{order} {why}. Allowed in graph mode: {', '.join(graph)}; or run "
             f"{order} with the PyNative runtime (hyperparallel train)")
-    else:
-        raise GraphModeUnsupported("schedule.order", f"{order!r} has no MindSpore scheduler; allowed in graph "
-                                                     "mode: gpipe, 1f1b, interleaved, zbv")
+    sched, interleave = entry.mindspore
     frozen = [r for r, t in (plan.trainable or {}).items() if not t]
     body_chunks = sorted((c for c in plan.chunks if c.region == body.get("region")), key=lambda c: c.index)
     layers = [c.layers for c in body_chunks]

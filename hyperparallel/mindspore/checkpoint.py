@@ -24,8 +24,8 @@ from typing import Dict, Optional, Tuple
 
 import mindspore as ms
 
-from .ckpt_files import (MARKER, META, REFUSED, CheckpointError, Source, check_names, chunk_owners,
-                         rank_file, resolve, safetensors_header, scalar_owner, step_dir, writers)
+from .ckpt_files import (MARKER, META, CheckpointError, Source, check_names, chunk_owners,
+                         rank_file, safetensors_header, scalar_owner, step_dir, writers)
 from .optim import HYPER_PARAMS
 
 
@@ -48,11 +48,14 @@ def _write_json(path: str, obj: dict) -> None:
 
 
 class Saver:
-    """Writes this rank's part of each checkpoint (nothing when it owns no name)."""
+    """Writes this rank's part of each checkpoint (nothing when it owns no name).
 
-    def __init__(self, case: dict, comm, plan, chunks, opt, fmt: str = "safetensors", source=None):
+    ``meta``: what ``meta.json`` records of the run besides the layout (``recipe_hash``,
+    ``schedule``, ``optimizer``); ``source``: the data source, whose ``position`` goes there too."""
+
+    def __init__(self, save_dir: str, comm, plan, chunks, opt, source, meta: dict, fmt: str = "safetensors"):
         self.comm, self.plan, self.fmt = comm, plan, fmt
-        self.save_dir = case["save_dir"]
+        self.save_dir = save_dir
         owners = chunk_owners(plan)
         mine = comm.dp_index == 0
         params = [p for key, cell in sorted(chunks.items()) if mine and owners[key] == comm.device
@@ -66,12 +69,11 @@ class Saver:
             self.items.update({n: state[n] for n in glob})
         self.files = [rank_file(r, fmt) for r in writers(plan)]
         self.fault = save_fault(comm.rank)
-        self.source = source   # the data source: its position() goes into meta.json
-        self.meta = {"format_version": 1, "format": fmt, "recipe_hash": recipe_hash(case["raw"]),
-                     "schedule": case.get("schedule", plan.meta.get("schedule_name")),
+        self.source = source
+        self.meta = {"format_version": 1, "format": fmt, "recipe_hash": meta.get("recipe_hash"),
+                     "schedule": meta.get("schedule") or plan.meta.get("schedule_name"),
                      "P": plan.num_devices, "V": int(plan.meta.get("pp_interleave_num", 1)),
-                     "D": plan.data_parallel, "M": plan.num_micro,
-                     "optimizer": (case["raw"].get("train") or {}).get("optimizer", "adam"),
+                     "D": plan.data_parallel, "M": plan.num_micro, "optimizer": meta.get("optimizer"),
                      "files": self.files}
 
     def save(self, step: int) -> float:
@@ -98,7 +100,7 @@ class Saver:
                 self.meta, step=step,
                 data_position={"next_step": step, "micro_batch": 0,
                                "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel,
-                               **(self.source.position(step) if hasattr(self.source, "position") else {})}))
+                               **self.source.position(step)}))
         self.comm.barrier()
         if self.comm.rank == 0:
             _write_json(os.path.join(d, MARKER), {"step": step, "files": self.files})
@@ -135,18 +137,6 @@ def _index(src: Source) -> Tuple[Dict[str, Tuple[int, ...]], Dict[str, str], Dic
     return shapes, where, values
 
 
-def _all_gather(comm, obj) -> list:
-    """[obj of every rank]; a comm may bring its own ``all_gather_object`` (in-process tests)."""
-    if hasattr(comm, "all_gather_object"):
-        return comm.all_gather_object(obj)
-    if comm.world == 1:
-        return [obj]
-    import mindspore.mint.distributed as dist
-    out = [None] * comm.world
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def restore(src: Source, comm, chunks, opt) -> Tuple[int, bool]:
     """Load ``src`` into this rank's chunks (and optimizer state when the checkpoint has it).
 
@@ -156,7 +146,7 @@ def restore(src: Source, comm, chunks, opt) -> Tuple[int, bool]:
     shapes, where, values = _index(src)
     params = {p.name: tuple(p.shape) for cell in chunks.values() for p in cell.get_parameters()}
     state = {n: tuple(p.shape) for n, p in opt.state().items()}
-    gathered = _all_gather(comm, (params, state))
+    gathered = comm.all_gather_object((params, state))
     all_params, all_state = {}, {}
     for p, s in gathered:
         all_params.update(p)
@@ -176,40 +166,20 @@ def restore(src: Source, comm, chunks, opt) -> Tuple[int, bool]:
     return (src.step if src.meta else 0), load_state
 
 
-def source_of(case: dict) -> Optional[Source]:
-    """The checkpoint a case starts from: ``resume_from`` (resolved by the launcher) or, with
-    ``resume``, the newest complete step of ``save_dir``."""
-    if case.get("resume_from"):
-        return Source.from_json(case["resume_from"])
-    if case.get("resume") and case.get("save_dir"):
-        return resolve(case["save_dir"])
-    return None
-
-
-def restore_case(case: dict, comm, chunks, opt, name: str, start: int, data=None) -> int:
-    """The worker's resume: restore the case's checkpoint, if any, and return the first step.
-    With a saved data position, the data source ``data`` continues there (``data.seek``).
-    A checkpoint that does not fit stops every rank with exit status 2 and a ``REFUSED`` line."""
-    try:
-        src = source_of(case)
-        if src is None:
-            return start
-        step, with_state = restore(src, comm, chunks, opt)
-        pos = dict((src.meta or {}).get("data_position") or {})
-        for k in ("next_step", "micro_batch", "micro_batches_per_step"):
-            pos.pop(k, None)
-        if pos and hasattr(data, "seek"):
-            try:
-                data.seek(pos, step)
-            except (KeyError, ValueError) as e:
-                raise CheckpointError(f"{src.path}: data position {pos}: {str(e).splitlines()[0]}") from None
-    except CheckpointError as e:
-        print(REFUSED + str(e), flush=True)
-        raise SystemExit(2) from None
-    if comm.rank == 0:
-        print(f"[{name}] resumed from {src.path} at step {step} "
-              f"({'with its' if with_state else 'fresh'} optimizer state)", flush=True)
-    return step
+def restore_with_data(src: Source, comm, chunks, opt, data) -> Tuple[int, bool]:
+    """:func:`restore`, then the data source ``data`` continues at the checkpoint's saved data position
+    (``data.seek``). Returns (step to continue from, optimizer state loaded); CheckpointError if the
+    checkpoint does not fit this model or its data position this data set."""
+    step, with_state = restore(src, comm, chunks, opt)
+    pos = dict((src.meta or {}).get("data_position") or {})
+    for k in ("next_step", "micro_batch", "micro_batches_per_step"):
+        pos.pop(k, None)
+    if pos:
+        try:
+            data.seek(pos, step)
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"{src.path}: data position {pos}: {str(e).splitlines()[0]}") from None
+    return step, with_state
 
 
 def merge(src: Source, out: str, with_state: bool = False) -> int:

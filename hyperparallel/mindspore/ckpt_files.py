@@ -22,7 +22,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from hyperparallel.mpipe import ir
 

@@ -92,8 +92,49 @@ class Comm:
         dist.all_reduce(t)
         return float(t.asnumpy()[0])
 
+    def all_gather_object(self, obj) -> list:
+        """[obj of every rank] (picklable objects; checkpoint name checks)."""
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         dist.barrier()
+
+
+class LocalComm:
+    """The communication of a one-device program in one process (no msrun peers): the bench's tight-loop
+    profile and any in-process rank. Every collective is the identity; there is no point-to-point."""
+
+    D, device, dp_index, world = 1, 0, 0, 1
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+
+    def ensure_groups(self, groups) -> None:
+        pass
+
+    def all_reduce(self, tensors: List[Tensor], group) -> List[Tensor]:
+        return tensors
+
+    def broadcast(self, tensors: List[Tensor], root_device: int, group) -> List[Tensor]:
+        return tensors
+
+    def all_reduce_scalar(self, value: float) -> float:
+        return float(value)
+
+    def all_gather_object(self, obj) -> list:
+        return [obj]
+
+    def barrier(self) -> None:
+        pass
+
+    def send(self, *args, **kw):
+        raise RuntimeError("LocalComm: a one-device program sends nothing")
+
+    recv = send
 
 
 def _split(flat: Tensor, like: List[Tensor]) -> List[Tensor]:

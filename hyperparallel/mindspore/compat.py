@@ -1,7 +1,7 @@
 """MindSpore-on-CPU workarounds and the tape autograd wrapper, in one place.
 
 Every internal API or behaviour we rely on is named here, so that a MindSpore
-upgrade breaks exactly this module and ``tests/test_runtime_compat.py`` says so.
+upgrade breaks exactly this module and ``tests/test_mindspore_compat.py`` says so.
 
 Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
 
@@ -29,7 +29,7 @@ from typing import Sequence, Tuple
 import mindspore as ms
 from mindspore import ops
 
-# Internal APIs (checked by tests/test_runtime_compat.py).
+# Internal APIs (checked by tests/test_mindspore_compat.py).
 from mindspore._c_expression import run_backward as _run_backward
 from mindspore.graph.api import _pynative_executor as _executor
 

@@ -26,8 +26,10 @@ adds wait until the SENDs that follow a backward have gone out.
 
 Which forwards record a tape, and which inputs need a gradient, is read off the
 plan (the backward actions it contains), not decided here. The model is reached
-only through its adapter (:mod:`hyperparallel.models.base`): no region name,
-model class or shape formula lives here.
+only through its adapter (:mod:`hyperparallel.models.base`), the data through the
+data-source contract (:mod:`hyperparallel.data.source`): no region name, model class
+or shape formula lives here. Timing and fault injection come in as explicit hooks
+(:mod:`.hooks`).
 """
 from __future__ import annotations
 
@@ -35,18 +37,21 @@ from typing import Dict, List, Optional, Tuple
 
 from mindspore import Parameter, Tensor, ops
 
-from hyperparallel.mpipe import ir
+from hyperparallel.data import DataSource
 from hyperparallel.models import ModelAdapter
+from hyperparallel.mpipe import ir
 from .compat import Tape, acc, leaf
+from .hooks import Hooks
 
 Key = Tuple[str, int, int]
 
 
 class Interpreter:
-    def __init__(self, plan: ir.Plan, comm, model: ModelAdapter, source, chunks: Dict[Tuple[str, int], object]):
-        """``model``: the adapter; ``source``: the data source (``micro_batch(step, global micro)``,
-        pixels loaded lazily, so a boundary spec never needs them; see :mod:`hyperparallel.data`);
-        ``chunks``: this rank's chunk Cells by (region, chunk index), built by the adapter."""
+    def __init__(self, plan: ir.Plan, comm, model: ModelAdapter, source: DataSource,
+                 chunks: Dict[Tuple[str, int], object], hooks: Optional[Hooks] = None):
+        """``model``: the adapter; ``source``: the data source (pixels loaded lazily, so a boundary
+        spec never needs them); ``chunks``: this rank's chunk Cells by (region, chunk index), built
+        by the adapter; ``hooks``: timing / fault injection (:mod:`.hooks`; default none)."""
         self.plan, self.comm, self.model, self.source, self.chunks = plan, comm, model, source, chunks
         self.device = comm.device
         self.program: List[ir.Action] = plan.programs.get(self.device, [])
@@ -71,24 +76,52 @@ class Interpreter:
                 continue
             if region in reduced or any(k[0] == region and k[1] == idx for k in self.backward_here):
                 self.updated += list(cell.get_parameters())
-        # a prefetch hint for the source: the micro-batches whose model input (pixels) this rank reads
-        first = (self.regions[0], 0)
-        if hasattr(source, "will_read_pixels"):
-            source.will_read_pixels(sorted({comm.dp_index * plan.num_micro + a.micro for a in self.program
-                                            if (a.region, a.chunk) == first and a.kind in (ir.F, ir.R)}))
-        self.prefetch_at = prefetch_points(self.program, first)
+        # the read-ahead hint for the source: the micro-batches whose model input (pixels) this rank reads
+        self.first_chunk = (self.regions[0], 0)
+        source.will_read_pixels(sorted({comm.dp_index * plan.num_micro + a.micro for a in self.program
+                                        if (a.region, a.chunk) == self.first_chunk and a.kind in (ir.F, ir.R)}))
+        self.prefetch_at = prefetch_points(self.program, self.first_chunk)
         self.grads: Dict[str, Optional[Tensor]] = {}
-        self.hook = None  # called as hook(step, action index, program length); fault injection
-        self.tape = Tape  # autograd entry points; ``hyperparallel bench`` swaps in a timing wrapper
+        self._mb: Dict[tuple, tuple] = {}
+        # the callables the hooks may wrap (timing), asked for once
+        hooks = hooks or Hooks()
+        w = hooks.wrap
+        self._forward, self._no_grad, self._grad = (w("compute", n, getattr(Tape, n))
+                                                    for n in ("forward", "no_grad", "grad"))
+        self._send, self._recv, self._all_reduce, self._broadcast = (
+            w("comm", n, getattr(comm, n)) for n in ("send", "recv", "all_reduce", "broadcast"))
+        self._tensors = w("data", "tensors", self._build_tensors)
+        self._model_input = w("data", "model_input", model.model_input)
+        self._accumulate = w("accumulate", "add_grads", self.add_grads)
+        self._before_action = hooks.before_action if hooks.per_action else None
 
     # -- helpers ---------------------------------------------------------------
+    def _build_tensors(self, step: int, g: int):
+        mb = self.source.micro_batch(step, g)
+        return mb, self.model.tensors(mb, 1.0 / self.total_micro)
+
     def micro(self, m: int, ahead: int = 0):
         """Side-input tensors of micro-batch m of this step, or of the next one (``ahead=1``)."""
         g = self.comm.dp_index * self.plan.num_micro + m
         if (ahead, g) not in self._mb:
-            mb = self.source.micro_batch(self._step + ahead, g)
-            self._mb[(ahead, g)] = (mb, self.model.tensors(mb, 1.0 / self.total_micro))
+            self._mb[(ahead, g)] = self._tensors(self._step + ahead, g)
         return self._mb[(ahead, g)][1]
+
+    def prepare(self, a: ir.Action) -> bool:
+        """Build the data action ``a`` reads now (its micro-batch; for the model's first chunk the model
+        input too, pixels included); True if its micro-batch was built by this call (an action clock
+        times data apart from compute)."""
+        if a.micro is None:
+            return False
+        n = len(self._mb)
+        mt = self.micro(a.micro, a.step)
+        if (a.region, a.chunk) == self.first_chunk:
+            self._model_input(mt)
+        return len(self._mb) > n
+
+    def micro_batches(self):
+        """The micro-batches (data-source objects) built for the current step, by (ahead, global index)."""
+        return {k: mb for k, (mb, _t) in sorted(self._mb.items())}
 
     def boundary(self, key: Key, ahead: int = 0):
         """Shape/dtype of the output of chunk ``key`` (the adapter's answer for this micro-batch)."""
@@ -103,7 +136,7 @@ class Interpreter:
     def chunk_input(self, key: Key, recompute: bool = False, ahead: int = 0) -> Tensor:
         prev = self.prev_key(key)
         if prev is None:
-            return self.model.model_input(self.micro(key[2], ahead))
+            return self._model_input(self.micro(key[2], ahead))
         if ahead:
             src = self.ahead_acts.pop(prev)
         elif recompute and prev in self.recomputed:
@@ -125,7 +158,7 @@ class Interpreter:
 
     def flush_grads(self) -> None:
         for params, grads in self.pending_acc:
-            self.add_grads(params, grads)
+            self._accumulate(params, grads)
         self.pending_acc = []
 
     # -- one optimizer step ----------------------------------------------------------
@@ -144,9 +177,10 @@ class Interpreter:
         self.pending_acc: List[tuple] = []
         self.acts.update(self.ahead_acts)  # next-step work done last step (or by the prologue)
         self.ahead_acts = {}
+        before = self._before_action
         for i, a in enumerate(self.program):
-            if self.hook is not None:
-                self.hook(step, i, len(self.program))
+            if before is not None:
+                before(self, step, i, a)
             if self.pending_acc and a.kind != ir.SEND:
                 self.flush_grads()
             if i in self.prefetch_at:
@@ -162,7 +196,7 @@ class Interpreter:
         for m, ahead, model_input in needs:
             mt = self.micro(m, ahead)
             if model_input:
-                self.model.model_input(mt)
+                self._model_input(mt)
 
     def run_prologue(self, step: int) -> None:
         """Before the first step run here: the plan's next-step work for ``step`` (see ``Plan.prologue``)."""
@@ -175,7 +209,7 @@ class Interpreter:
         cell = self.chunks[key[:2]]
         x = self.chunk_input(key, recompute, ahead)
         mt = self.micro(key[2], ahead)
-        out = self.tape.forward(cell.forward, x, mt) if record else self.tape.no_grad(cell.forward, x, mt)
+        out = self._forward(cell.forward, x, mt) if record else self._no_grad(cell.forward, x, mt)
         if record:
             self.inputs[key], self.outputs[key] = x, out
         if ahead:
@@ -207,7 +241,7 @@ class Interpreter:
     def input_grad(self, key: Key, out: Tensor, sens: Tensor, keep: bool) -> None:
         x, prev = self.inputs[key], self.prev_key(key)
         if prev is not None and prev in self.backwarded_anywhere:
-            (gx,) = self.tape.grad([out], [sens], [x], keep_graph=keep)
+            (gx,) = self._grad([out], [sens], [x], keep_graph=keep)
             self.out_grads[prev] = gx
 
     def do_B(self, a: ir.Action) -> None:
@@ -221,7 +255,7 @@ class Interpreter:
         key = (a.region, a.chunk, a.micro)
         out, sens = self.pending_w.pop(key)
         params = list(self.chunks[key[:2]].get_parameters())
-        self.defer_grads(params, self.tape.grad([out], [sens], params, keep_graph=False))
+        self.defer_grads(params, self._grad([out], [sens], params, keep_graph=False))
         self.inputs.pop(key), self.outputs.pop(key)
 
     def do_BW(self, a: ir.Action) -> None:
@@ -231,7 +265,7 @@ class Interpreter:
         x, prev = self.inputs.pop(key), self.prev_key(key)
         params = list(self.chunks[key[:2]].get_parameters())
         need_x = prev is not None and prev in self.backwarded_anywhere
-        g = self.tape.grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
+        g = self._grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
         if need_x:
             self.out_grads[prev], g = g[0], g[1:]
         self.defer_grads(params, g)
@@ -250,12 +284,12 @@ class Interpreter:
             raise RuntimeError(f"model adapter {self.model.family}: chunk {a.region}/{a.chunk} micro-batch "
                                f"{a.micro}: {a.tensor} has shape {tuple(t.shape)} but the adapter's boundary "
                                f"spec says {tuple(spec.shape)} (device {self.device}, before SEND to {a.peer})")
-        self.comm.send(t, a.peer)
+        self._send(t, a.peer)
 
     def do_RECV(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
         spec = self.boundary(key, a.step)
-        t = self.comm.recv(spec.shape, a.peer, spec.dtype)
+        t = self._recv(spec.shape, a.peer, spec.dtype)
         if a.step:
             self.ahead_acts[key] = t
         else:
@@ -272,12 +306,12 @@ class Interpreter:
             params = [p for p in self.region_params(a.region) if p.name in self.grads]
         tensors = [self.grads[p.name] if self.grads[p.name] is not None else ops.zeros_like(p)
                    for p in params]
-        for p, g in zip(params, self.comm.all_reduce(tensors, a.group)):
+        for p, g in zip(params, self._all_reduce(tensors, a.group)):
             self.grads[p.name] = g
 
     def do_BROADCAST(self, a: ir.Action) -> None:
         params = self.region_params(a.region)
-        new = self.comm.broadcast([ops.stop_gradient(p) * 1 for p in params], a.root, a.group)
+        new = self._broadcast([ops.stop_gradient(p) * 1 for p in params], a.root, a.group)
         if self.device != a.root:
             for p, v in zip(params, new):
                 p.set_data(v.copy())

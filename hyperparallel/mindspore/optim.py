@@ -5,7 +5,7 @@ from typing import Dict, List, Tuple
 
 from mindspore import nn, Parameter, Tensor
 
-from .config import TrainConfig
+from hyperparallel.recipe.train import TrainConfig
 
 # Optimizer Parameters that are recipe values, not state: saved (as MindSpore does) but never restored.
 HYPER_PARAMS = ("learning_rate", "momentum")

@@ -11,8 +11,7 @@ from typing import Dict
 
 import mindspore as ms
 
-from .config import RunConfig
-from .data import data_source
+from hyperparallel.runconfig import RunConfig
 from .optim import Optimizer
 
 
@@ -21,7 +20,7 @@ class Reference:
 
     def __init__(self, rc: RunConfig, num_micro: int, trainable: Dict[str, bool]):
         self.rc, self.num_micro = rc, num_micro
-        self.model, self.source = rc.model, data_source(rc)
+        self.model, self.source = rc.model, rc.source()
         self.cells = self.model.build_full()   # one chunk per region, in data-flow order
         self.params = []
         for region, cell in zip(self.model.region_names(), self.cells):

@@ -16,6 +16,7 @@ import importlib
 from typing import Callable, Dict
 
 from .base import ModelAdapter, Region, TensorSpec
+from ..mpipe.errors import SpecError
 
 # family name -> "module:Class" (imported only when chosen)
 BUILTIN: Dict[str, str] = {"tiny_mllm": "hyperparallel.models.tiny_mllm:TinyMLLM"}
@@ -28,7 +29,7 @@ def _load(path: str, key: str) -> Callable:
     try:
         return getattr(importlib.import_module(mod), cls)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{key}: cannot import {path!r} ({e})") from None
+        raise SpecError(f"{key}", f"cannot import {path!r} ({e})") from None
 
 
 def adapter_for(section: dict, data_shapes: dict, seed: int) -> ModelAdapter:
@@ -42,20 +43,20 @@ def adapter_for(section: dict, data_shapes: dict, seed: int) -> ModelAdapter:
             key = "model.model_config.type"
         if arch not in MINDFORMERS_ARCHS:
             supported = ", ".join(sorted(MINDFORMERS_ARCHS)) or "none yet"
-            raise ValueError(f"{key}: {arch!r} has no runtime adapter, so it cannot be trained here "
+            raise SpecError(f"{key}", f"{arch!r} has no runtime adapter, so it cannot be trained here "
                              f"(supported MindFormers models: {supported}; plan and simulate still work)")
         return _load(MINDFORMERS_ARCHS[arch], key)(sec, data_shapes, seed)
     if "adapter" in sec:
         path = sec.pop("adapter")
         if not isinstance(path, str) or ":" not in path:
-            raise ValueError(f"model.adapter: expected 'package.module:Class', got {path!r}")
+            raise SpecError("model.adapter", f"expected 'package.module:Class', got {path!r}")
         adapter = _load(path, "model.adapter")(sec, data_shapes, seed)
         if not isinstance(adapter, ModelAdapter):
-            raise ValueError(f"model.adapter: {path} is not a hyperparallel.models.ModelAdapter")
+            raise SpecError("model.adapter", f"{path} is not a hyperparallel.models.ModelAdapter")
         return adapter
     family = sec.get("type", "tiny_mllm")
     if family not in BUILTIN:
-        raise ValueError(f"model.type: {family!r} unknown (known: {', '.join(sorted(BUILTIN))}; "
+        raise SpecError("model.type", f"{family!r} unknown (known: {', '.join(sorted(BUILTIN))}; "
                          f"a MindFormers model needs model.arch.type)")
     return _load(BUILTIN[family], "model.type")(sec, data_shapes, seed)
 

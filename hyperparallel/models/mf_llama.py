@@ -10,7 +10,7 @@ plus one sub-section for the encoder (MindFormers 1.9.0 ships no vision tower)::
 
 Regions ``vision`` (depth ``model.vision.num_layers``: the project's ViT blocks, patch
 embedding with the first chunk, mean pooling + projector to the LLM width with the last;
-Cells and parameter names from :mod:`.tiny_cells`) and ``llm`` (depth
+the shared encoder of :mod:`.vit`) and ``llm`` (depth
 ``model.model_config.num_layers``). The LLM is built by MindFormers' own builder
 (``mindformers.models.build_model.build_model``) from the ``arch``/``model_config``
 pair; its decoder layers are sliced into the plan's chunks: token embedding (plus the
@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from .base import ModelAdapter, Region, TensorSpec
+from .base import Region
+from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
+from ..mpipe.errors import SpecError
 
-VISION = "vision"
-LLM = "llm"
 MODEL_KEYS = ("arch", "model_config", "vision")
 VISION_KEYS = ("type", "num_layers", "hidden_size", "num_heads", "mlp_ratio", "init_std")
 VISION_TYPES = ("hp_vit",)
@@ -62,11 +62,11 @@ class VisionConfig:
 def _int(sec: dict, key: str, where: str, default=None) -> int:
     v = sec.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{where}.{key}: must be a whole number >= 1, got {v!r}")
+        raise SpecError(f"{where}.{key}", f"must be a whole number >= 1, got {v!r}")
     return v
 
 
-class MFLlamaMLLM(ModelAdapter):
+class MFLlamaMLLM(VitLLMAdapter):
     """ViT encoder (the project's) + MindFormers ``LlamaForCausalLM`` (see module docstring)."""
 
     family = "mindformers LlamaForCausalLM"
@@ -75,16 +75,16 @@ class MFLlamaMLLM(ModelAdapter):
         sec = dict(section or {})
         bad = sorted(set(sec) - set(MODEL_KEYS))
         if bad:
-            raise ValueError(f"model.{bad[0]}: unknown key for a MindFormers model section "
+            raise SpecError(f"model.{bad[0]}", f"unknown key for a MindFormers model section "
                              f"(known: {', '.join(MODEL_KEYS)})")
         mc = sec.get("model_config")
         if not isinstance(mc, dict):
-            raise ValueError("model.model_config: missing; give {type: LlamaConfig, num_layers: ..., ...}")
+            raise SpecError("model.model_config", "missing; give {type: LlamaConfig, num_layers: ..., ...}")
         if mc.get("type") != "LlamaConfig":
-            raise ValueError(f"model.model_config.type: {mc.get('type')!r} cannot configure LlamaForCausalLM "
+            raise SpecError("model.model_config.type", f"{mc.get('type')!r} cannot configure LlamaForCausalLM "
                              f"(use LlamaConfig)")
         if mc.get("use_past", LLAMA_DEFAULTS["use_past"]):
-            raise ValueError(f"model.model_config.use_past: {mc.get('use_past')!r} is the inference KV cache; "
+            raise SpecError("model.model_config.use_past", f"{mc.get('use_past')!r} is the inference KV cache; "
                              f"training needs False")
         self.mc = dict(mc)
         where = "model.model_config"
@@ -92,31 +92,31 @@ class MFLlamaMLLM(ModelAdapter):
         self.hidden = _int(mc, "hidden_size", where)
         heads = _int(mc, "num_heads", where)
         if self.hidden % heads:
-            raise ValueError(f"{where}.num_heads: {heads} must divide {where}.hidden_size {self.hidden}")
+            raise SpecError(f"{where}.num_heads", f"{heads} must divide {where}.hidden_size {self.hidden}")
         kv = mc.get("n_kv_heads")
         if kv is not None and (_int(mc, "n_kv_heads", where) > heads or heads % kv):
-            raise ValueError(f"{where}.n_kv_heads: {kv} must divide {where}.num_heads {heads}")
+            raise SpecError(f"{where}.n_kv_heads", f"{kv} must divide {where}.num_heads {heads}")
         vocab = _int(mc, "vocab_size", where)
         if vocab != data_shapes["vocab"]:
-            raise ValueError(f"{where}.vocab_size: {vocab} but data.vocab is {data_shapes['vocab']} (must match)")
+            raise SpecError(f"{where}.vocab_size", f"{vocab} but data.vocab is {data_shapes['vocab']} (must match)")
         seq = _int(mc, "seq_length", where)
         if seq < data_shapes["seq_len"]:
-            raise ValueError(f"{where}.seq_length: {seq} is shorter than the data's sequences "
+            raise SpecError(f"{where}.seq_length", f"{seq} is shorter than the data's sequences "
                              f"({data_shapes['seq_len']} = max images + data.text_len)")
         vs = sec.get("vision")
         if not isinstance(vs, dict):
-            raise ValueError("model.vision: missing; the encoder region: {type: hp_vit, num_layers: N, "
+            raise SpecError("model.vision", "missing; the encoder region: {type: hp_vit, num_layers: N, "
                              "hidden_size: D, num_heads: H, mlp_ratio: R}")
         bad = sorted(set(vs) - set(VISION_KEYS))
         if bad:
-            raise ValueError(f"model.vision.{bad[0]}: unknown key (known: {', '.join(VISION_KEYS)})")
+            raise SpecError(f"model.vision.{bad[0]}", f"unknown key (known: {', '.join(VISION_KEYS)})")
         if vs.get("type", "hp_vit") not in VISION_TYPES:
-            raise ValueError(f"model.vision.type: {vs.get('type')!r} unknown (known: {', '.join(VISION_TYPES)})")
+            raise SpecError("model.vision.type", f"{vs.get('type')!r} unknown (known: {', '.join(VISION_TYPES)})")
         self.vision = VisionConfig(**{k: v for k, v in vs.items() if k != "type"})
         for key in ("num_layers", "hidden_size", "num_heads", "mlp_ratio"):
             _int(vs, key, "model.vision", getattr(self.vision, key))
         if self.vision.hidden_size % self.vision.num_heads:
-            raise ValueError("model.vision.num_heads: must divide model.vision.hidden_size")
+            raise SpecError("model.vision.num_heads", "must divide model.vision.hidden_size")
         self.shapes = dict(data_shapes)
         self.seed = int(seed)
         self._net = None
@@ -139,12 +139,12 @@ class MFLlamaMLLM(ModelAdapter):
         for key, need in CPU_FLAGS.items():
             if bool(self.setting(key)) != need:
                 given = "" if key in self.mc else " (MindFormers' default)"
-                raise ValueError(f"model.model_config.{key}: {self.setting(key)!r}{given} cannot train on CPU; "
+                raise SpecError(f"model.model_config.{key}", f"{self.setting(key)!r}{given} cannot train on CPU; "
                                  f"set {need}")
         for key in LLAMA_DEFAULTS:
             if key.endswith(("_dtype", "_type")) and self.setting(key) != CPU_DTYPE:
                 given = "" if key in self.mc else " (MindFormers' default)"
-                raise ValueError(f"model.model_config.{key}: {self.setting(key)!r}{given} cannot train on CPU; "
+                raise SpecError(f"model.model_config.{key}", f"{self.setting(key)!r}{given} cannot train on CPU; "
                                  f"set {CPU_DTYPE}")
 
     # -- MindSpore ------------------------------------------------------------------------
@@ -157,39 +157,25 @@ class MFLlamaMLLM(ModelAdapter):
             self._net = build_model({"arch": {"type": "LlamaForCausalLM"}, "model_config": dict(self.mc)})
         return self._net
 
-    def _tiny_cfg(self):
-        from .tiny_mllm import ModelConfig
+    @property
+    def vit(self) -> VitConfig:
         v, s = self.vision, self.shapes
-        return ModelConfig(vision_layers=v.num_layers, vision_dim=v.hidden_size, vision_heads=v.num_heads,
-                           mlp_ratio=v.mlp_ratio, init_std=v.init_std, llm_dim=self.hidden, llm_layers=1,
-                           llm_heads=1, vocab=s["vocab"], patch_dim=s["patch_dim"], num_patches=s["num_patches"],
-                           seq_len=s["seq_len"])
+        return VitConfig(layers=v.num_layers, dim=v.hidden_size, heads=v.num_heads, mlp_ratio=v.mlp_ratio,
+                         patch_dim=s["patch_dim"], num_patches=s["num_patches"], out_dim=self.hidden,
+                         init_std=v.init_std)
 
-    def build_chunk(self, region: str, start: int, stop: int):
-        if not 0 <= start < stop <= self.depth(region):
-            raise ValueError(f"{self.family}: layers [{start}, {stop}) outside region {region!r} "
-                             f"(0..{self.depth(region)})")
-        if region == VISION:
-            from .tiny_cells import ChunkCell
-            return ChunkCell(self._tiny_cfg(), VISION, start, stop, self.seed)
-        if region == LLM:
-            from .mf_llama_cells import LlamaChunk
-            return LlamaChunk(self.network(), start, stop, self.num_layers)
-        raise KeyError(f"{self.family}: no region {region!r} (regions: vision, llm)")
+    @property
+    def seq_len(self) -> int:
+        return self.shapes["seq_len"]
+
+    @property
+    def llm_width(self) -> int:
+        return self.hidden
+
+    def build_llm_chunk(self, start: int, stop: int):
+        from .mf_llama_cells import LlamaChunk
+        return LlamaChunk(self.network(), start, stop, self.num_layers)
 
     def tensors(self, micro_batch, loss_scale: float):
         from .mf_llama_cells import LlamaTensors
         return LlamaTensors(micro_batch, loss_scale)
-
-    def model_input(self, tensors):
-        return tensors.patches
-
-    def image_tokens(self) -> int:
-        return 1   # the encoder pools its patches into one LLM-width token per image
-
-    def boundary(self, region: str, stop: int, micro_batch) -> TensorSpec:
-        if region == LLM:
-            return TensorSpec((len(micro_batch.images_per_sample), self.shapes["seq_len"], self.hidden))
-        from .tiny_mllm import vit_boundary
-        return vit_boundary(stop, micro_batch, self.vision.num_layers, self.shapes["num_patches"],
-                            self.vision.hidden_size, self.hidden)

@@ -2,18 +2,18 @@
 
 Regions ``vision`` and ``llm``; their depths are ``model.vision_layers`` and
 ``model.llm_layers``. The sizes the data imply (vocabulary, patch size, number of
-patches, sequence length) come from the data source. The Cells live in
-:mod:`.tiny_cells`.
+patches, sequence length) come from the data source. The encoder is the shared ViT
+(:mod:`.vit`); its cells live in :mod:`.cells`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import List
 
-from .base import ModelAdapter, Region, TensorSpec
+from .base import Region
+from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
+from ..mpipe.errors import SpecError
 
-VISION = "vision"
-LLM = "llm"
 
 
 @dataclass(frozen=True)
@@ -39,55 +39,47 @@ RECIPE_KEYS = ("type", "vision_layers", "llm_layers", "vision_dim", "vision_head
                "mlp_ratio", "init_std")
 
 
-class TinyMLLM(ModelAdapter):
+class TinyMLLM(VitLLMAdapter):
     family = "tiny_mllm"
 
     def __init__(self, section: dict, data_shapes: dict, seed: int):
         sec = dict(section or {})
         bad = sorted(set(sec) - set(RECIPE_KEYS))
         if bad:
-            raise ValueError(f"model.{bad[0]}: unknown key for the tiny MLLM (known: {', '.join(RECIPE_KEYS)})")
+            raise SpecError(f"model.{bad[0]}", f"unknown key for the tiny MLLM (known: {', '.join(RECIPE_KEYS)})")
         sec.pop("type", None)
         known = {f.name for f in fields(ModelConfig)}
         self.cfg = ModelConfig(**{k: v for k, v in data_shapes.items() if k in known}, **sec)
         for key in ("vision_layers", "llm_layers", "vision_dim", "llm_dim", "vision_heads", "llm_heads", "mlp_ratio"):
             if int(getattr(self.cfg, key)) < 1:
-                raise ValueError(f"model.{key}: must be >= 1")
+                raise SpecError(f"model.{key}", "must be >= 1")
         for dim, heads in (("vision_dim", "vision_heads"), ("llm_dim", "llm_heads")):
             if getattr(self.cfg, dim) % getattr(self.cfg, heads):
-                raise ValueError(f"model.{heads}: must divide model.{dim}")
+                raise SpecError(f"model.{heads}", f"must divide model.{dim}")
         self.seed = int(seed)
 
     def regions(self) -> List[Region]:
         return [Region(VISION, int(self.cfg.vision_layers), "model.vision_layers"),
                 Region(LLM, int(self.cfg.llm_layers), "model.llm_layers")]
 
-    def build_chunk(self, region: str, start: int, stop: int):
-        from .tiny_cells import ChunkCell
-        return ChunkCell(self.cfg, region, start, stop, self.seed)
+    @property
+    def vit(self) -> VitConfig:
+        c = self.cfg
+        return VitConfig(layers=c.vision_layers, dim=c.vision_dim, heads=c.vision_heads, mlp_ratio=c.mlp_ratio,
+                         patch_dim=c.patch_dim, num_patches=c.num_patches, out_dim=c.llm_dim, init_std=c.init_std)
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.seq_len
+
+    @property
+    def llm_width(self) -> int:
+        return self.cfg.llm_dim
+
+    def build_llm_chunk(self, start: int, stop: int):
+        from .cells import TinyLLMChunk
+        return TinyLLMChunk(self.cfg, start, stop, self.seed)
 
     def tensors(self, micro_batch, loss_scale: float):
-        from hyperparallel.mindspore.data import MicroTensors
+        from .cells import MicroTensors
         return MicroTensors(micro_batch, loss_scale)
-
-    def model_input(self, tensors):
-        return tensors.patches
-
-    def image_tokens(self) -> int:
-        return 1   # the encoder pools its patches into one LLM-width token per image
-
-    def boundary(self, region: str, stop: int, micro_batch) -> TensorSpec:
-        cfg = self.cfg
-        if region == LLM:
-            return TensorSpec((len(micro_batch.images_per_sample), cfg.seq_len, cfg.llm_dim))
-        return vit_boundary(stop, micro_batch, cfg.vision_layers, cfg.num_patches, cfg.vision_dim, cfg.llm_dim)
-
-
-def vit_boundary(stop: int, micro_batch, layers: int, num_patches: int, width: int, out_dim: int) -> TensorSpec:
-    """Output of the ViT encoder's chunk ending at layer ``stop`` (the encoder of the tiny MLLM and of
-    the MindFormers Llama MLLM): patch tokens of every image, or after the last layer one projected
-    token of LLM width per image."""
-    n = micro_batch.num_images
-    if stop == layers:
-        return TensorSpec((n, out_dim))
-    return TensorSpec((n, num_patches, width))

@@ -3,13 +3,12 @@
 Pure Python (+numpy, pyyaml): planning a 512-device job needs no accelerator stack.
 """
 from .check import assert_valid, check
-from .derive import derive, derive_recipe
+from .derive import derive
 from .errors import PlanError, SpecError
 from .ir import Action, Chunk, Plan
 from .profile import LinkProfile, ModelProfile, RegionProfile, parse_profile
-from .recipe import Recipe, load_recipe
 from .schedule import Pipe, Place, Schedule, Transpose, parse_schedule
 
-__all__ = ["Action", "Chunk", "Plan", "derive", "derive_recipe", "check", "assert_valid", "SpecError",
-           "PlanError", "ModelProfile", "RegionProfile", "LinkProfile", "parse_profile", "Recipe", "load_recipe",
+__all__ = ["Action", "Chunk", "Plan", "derive", "check", "assert_valid", "SpecError",
+           "PlanError", "ModelProfile", "RegionProfile", "LinkProfile", "parse_profile",
            "Schedule", "Pipe", "Place", "Transpose", "parse_schedule"]

@@ -7,7 +7,7 @@ communication (sends buffered; receives and collectives blocking).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .errors import PlanError
 from .execute import coll_key, execute, msg_key

@@ -18,7 +18,7 @@ from .cut import cut
 from .execute import execute
 from .errors import SpecError
 from .ir import (ACT, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, W, WEIGHTS, WGRAD,
-                 Action, Chunk, Plan, next_chunk, prev_chunk)
+                 Action, Plan, next_chunk, prev_chunk)
 from .owners import owner_map
 from .profile import ModelProfile, task_ms
 from .schedule import Pipe, Place, Schedule, Transpose, parse_schedule
@@ -239,7 +239,7 @@ class _Derivation:
         return tuple(self._region_ms(self.body, (k,)) / n for k in (F, B, W))
 
     def compute_order(self) -> Dict[int, List[Task]]:
-        split = self.pipe.order in orders.SPLIT_ORDERS
+        split = orders.ORDERS[self.pipe.order].split
         body_trainable = self.trainable[self.body]
         main: Dict[int, List[Task]] = {d: list(seq) for d, seq in self.main.items()}
         spilled: Dict[int, List[Task]] = defaultdict(list)
@@ -494,13 +494,3 @@ def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int =
     D = _positive("parallel_config.data_parallel", D)
     sched = parse_schedule(schedule, profile, V=V)
     return _Derivation(profile, sched, P, M, V, D).plan()
-
-
-def derive_recipe(recipe, schedule=None) -> Plan:
-    """Derive from a loaded recipe, with an optional schedule override (short name or list)."""
-    if hasattr(recipe, "plan_schedule"):
-        schedule = recipe.plan_schedule(schedule)  # mpipe.encoder options, the recipe's cut of the body
-    plan = derive(recipe.profile, recipe.schedule if schedule is None else schedule, recipe.pipeline_stage,
-                  recipe.micro_batch_num, recipe.pp_interleave_num, recipe.data_parallel)
-    plan.meta["recipe"] = recipe.path
-    return plan

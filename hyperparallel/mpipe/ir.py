@@ -68,10 +68,6 @@ class Action:
         return self.kind in COMPUTE_KINDS
 
     @property
-    def is_comm(self) -> bool:
-        return not self.is_compute
-
-    @property
     def is_backward(self) -> bool:
         """Backward footprint: backward compute and the gradient messages feeding it."""
         return self.kind in BACKWARD_KINDS or (self.kind in P2P_KINDS and self.tensor == GRAD)

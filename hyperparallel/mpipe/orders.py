@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 from functools import lru_cache
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .errors import SpecError
@@ -32,9 +33,9 @@ LOOP, VSHAPE = "loop", "vshape"
 
 
 # -- placement -------------------------------------------------------------------------
-def placement(order: str) -> str:
-    """``vshape`` for the V-shape orders, ``loop`` for the others."""
-    return VSHAPE if order in VSHAPE_ORDERS else LOOP
+def placement(name: str) -> str:
+    """The placement of order ``name``'s chunks: ``loop`` or ``vshape`` (see the module docstring)."""
+    return ORDERS[name].placement
 
 
 def device_of(order: str, chunk: int, P: int) -> int:
@@ -256,46 +257,103 @@ def dualpipev(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]
 
 def overlap_pairs(order: str, P: int, V: int, M: int, d: int) -> Dict[Tuple[str, int, int], int]:
     """``{(kind, chunk, micro): pair id}`` of the tasks an overlapping backend may run together."""
-    if order not in PAIRED_ORDERS:
+    if not ORDERS[order].paired:
         return {}
     return {(k, c, m): p for k, c, m, p in dualpipev_template(P, M, d) if p}
 
 
-ORDER_RULES: Dict[str, Callable[..., List[Task]]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "interleaved": interleaved,
-    "zb_h1": _zb_rule("zb_h1"),
-    "interleaved_zb": _zb_rule("interleaved_zb"),
-    "zbv": _zb_rule("zbv"),
-    "dualpipev": dualpipev,
-}
-SPLIT_ORDERS = ("zb_h1", "interleaved_zb", "zbv", "dualpipev")
-VSHAPE_ORDERS = ("zbv", "dualpipev")
-PAIRED_ORDERS = ("dualpipev",)
-V1_ORDERS = ("1f1b", "zb_h1")
-NEEDS_M_GE_P = ("interleaved", "interleaved_zb")
+@dataclass(frozen=True)
+class Order:
+    """One pipe order: its rule and every property the rest of the project asks about it.
+
+    ``V``: the chunks per device it needs (None: any); ``split``: backward as separate B and W
+    actions; ``paired``: F/B pairs an overlapping backend may run together; ``min_micro``:
+    the least M for (P, V); ``placement``: ``loop`` or ``vshape``; ``mindspore``: MindSpore's ``(pipeline_scheduler,
+    pipeline_interleave)`` that runs this order in graph mode (None: none does, ``no_graph``
+    says why); ``closed_form``: the makespan for uniform chunks and free communication,
+    ``(P, V, M, f, b, w) -> float`` or None where no closed form is known for those values.
+    """
+
+    name: str
+    rule: Callable[..., List[Task]]
+    placement: str = LOOP
+    V: Optional[int] = None
+    split: bool = False
+    paired: bool = False
+    min_micro: Callable[[int, int], int] = lambda P, V: 1
+    mindspore: Optional[Tuple[str, bool]] = None
+    no_graph: str = ""
+    closed_form: Optional[Callable[..., Optional[float]]] = None
 
 
-def validate(order: str, P: int, V: int, M: int) -> None:
-    """Refuse (order, P, V, M) combinations the rule does not define."""
-    if order not in ORDER_RULES:
-        raise SpecError("order", f"{order!r} unknown; allowed: {', '.join(ORDER_RULES)}")
-    if order in V1_ORDERS and V != 1:
-        raise SpecError("parallel_config.pp_interleave_num",
-                        f"must be 1 for order {order!r}, got {V}; use order 'interleaved', 'interleaved_zb' "
-                        "or 'gpipe' for V > 1")
-    if order in VSHAPE_ORDERS and V != 2:
-        raise SpecError("parallel_config.pp_interleave_num",
-                        f"must be 2 for order {order!r} (V-shape: two chunks per device), got {V}; allowed: 2")
-    if order in NEEDS_M_GE_P and V > 1 and M < P:
-        raise SpecError("parallel_config.micro_batch_num",
-                        f"must be >= pipeline_stage ({P}) for order {order!r} with pp_interleave_num={V}, got {M}")
-    if order in VSHAPE_ORDERS and M < 2 * P - 1:
-        raise SpecError("parallel_config.micro_batch_num",
-                        f"must be >= 2 x pipeline_stage - 1 ({2 * P - 1}) for order {order!r}, got {M}")
+def _pipe_form(P, V, M, f, b, w):
+    return (M + P - 1) * (f + b + w) if V == 1 else None
 
 
-def device_order(order: str, P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
-    validate(order, P, V, M)
-    return ORDER_RULES[order](P, V, M, d, costs)
+def _interleaved_form(P, V, M, f, b, w):
+    return V * M * (f + b + w) + (P - 1) * (f + b + w) if M >= P else None
+
+
+def _zb_h1_form(P, V, M, f, b, w):
+    # the zero-bubble paper's ZB-H1 bubble (P-1)(f+b-w) for w <= f; with w > f device 0 still waits
+    # (P-1)b for its first input grad (it holds at most P micro-batches)
+    return M * (f + b + w) + (P - 1) * (f + b - min(f, w)) if M >= P else None
+
+
+def _zbv_form(P, V, M, f, b, w):
+    # ZB-V on DualPipeV's F/B order with W in the bubbles (checked for f = b >= 2w)
+    return 2 * M * (f + b + w) + (P - 1) * (f + b - 2 * w) if f == b and 2 * w <= f else None
+
+
+_NO_ZB = ("has no MindSpore scheduler: 'zero_bubble_v' is the V-shape ZB-V schedule (order zbv)")
+ORDERS: Dict[str, Order] = {o.name: o for o in (
+    Order("gpipe", gpipe, mindspore=("gpipe", True), closed_form=_pipe_form),
+    Order("1f1b", one_f_one_b, V=1, mindspore=("1f1b", False), closed_form=_pipe_form),
+    Order("interleaved", interleaved, min_micro=lambda P, V: P if V > 1 else 1, mindspore=("1f1b", True),
+          closed_form=_interleaved_form),
+    Order("zb_h1", _zb_rule("zb_h1"), V=1, split=True, no_graph=_NO_ZB, closed_form=_zb_h1_form),
+    Order("interleaved_zb", _zb_rule("interleaved_zb"), split=True, min_micro=lambda P, V: P if V > 1 else 1,
+          no_graph=_NO_ZB),
+    Order("zbv", _zb_rule("zbv"), placement=VSHAPE, V=2, split=True, min_micro=lambda P, V: 2 * P - 1,
+          mindspore=("zero_bubble_v", True), closed_form=_zbv_form),
+    Order("dualpipev", dualpipev, placement=VSHAPE, V=2, split=True, paired=True, min_micro=lambda P, V: 2 * P - 1,
+          no_graph="overlaps the forward and backward of two micro-batches, which no MindSpore scheduler "
+                   "does; " + _NO_ZB),
+)}
+ORDER_NAMES = tuple(ORDERS)
+
+
+def order(name: str, field: str = "order") -> Order:
+    """The registry entry of ``name``; SpecError naming ``field`` if there is none."""
+    if name not in ORDERS:
+        raise SpecError(field, f"{name!r} unknown; allowed: {', '.join(ORDERS)}")
+    return ORDERS[name]
+
+
+def for_scheduler(scheduler: str, V: int) -> Optional[Order]:
+    """The order MindSpore runs for ``pipeline_scheduler`` with V chunks per device (None: none)."""
+    fits = [o for o in ORDERS.values() if o.mindspore and o.mindspore[0] == scheduler]
+    exact = [o for o in fits if o.V == V] or [o for o in fits if o.V is None and (V > 1 or len(fits) == 1)]
+    return (exact or fits or [None])[0]
+
+
+def validate(name: str, P: int, V: int, M: int, v_key: str = "parallel_config.pp_interleave_num",
+             m_key: str = "parallel_config.micro_batch_num") -> None:
+    """Refuse (order, P, V, M) combinations the rule does not define; errors name ``v_key``/``m_key``."""
+    o = order(name)
+    if o.V == 1 and V != 1:
+        raise SpecError(v_key, f"must be 1 for order {name!r}, got {V}; use order 'interleaved', 'interleaved_zb' "
+                               "or 'gpipe' for V > 1")
+    if o.V is not None and V != o.V:
+        raise SpecError(v_key, f"must be {o.V} for order {name!r} (V-shape: two chunks per device), got {V}; "
+                               f"allowed: {o.V}")
+    need = o.min_micro(P, V)
+    if M < need:
+        what = "2 x pipeline_stage - 1" if o.V == 2 else "pipeline_stage"
+        extra = f" with pp_interleave_num={V}" if o.V is None else ""
+        raise SpecError(m_key, f"must be >= {what} ({need}) for order {name!r}{extra}, got {M}")
+
+
+def device_order(name: str, P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
+    validate(name, P, V, M)
+    return ORDERS[name].rule(P, V, M, d, costs)

@@ -15,19 +15,20 @@ from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple, Union
 
 from .errors import SpecError
+from .orders import ORDER_NAMES
 from .profile import ModelProfile
-
-ORDERS = ("gpipe", "1f1b", "interleaved", "zb_h1", "interleaved_zb", "zbv", "dualpipev")
 
 
 def default_order(V: int) -> str:
     """Body order when a schedule names none: ``1f1b``, or ``interleaved`` with V > 1 chunks per device."""
     return "1f1b" if V == 1 else "interleaved"
+
+
 SKELETONS = ("pipe", "place", "transpose")
 OWNERS = ("round_robin", "min", "balanced")
 BACKWARDS = ("owner", "central")
 SPILLS = ("none", "next_step")
-SHORT_NAMES = ORDERS + ("transpose",)
+SHORT_NAMES = ORDER_NAMES + ("transpose",)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ class Schedule:
 _CALL = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(?:\((.*)\))?\s*$")
 
 
-def _parse_call(text: str, field: str):
+def parse_call(text: str, field: str):
+    """``name(k=v, ...)`` -> (name, {k: v}) (values as written)."""
     m = _CALL.match(text)
     if not m:
         raise SpecError(field, f"cannot parse {text!r}; write a short name ({', '.join(SHORT_NAMES)}) "
@@ -129,7 +131,13 @@ def _choice(field: str, value, allowed) -> str:
     return value
 
 
-def _transpose(field: str, opts: dict) -> Transpose:
+def _transpose(field: str, given: dict, defaults: Optional[dict] = None, key: Optional[str] = None) -> Transpose:
+    """The transpose skeleton of ``given`` options, ``defaults`` for the rest; with ``key`` (e.g.
+    ``mpipe.encoder``) a default the spec also gives differently is refused naming that key."""
+    for k, v in (defaults or {}).items():
+        if key and k in given and str(given[k]) != str(v):
+            raise SpecError(f"{key}.{k}", f"{v!r} contradicts {field} {k}={given[k]}; give it in one place")
+    opts = dict(defaults or {}, **given)
     return Transpose(owners=_choice(f"{field}.owners", opts.get("owners", "round_robin"), OWNERS),
                      backward=_choice(f"{field}.backward", opts.get("backward", "owner"), BACKWARDS),
                      spill=_choice(f"{field}.spill", opts.get("spill", "none"), SPILLS))
@@ -141,15 +149,17 @@ def _check_opts(field: str, opts: dict, allowed) -> None:
             raise SpecError(f"{field}.{k}", f"unknown option; allowed: {', '.join(allowed) or '(none)'}")
 
 
-def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: int = 1) -> Schedule:
+def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: int = 1,
+                 transpose: Optional[dict] = None, transpose_key: Optional[str] = None) -> Schedule:
     """Expand a short name (with optional call options) to the list form for ``profile``.
 
-    ``transpose`` without ``order`` pipes the body with :func:`default_order` (V chunks per device).
+    ``transpose`` without ``order`` pipes the body with :func:`default_order` (V chunks per device);
+    options it does not give come from ``transpose`` (e.g. a recipe's ``mpipe.encoder``).
     """
-    name, opts = _parse_call(text, field)
+    name, opts = parse_call(text, field)
     regions = profile.names()
     body, ups = regions[-1], regions[:-1]
-    if name in ORDERS:
+    if name in ORDER_NAMES:
         _check_opts(field, opts, ("device",))
         dev = opts.get("device", "0")
         if not str(dev).isdigit():
@@ -160,9 +170,9 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: i
         _check_opts(field, opts, ("owners", "backward", "spill", "order"))
         if not ups:
             raise SpecError(field, f"'transpose' needs an encoder region before the pipelined region; "
-                                   f"the profile has only {body!r} (use one of: {', '.join(ORDERS)})")
-        t = _transpose(field, opts)
-        order = _choice(f"{field}.order", opts.get("order", default_order(V)), ORDERS)
+                                   f"the profile has only {body!r} (use one of: {', '.join(ORDER_NAMES)})")
+        t = _transpose(field, opts, transpose, transpose_key)
+        order = _choice(f"{field}.order", opts.get("order", default_order(V)), ORDER_NAMES)
         return Schedule(tuple([(r, t) for r in ups] + [(body, Pipe(order=order))]))
     raise SpecError(field, f"{name!r} unknown; allowed: {', '.join(SHORT_NAMES)}")
 
@@ -183,8 +193,10 @@ def _layers(field: str, value) -> Optional[Tuple[int, ...]]:
     return tuple(value)
 
 
-def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1) -> Schedule:
-    """Parse the list form ``[{region, skeleton, ...}, ...]``; a ``pipe`` without order gets :func:`default_order`."""
+def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1,
+               transpose: Optional[dict] = None, transpose_key: Optional[str] = None) -> Schedule:
+    """Parse the list form ``[{region, skeleton, ...}, ...]``; a ``pipe`` without order gets :func:`default_order`,
+    a ``transpose`` item the options it does not give from ``transpose``."""
     if not isinstance(items, list) or not items:
         raise SpecError(field, "must be a short name or a non-empty list of {region, skeleton, ...}")
     parts = []
@@ -201,7 +213,7 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1
         sk = _choice(f"{w}.skeleton", it["skeleton"], SKELETONS)
         _check_opts(w, {k: v for k, v in it.items()}, _ITEM_KEYS[sk])
         if sk == "pipe":
-            s = Pipe(order=_choice(f"{w}.order", it.get("order", default_order(V)), ORDERS),
+            s = Pipe(order=_choice(f"{w}.order", it.get("order", default_order(V)), ORDER_NAMES),
                      layers=_layers(f"{w}.layers", it.get("layers")))
         elif sk == "place":
             dev = it.get("device", 0)
@@ -209,7 +221,8 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1
                 raise SpecError(f"{w}.device", f"must be a device index >= 0, got {dev!r}")
             s = Place(device=dev)
         else:
-            s = _transpose(w, {k: v for k, v in it.items() if k not in ("region", "skeleton")})
+            s = _transpose(w, {k: v for k, v in it.items() if k not in ("region", "skeleton")}, transpose,
+                           transpose_key)
         parts.append((region, s))
     names = [r for r, _ in parts]
     if names != list(profile.names()):
@@ -221,10 +234,13 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1
     return Schedule(tuple(parts))
 
 
-def parse_schedule(spec, profile: ModelProfile, field: str = "schedule", V: int = 1) -> Schedule:
+def parse_schedule(spec, profile: ModelProfile, field: str = "schedule", V: int = 1,
+                   transpose: Optional[dict] = None, transpose_key: Optional[str] = None) -> Schedule:
     """A short name, a call-syntax string, a YAML/JSON list string, or a list of mappings.
 
-    ``V`` (chunks per device) only picks the body order where the spec names none.
+    ``V`` (chunks per device) only picks the body order where the spec names none; ``transpose``:
+    default options of transposed regions (the spec's own win; with ``transpose_key``, the key
+    they come from, a spec that gives one differently is refused instead).
     """
     if isinstance(spec, Schedule):
         return spec
@@ -235,8 +251,8 @@ def parse_schedule(spec, profile: ModelProfile, field: str = "schedule", V: int 
         except yaml.YAMLError as e:
             raise SpecError(field, f"list form is not valid YAML: {str(e).splitlines()[0]}") from None
     if isinstance(spec, str):
-        return expand_short(spec, profile, field, V)
+        return expand_short(spec, profile, field, V, transpose, transpose_key)
     if isinstance(spec, list):
-        return parse_list(spec, profile, field, V)
+        return parse_list(spec, profile, field, V, transpose, transpose_key)
     raise SpecError(field, f"missing or invalid ({spec!r}); allowed short names: {', '.join(SHORT_NAMES)}, "
                            "or a list of {region, skeleton, ...}")

@@ -11,7 +11,8 @@ import pytest
 import importlib.util
 
 from hyperparallel.mpipe.errors import SpecError
-from hyperparallel.mpipe.recipe import _load_yaml, load_raw, load_recipe
+from hyperparallel.recipe.files import _load_yaml, load_raw
+from hyperparallel.recipe import load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
@@ -123,14 +124,14 @@ def test_every_shipped_recipe_loads_as_mindformers_own_class_loads_it(family, tm
     assert got[family] == expected_child()
     t = {x[0]: x[1:] for x in (json.loads(l[9:]) for l in r.stdout.splitlines() if l.startswith("TEMPLATE "))}
     for name in templ[:-1]:   # the Ascend recipes and the MindFormers-model CPU recipes are MindFormers configs
-        raw, _ = load_raw(name)
+        raw = load_raw(name)
         assert t[name] == ["ok", raw["parallel_config"]["pipeline_stage"], raw["mpipe"]], name
     # documented difference: MindFormers 1.9 wants pp_interleave_num in model.model_config
     assert t[templ[-1]][0].startswith("KeyError") and "pp_interleave_num" in t[templ[-1]][0]
 
 
 def test_loading_imports_no_mindspore_or_mindformers(family):
-    code = ("import sys; from hyperparallel.mpipe.recipe import load_recipe; "
+    code = ("import sys; from hyperparallel.recipe import load_recipe; "
             f"r = load_recipe({family!r}); "
             f"r2 = load_recipe({os.path.join(RECIPES, 'qwen2_5_vl_72b.yaml')!r}); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('mindspore', 'mindformers')]; "
@@ -150,7 +151,7 @@ def test_set_switches_a_recipe_to_transpose(family):
     r = load_recipe(family, ["mpipe.schedule=1f1b"])
     assert r.schedule == "1f1b"
     r = load_recipe(family, ["mpipe.schedule=transpose", "mpipe.encoder.owners=min"])
-    assert r.schedule == "transpose(owners=min)"
+    assert r.plan_schedule().name() == "transpose(owners=min)"
 
 
 @pytest.mark.parametrize("override,field,allowed", [
@@ -168,7 +169,7 @@ def test_bad_mpipe_keys_list_the_allowed_ones(family, override, field, allowed):
 
 def test_encoder_options(family):
     r = load_recipe(family, ["mpipe.encoder={owners: min, backward: central, trainable: true}"])
-    assert r.schedule == "transpose(owners=min, backward=central)"
+    assert r.plan_schedule().name() == "transpose(owners=min, backward=central)"
     assert r.profile.region("vision").trainable is True
     # the schedule's own options win only if they agree
     with pytest.raises(SpecError) as e:
@@ -176,8 +177,8 @@ def test_encoder_options(family):
     assert e.value.field == "mpipe.encoder.owners"
     # --schedule values get the recipe's encoder options too
     r = load_recipe(family, ["mpipe.encoder.owners=min"])
-    assert r.resolve_schedule("transpose(order=gpipe)") == "transpose(owners=min, order=gpipe)"
-    assert r.resolve_schedule("1f1b") == "1f1b"
+    assert r.plan_schedule("transpose(order=gpipe)").name() == "transpose(owners=min, order=gpipe)"
+    assert r.plan_schedule("1f1b").name() == "1f1b"
 
 
 def test_pp_interleave_num_in_mindformers_place(family):
@@ -224,7 +225,7 @@ def test_missing_base_and_cycle_are_one_line_errors(tmp_path):
 
 @pytest.mark.parametrize("name", ["qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml"])
 def test_ascend_recipes_are_mindformers_configs(name):
-    raw, _ = load_raw(os.path.join(RECIPES, name))
+    raw = load_raw(os.path.join(RECIPES, name))
     assert raw["device"] == "Ascend" and raw["context"]["device_target"] == "Ascend"
     assert raw["model"]["model_config"]["vision_config"]["depth"] == 32
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import SpecError
+from ..mpipe import orders
+from ..mpipe.errors import SpecError
 
 #: ``parallel.pipeline_config.pipeline_scheduler`` values MindSpore 2.9 accepts.
 SCHEDULERS = ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")
@@ -169,49 +170,37 @@ def seq_split_num(raw: dict) -> None:
                     "schedule algebra does that; supported: 1")
 
 
-def known_orders() -> Tuple[str, ...]:
-    """Pipe orders the schedule library has now (looked up at run time)."""
-    from . import orders, schedule
-    return tuple(o for o in orders.ORDER_RULES if o in schedule.ORDERS)
-
-
 def order_from_keys(raw: dict, P: int, V: int, M: int, v_key: str) -> str:
     """The pipe order MindSpore runs for ``parallel.pipeline_config`` (V already the effective count).
 
-    ``1f1b`` -> ``interleaved`` when V > 1, else ``1f1b``; ``gpipe`` -> ``gpipe``;
-    ``zero_bubble_v`` -> ``zbv`` when the schedule library has that order (MindFormers'
+    The order comes from the registry's MindSpore scheduler of each order
+    (:func:`hyperparallel.mpipe.orders.for_scheduler`): ``1f1b`` -> ``interleaved`` when V > 1,
+    else ``1f1b``; ``gpipe`` -> ``gpipe``; ``zero_bubble_v`` -> ``zbv`` (MindFormers'
     ``TransformerConfig`` checks: pp_interleave_num 2, pipeline_stage >= 2, micro_batch_num >=
     2 x pipeline_stage). Everything else is refused naming the key.
     """
     key = "parallel.pipeline_config.pipeline_scheduler"
     interleave = pipeline_interleave(raw)
     sched = raw["parallel"]["pipeline_config"]["pipeline_scheduler"] if interleave is not None else "1f1b"
-    have = known_orders()
-    supported = ["1f1b", "gpipe"] + (["zero_bubble_v"] if "zbv" in have else [])
-    if sched in ("seqpipe", "seqvpp", "seqsmartvpp"):
+    supported = sorted({o.mindspore[0] for o in orders.ORDERS.values() if o.mindspore})
+    found = orders.for_scheduler(sched, V)
+    if found is None:
         raise SpecError(key, f"{sched!r} (sequence-pipelined) has no order in the schedule algebra; supported: "
                              f"{', '.join(supported)} (or give mpipe.schedule)")
     if sched != "1f1b" and not interleave:
         # MindSpore's set_pipeline_config: "When pipeline_interleave is False, ... only '1f1b' is allowed."
         raise SpecError(key, f"{sched!r} needs parallel.pipeline_config.pipeline_interleave: true (MindSpore "
                              "allows only '1f1b' without interleave)")
-    if sched == "gpipe":
-        return "gpipe"
-    if sched == "1f1b":
-        return "interleaved" if V > 1 else "1f1b"
-    # zero_bubble_v
-    if "zbv" not in have:
-        raise SpecError(key, f"'zero_bubble_v' needs the ZB-V order, which this schedule library does not have "
-                             f"(orders: {', '.join(have)}); supported: {', '.join(supported)} (or give mpipe.schedule)")
-    if V != 2:
-        raise SpecError(v_key, f"must be 2 for pipeline_scheduler 'zero_bubble_v' (MindFormers' TransformerConfig), "
-                               f"got {V}")
-    if P < 2:
-        raise SpecError("parallel_config.pipeline_stage", f"must be >= 2 for 'zero_bubble_v', got {P}")
-    if M < 2 * P:
-        raise SpecError("parallel_config.micro_batch_num",
-                        f"must be >= 2 x pipeline_stage ({2 * P}) for 'zero_bubble_v', got {M}")
-    return "zbv"
+    if sched == "zero_bubble_v":
+        if V != 2:
+            raise SpecError(v_key, f"must be 2 for pipeline_scheduler 'zero_bubble_v' (MindFormers' "
+                                   f"TransformerConfig), got {V}")
+        if P < 2:
+            raise SpecError("parallel_config.pipeline_stage", f"must be >= 2 for 'zero_bubble_v', got {P}")
+        if M < 2 * P:
+            raise SpecError("parallel_config.micro_batch_num",
+                            f"must be >= 2 x pipeline_stage ({2 * P}) for 'zero_bubble_v', got {M}")
+    return found.name
 
 
 # -- towers of a (vision-)language model config ------------------------------------------------

@@ -4,8 +4,7 @@ import json
 import pytest
 
 from hyperparallel.mpipe import Action, Plan, check, derive
-from hyperparallel.mpipe.errors import PlanError, SpecError
-from hyperparallel.mpipe.ir import BW, F, RECV, SEND
+from hyperparallel.mpipe.ir import BW, RECV, SEND
 
 from helpers import mllm, profile
 

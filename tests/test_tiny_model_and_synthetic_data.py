@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hyperparallel.mindspore.data import DataConfig, make_micro_batch
+from hyperparallel.data import DataConfig, make_micro_batch
 
 CFG = DataConfig(micro_batch_size=4, images_per_sample=[0.3, 0.3, 0.2, 0.2], video_prob=0.15, video_frames=5)
 
@@ -60,8 +60,8 @@ def test_bad_data_section_names_the_field():
 def test_any_cut_of_the_model_equals_the_whole():
     ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.config import RunConfig
-    from hyperparallel.mindspore.data import MicroTensors
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.models.cells import MicroTensors
     compat.setup_device("CPU")
     raw = {"model": {"vision_layers": 2, "llm_layers": 4}, "train": {"seed": 7}}
     rc = RunConfig.from_raw(raw)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hyperparallel.mindspore.annotate import GraphModeUnsupported, graph_pipeline
-from hyperparallel.mpipe import derive_recipe, load_recipe
+from hyperparallel.recipe import derive_recipe, load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -41,20 +41,36 @@ def test_pipeline_settings(schedule, overrides, expect):
 
 
 def test_settings_are_accepted_by_mindspore_pipeline_api():
-    ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
     from mindspore.parallel.auto_parallel import AutoParallel
     from mindspore import nn
     for sched, ov in (("1f1b", ()), ("gpipe", ()), ("interleaved", ("parallel_config.pp_interleave_num=2",)),
                       ("zbv", ("parallel_config.pp_interleave_num=2",))):
         gp = graph_pipeline(plan_of(sched, *ov))
-        AutoParallel(nn.Dense(2, 2), parallel_mode="semi_auto").pipeline(**gp.auto_parallel_pipeline_kwargs())
-    assert ms is not None
+        ap = AutoParallel(nn.Dense(2, 2), parallel_mode="semi_auto")
+        ap.pipeline(**gp.auto_parallel_pipeline_kwargs())   # MindSpore validates and stores them
+        assert (ap._pipeline_stages, ap._pipeline_interleave, ap._pipeline_scheduler) == \
+            (gp.stages, gp.interleave, gp.scheduler), sched
 
 
-def test_schedulers_are_mindspores():
-    from hyperparallel.mindspore.annotate import SCHEDULERS
-    from hyperparallel.mpipe.recipe import SCHEDULERS as RECIPE_SCHEDULERS
-    assert SCHEDULERS == RECIPE_SCHEDULERS == ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")
+def test_scheduler_names_are_the_ones_mindspore_accepts():
+    """The recipe rules' scheduler list, and every order's graph-mode scheduler in the registry, are
+    exactly the names MindSpore's own AutoParallel.pipeline accepts."""
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from mindspore.parallel.auto_parallel import AutoParallel
+    from mindspore import nn
+    from hyperparallel.mpipe.orders import ORDERS
+    from hyperparallel.recipe.mindformers import SCHEDULERS
+
+    def accepted(name):
+        try:
+            AutoParallel(nn.Dense(2, 2), parallel_mode="semi_auto").pipeline(stages=2, scheduler=name)
+            return True
+        except ValueError:
+            return False
+    assert all(accepted(s) for s in SCHEDULERS) and not accepted("wave")
+    graph = {o.mindspore[0] for o in ORDERS.values() if o.mindspore}
+    assert graph <= set(SCHEDULERS) and graph == {"1f1b", "gpipe", "zero_bubble_v"}
 
 
 @pytest.mark.parametrize("schedule,field,words", [
@@ -128,7 +144,7 @@ def test_ascend_recipe_settings():
 ])
 def test_emitted_offset_makes_mindformers_cut_like_the_plan(schedule, overrides):
     """gp.mindformers()'s offset, fed to MindFormers' layout rule, gives the plan's own layers per chunk."""
-    from hyperparallel.mpipe.mindformers_rules import layer_layout
+    from hyperparallel.recipe.mindformers import layer_layout
     plan = plan_of(schedule, *overrides)
     gp = graph_pipeline(plan)
     mc = gp.mindformers()["model"]["model_config"]
@@ -142,16 +158,15 @@ def test_emitted_offset_makes_mindformers_cut_like_the_plan(schedule, overrides)
 @pytest.fixture(scope="module")
 def tiny():
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.mindspore.config import RunConfig
-    from hyperparallel.models.tiny_cells import ChunkCell, build_full
+    from hyperparallel.runconfig import RunConfig
     rc = RunConfig.from_raw(load_recipe(TINY).raw)
-    return rc, build_full, ChunkCell
+    return rc, rc.model.build_full, rc.model.build_chunk
 
 
 def test_full_model_1f1b(tiny):
     from hyperparallel.mindspore.annotate import annotate
     rc, build_full, _ = tiny
-    vision, llm = model = build_full(rc.model.cfg, 0)
+    vision, llm = model = build_full()
     gp = annotate(model, plan_of("1f1b"))
     # encoder place(0): every vision cell on stage 0; llm layers 0-1 stage 0, 2-3 stage 1
     assert vision.pipeline_stage == 0 and vision.proj.pipeline_stage == 0
@@ -172,9 +187,9 @@ def test_full_model_1f1b(tiny):
 def test_per_chunk_cells_interleaved(tiny):
     """The runtime's per-chunk cells, V=2: llm chunk c on device c mod 2 (MindSpore's cyclic placement)."""
     from hyperparallel.mindspore.annotate import annotate
-    rc, _, ChunkCell = tiny
+    rc, _, build_chunk = tiny
     plan = plan_of("interleaved", "parallel_config.pp_interleave_num=2")
-    cells = {f"{c.region}{c.index}": ChunkCell(rc.model.cfg, c.region, c.start, c.stop, 0) for c in plan.chunks}
+    cells = {f"{c.region}{c.index}": build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
     gp = annotate(cells, plan)
     assert [cells[f"llm{i}"].pipeline_stage for i in range(4)] == [0, 1, 0, 1]
     assert cells["vision0"].pipeline_stage == 0
@@ -185,9 +200,9 @@ def test_per_chunk_cells_interleaved(tiny):
 def test_per_chunk_cells_zbv_get_v_shape_stages_and_segments(tiny):
     """zbv, V=2 on 2 stages: llm chunks 0..3 on stages 0, 1, 1, 0 with pipeline_segment 0, 0, 1, 1."""
     from hyperparallel.mindspore.annotate import annotate
-    rc, _, ChunkCell = tiny
+    rc, _, build_chunk = tiny
     plan = plan_of("zbv", "parallel_config.pp_interleave_num=2")
-    cells = {f"{c.region}{c.index}": ChunkCell(rc.model.cfg, c.region, c.start, c.stop, 0) for c in plan.chunks}
+    cells = {f"{c.region}{c.index}": build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
     gp = annotate(cells, plan)
     assert [cells[f"llm{i}"].pipeline_stage for i in range(4)] == [0, 1, 1, 0]
     assert [cells[f"llm{i}"].pipeline_segment for i in range(4)] == [0, 0, 1, 1]
@@ -199,7 +214,7 @@ def test_per_chunk_cells_zbv_get_v_shape_stages_and_segments(tiny):
 def test_transpose_refused_before_touching_cells(tiny):
     from hyperparallel.mindspore.annotate import annotate
     rc, build_full, _ = tiny
-    model = build_full(rc.model.cfg, 0)
+    model = build_full()
     with pytest.raises(GraphModeUnsupported, match="hyperparallel train"):
         annotate(model, plan_of("transpose"))
     with pytest.raises(AttributeError):
@@ -209,7 +224,7 @@ def test_transpose_refused_before_touching_cells(tiny):
 def test_layer_of_override(tiny):
     from hyperparallel.mindspore.annotate import annotate
     rc, build_full, _ = tiny
-    model = build_full(rc.model.cfg, 0)
+    model = build_full()
     # the final norm would go to the last stage by its parameters; the override pins it to layer 0's stage
     gp = annotate(model, plan_of("1f1b"), layer_of=lambda name, cell: ("llm", 0) if name == "1.head.norm" else None)
     assert model[1].head.norm.pipeline_stage == 0 and gp.cell_stages["1.head.norm"] == 0

@@ -9,64 +9,29 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 
-from .mpipe.errors import PlanError, SpecError
-
-
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train the recipe's model with MindSpore (msrun, P x D ranks)")
-    p.add_argument("recipe", help="recipe YAML with model:, data:, train: and mpipe: sections")
-    p.add_argument("--schedule", default=None, metavar="S", help="override the recipe's mpipe.schedule")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: train.steps)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a recipe value, e.g. mpipe.profile.regions.0.trainable=false")
-    p.add_argument("--reference", action="store_true", help="single process, no pipeline (same model/data/seed)")
-    p.add_argument("--run-dir", default=None, help="metrics.jsonl and logs go here (default runs/<recipe>)")
-    p.add_argument("--save-dir", default=None, help="save every rank's parameters and optimizer state here")
-    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (default train.save_every)")
-    p.add_argument("--save-format", choices=("safetensors", "ckpt"), default="safetensors",
-                   help="MindSpore checkpoint file format (default safetensors)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest complete checkpoint in --save-dir")
-    p.add_argument("--resume-from", default=None, metavar="PATH",
-                   help="start from a checkpoint: a step directory, a save directory (its newest complete "
-                        "step) or a single-process MindSpore .safetensors/.ckpt file (step 0)")
-    p.add_argument("--timeout", type=float, default=3600, help="stop the job after this many seconds")
-    p.set_defaults(func=run)
-    p = subparsers.add_parser("ckpt", help="list the checkpoints of a save directory; merge a step into one file")
-    p.add_argument("path", help="a save directory (--save-dir), a step directory or a checkpoint file")
-    p.add_argument("--merge", default=None, metavar="OUT",
-                   help="write the step (newest complete of a save directory) as one .safetensors/.ckpt file")
-    p.add_argument("--with-optimizer", action="store_true", help="--merge also writes the optimizer state")
-    p.set_defaults(func=run_ckpt)
-
-
-def _error(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
+from ..mpipe.errors import PlanError, SpecError
+from ..util import error as _error, slug
 
 
 def _prepare(args):
     """Everything checked before launch: recipe, run config, plan, flags. Raises SpecError/PlanError."""
-    from .mindspore.config import run_config_of
-    from .mpipe.check import assert_valid
-    from .mpipe.derive import derive_recipe
-    from .mpipe.recipe import load_recipe
+    from ..recipe import checked_plan, load_recipe
+    from ..runconfig import run_config_of
 
     recipe = load_recipe(args.recipe, args.overrides)
     rc = run_config_of(recipe)
-    plan = assert_valid(derive_recipe(recipe, args.schedule))
+    plan = checked_plan(recipe, args.schedule)
     if args.steps is not None and args.steps < 1:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
     if args.save_every is not None and args.save_every < 0:
         raise SpecError("--save-every", f"must be >= 0, got {args.save_every}")
-    from .launch import msrun_overrides
+    from ..launch import msrun_overrides
     msrun_overrides(plan.num_devices * plan.data_parallel)  # HP_MSRUN_ARGS, checked before launch
     args.source = _source(args)
-    from .data.check import precheck
+    from .data import precheck
     line = precheck(rc, args.recipe)   # the whole data set scanned: bad samples stop here, named
     if line:
         print(line, flush=True)
@@ -75,7 +40,7 @@ def _prepare(args):
 
 def _source(args):
     """The checkpoint to start from (resolved and its files checked here, before launch), or None."""
-    from .mindspore.ckpt_files import CheckpointError, resolve
+    from ..mindspore.ckpt_files import CheckpointError, resolve
 
     resume, resume_from = getattr(args, "resume", False), getattr(args, "resume_from", None)
     if resume and resume_from:
@@ -91,10 +56,6 @@ def _source(args):
         raise SpecError(flag, str(e)) from None
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
-
-
 def run(args) -> int:
     try:
         recipe, rc, plan = _prepare(args)
@@ -103,7 +64,7 @@ def run(args) -> int:
     steps = args.steps or rc.train.steps
     sched_name = str(plan.meta.get("schedule_name", args.schedule or recipe.schedule))
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
-    run_dir = args.run_dir or os.path.join("runs", _slug(f"{stem}_{'reference' if args.reference else sched_name}"))
+    run_dir = args.run_dir or os.path.join("runs", slug(f"{stem}_{'reference' if args.reference else sched_name}"))
     os.makedirs(run_dir, exist_ok=True)
     if args.reference:
         return _run_reference(recipe, rc, steps, run_dir)
@@ -121,7 +82,7 @@ def run(args) -> int:
         print(f"resuming from {src.path} at step {src.step}" + _position_note(src, plan), flush=True)
     print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps; run dir {run_dir}", flush=True)
-    from .launch import launch
+    from ..launch import launch
     res = launch({"device": rc.device, "cases": [case]}, world, os.path.join(run_dir, "logs"),
                  timeout_s=args.timeout)
     if res.returncode != 0:
@@ -145,7 +106,7 @@ def _position_note(src, plan) -> str:
 
 def _refusal(log_dir: str, world: int, flag: str):
     """A rank's checkpoint refusal (``checkpoint refused: ...`` in its log), or None."""
-    from .mindspore.ckpt_files import REFUSED
+    from ..mindspore.ckpt_files import REFUSED
 
     for r in range(world):
         try:
@@ -161,8 +122,8 @@ def _refusal(log_dir: str, world: int, flag: str):
 def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
     os.environ.setdefault("GLOG_v", "3")
     os.environ.setdefault("LOCAL_DEFAULT_PATH", os.path.join(os.path.abspath(run_dir), "mindformers"))
-    from .mindspore import compat
-    from .mindspore.reference import Reference
+    from ..mindspore import compat
+    from ..mindspore.reference import Reference
     compat.setup_device(rc.device)
     ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
                     {r.name: r.trainable for r in recipe.profile.regions})
@@ -179,7 +140,7 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
 def run_ckpt(args) -> int:
     """``hyperparallel ckpt``: the step directories of a save directory (complete or not), or
     ``--merge OUT``: one MindSpore file of a step for single-process use."""
-    from .mindspore.ckpt_files import CheckpointError, list_steps, read_meta, resolve
+    from ..mindspore.ckpt_files import CheckpointError, list_steps, read_meta, resolve
 
     if args.merge:
         if not args.merge.endswith((".safetensors", ".ckpt")):
@@ -189,8 +150,8 @@ def run_ckpt(args) -> int:
         except CheckpointError as e:
             return _error(f"ckpt: {e}")
         os.environ.setdefault("GLOG_v", "3")
-        from .mindspore import compat
-        from .mindspore.checkpoint import merge
+        from ..mindspore import compat
+        from ..mindspore.checkpoint import merge
         compat.setup_device("CPU")
         n = merge(src, args.merge, args.with_optimizer)
         print(f"wrote {args.merge}: {n} names from {src.path}")

@@ -27,7 +27,7 @@ def metrics(run_dir):
 
 
 def test_train_cli_imports_no_mindspore():
-    code = ("import sys, hyperparallel.train_cli, hyperparallel.launch, hyperparallel.cli; "
+    code = ("import sys, hyperparallel.commands.train, hyperparallel.commands.plan, hyperparallel.launch, hyperparallel.cli; "
             "assert 'mindspore' not in sys.modules, 'mindspore imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
@@ -76,7 +76,7 @@ def test_bad_msrun_args_refused_before_launch(tmp_path, value, field):
 def test_mindformers_style_recipe_is_accepted():
     """base_config inheritance + mpipe.encoder options: the run config and plan still build."""
     import argparse
-    from hyperparallel.train_cli import _prepare
+    from hyperparallel.commands.train import _prepare
     args = argparse.Namespace(recipe=os.path.join(ROOT, "recipes", "tiny_mllm_mindformers.yaml"), overrides=[],
                               schedule=None, steps=None, save_every=None, resume=False, save_dir=None,
                               resume_from=None)

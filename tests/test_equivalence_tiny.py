@@ -8,7 +8,6 @@ the model, resume, compare step 3 with the uninterrupted run).
 """
 import json
 import os
-import re
 import shutil
 
 import numpy as np
@@ -16,10 +15,8 @@ import pytest
 
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 
-from hyperparallel.launch import launch  # noqa: E402
-from helpers import dumped, reference_run  # noqa: E402
-from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
-from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
+from helpers import assert_equivalent, case_name, dumped, job_case, launch_cases, reference_run  # noqa: E402
+from hyperparallel.recipe import load_recipe  # noqa: E402
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "tiny_mllm.yaml")
 STEPS = 3
@@ -33,10 +30,6 @@ SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
 UNEVEN = "[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]"
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
-
-
 def _overrides(schedule: str, frozen: bool, extra=()):
     ov = [f"mpipe.profile.regions.0.trainable={'false' if frozen else 'true'}", f"train.steps={STEPS}"]
     if any(o in schedule for o in V2_ORDERS) and not any("pp_interleave_num" in e for e in extra):
@@ -45,19 +38,8 @@ def _overrides(schedule: str, frozen: bool, extra=()):
 
 
 def _case(tmp, schedule, frozen, extra=(), **kw):
-    recipe = load_recipe(RECIPE, overrides=_overrides(schedule, frozen, extra))
-    plan = derive_recipe(recipe, schedule)
-    name = _slug(f"{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
-    case = dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=STEPS, schedule=schedule,
-                dump_dir=os.path.join(tmp, "dump", name))
-    case.update(kw)
-    return case
-
-
-def _run(tmp, cases, world):
-    res = launch({"cases": cases, "device": "CPU"}, world, os.path.join(tmp, "log"), timeout_s=400, echo=False)
-    assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
-    return res
+    name = case_name(f"{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
+    return job_case(tmp, RECIPE, schedule, name, _overrides(schedule, frozen, extra), **dict(dict(steps=STEPS), **kw))
 
 
 def _dumped(case):
@@ -77,18 +59,7 @@ def reference(frozen: bool, extra=()):
 
 
 def assert_matches_reference(case, frozen, extra=()):
-    losses, grads = _dumped(case)
-    ref_losses, ref_grads = reference(frozen, extra)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, err_msg=f"{case['name']}: losses")
-    trained = {k for k in ref_grads}
-    assert set(grads) == trained, f"{case['name']}: grads held {sorted(set(grads) ^ trained)[:5]}"
-    for name, got_list in grads.items():
-        want = ref_grads[name]
-        scale = max(float(np.abs(want).max()), 1e-12)
-        for got in got_list:  # every rank holding this parameter (replicas, dp peers) agrees
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale,
-                                       err_msg=f"{case['name']}: grad {name}")
-        assert np.abs(want).max() > 0, name
+    grads = assert_equivalent(case, *reference(frozen, extra))
     if frozen:
         assert not any(k.startswith("vision.") for k in grads)
     else:
@@ -106,14 +77,14 @@ def two_rank(tmp_path_factory):
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first")))
     cases.append(_case(tmp, "transpose", False, steps=STEPS, save_dir=ckpt, resume=True,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_resumed")))
-    _run(tmp, cases, 2)
+    launch_cases(tmp, cases, 2)
     return {c["name"] if "ckpt" not in c["dump_dir"] else os.path.basename(c["dump_dir"]): c for c in cases}
 
 
 @pytest.mark.msrun
 @pytest.mark.parametrize("schedule,frozen", CASES_2, ids=[f"{s}-{'frozen' if fz else 'trained'}" for s, fz in CASES_2])
 def test_two_ranks_match_reference(two_rank, schedule, frozen):
-    name = _slug(f"{schedule}_{'frozen' if frozen else 'trained'}_")
+    name = case_name(f"{schedule}_{'frozen' if frozen else 'trained'}_")
     case = two_rank[name]
     if "zbv" in schedule or "dualpipev" in schedule:  # V-shape: llm chunks 0 and 3 on rank 0, 1 and 2 on rank 1
         assert [c["devices"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [[0], [1], [1], [0]]
@@ -124,14 +95,14 @@ def test_two_ranks_match_reference(two_rank, schedule, frozen):
 
 @pytest.mark.msrun
 def test_two_ranks_next_step_spill_matches_reference(two_rank):
-    case = two_rank[_slug(f"{SPILL}_frozen_")]
+    case = two_rank[case_name(f"{SPILL}_frozen_")]
     assert any(a.get("step") for p in case["plan"]["programs"].values() for a in p), "plan must spill"
     assert_matches_reference(case, True)
 
 
 @pytest.mark.msrun
 def test_two_ranks_uneven_cut_matches_reference(two_rank):
-    case = two_rank[_slug(f"{UNEVEN}_trained_")]
+    case = two_rank[case_name(f"{UNEVEN}_trained_")]
     assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [3, 1]
     assert_matches_reference(case, False)
 
@@ -141,7 +112,7 @@ def test_resume_continues_like_uninterrupted_run(two_rank):
     first, _ = _dumped(two_rank["ckpt_first"])
     with open(os.path.join(two_rank["ckpt_resumed"]["dump_dir"], "losses.json")) as f:
         resumed = json.load(f)
-    full, _ = _dumped(two_rank[_slug("transpose_trained_")])
+    full, _ = _dumped(two_rank[case_name("transpose_trained_")])
     assert resumed["start"] == 2 and len(resumed["losses"]) == STEPS - 2
     np.testing.assert_allclose(first + resumed["losses"], full, rtol=1e-6)
 
@@ -158,10 +129,10 @@ def four_rank(tmp_path_factory):
     cases = {"p4": _case(tmp, "transpose", False, p4), "p4_central": _case(tmp, "transpose(backward=central)", False, p4),
              "p4_spill_frozen": _case(tmp, SPILL_BALANCED, True, p4),
              "p4_dualpipev": _case(tmp, "transpose(order=dualpipev)", False, p4v)}
-    _run(tmp, list(cases.values()), 4)
+    launch_cases(tmp, list(cases.values()), 4)
     cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp)}
     shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
-    _run(tmp, list(cases_dp.values()), 4)
+    launch_cases(tmp, list(cases_dp.values()), 4)
     cases.update(cases_dp)
     return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "dp2": dp,
                    "dp2_frozen": dp}

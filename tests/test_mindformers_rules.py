@@ -10,15 +10,16 @@ import sys
 
 import pytest
 
-from hyperparallel.mpipe import derive_recipe, load_recipe
+from hyperparallel.recipe import derive_recipe, load_recipe
 from hyperparallel.mpipe.cost import simulate
 from hyperparallel.mpipe.errors import SpecError
-from hyperparallel.mpipe.mindformers_rules import known_orders, layer_layout
+from hyperparallel.mpipe.orders import ORDERS
+from hyperparallel.recipe.mindformers import layer_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VL = os.path.join(ROOT, "tests", "data", "mindformers", "qwen2_vl_7b_freeze_vision.yaml")
 HAVE_MF = importlib.util.find_spec("mindformers") is not None
-ZBV = "zbv" in known_orders()
+ZBV = "zbv" in ORDERS
 
 # A Llama-style MindFormers 1.9 training config (the keys and sections MindFormers' llama configs
 # have); {..} fields are filled per test.

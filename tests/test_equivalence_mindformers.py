@@ -8,9 +8,7 @@ compared with ``mindspore.value_and_grad`` over the whole model in this process.
 MindFormers' logs go to a temporary folder (``LOCAL_DEFAULT_PATH``), never into the repository.
 """
 import importlib.util
-import json
 import os
-import re
 import tempfile
 
 import numpy as np
@@ -24,10 +22,8 @@ if importlib.util.find_spec("mindformers") is None:
 # workers inherit it
 os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="hp_mindformers_logs_"))
 
-from hyperparallel.launch import launch  # noqa: E402
-from helpers import dumped, reference_run  # noqa: E402
-from hyperparallel.mpipe.derive import derive_recipe  # noqa: E402
-from hyperparallel.mpipe.recipe import load_recipe  # noqa: E402
+from helpers import assert_equivalent, case_name, dumped, job_case, launch_cases, reference_run  # noqa: E402
+from hyperparallel.recipe import load_recipe  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LLAMA = os.path.join(HERE, "..", "recipes", "mf_llama_mllm.yaml")
@@ -40,10 +36,6 @@ QWEN2_CASES_2 = [("transpose(backward=central)", False), ("1f1b", True)]
 P4 = ("parallel_config.pipeline_stage=4",)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
-
-
 def _overrides(schedule: str, frozen: bool, extra=()):
     ov = [f"mpipe.profile.regions.0.trainable={'false' if frozen else 'true'}", f"train.steps={STEPS}"]
     if schedule == "interleaved":
@@ -53,20 +45,16 @@ def _overrides(schedule: str, frozen: bool, extra=()):
 
 def _name(path, schedule, frozen, extra=()):
     stem = os.path.splitext(os.path.basename(path))[0]
-    return _slug(f"{stem}_{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
+    return case_name(f"{stem}_{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
 
 
 def _case(tmp, path, schedule, frozen, extra=(), steps=STEPS):
-    recipe = load_recipe(path, overrides=_overrides(schedule, frozen, extra))
-    plan = derive_recipe(recipe, schedule)
-    name = _name(path, schedule, frozen, extra)
-    return dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=schedule,
-                dump_dir=os.path.join(tmp, "dump", name), path=path, frozen=frozen, extra=list(extra))
+    return job_case(tmp, path, schedule, _name(path, schedule, frozen, extra), _overrides(schedule, frozen, extra),
+                    steps=steps, path=path, frozen=frozen, extra=list(extra))
 
 
 def _run(tmp, cases, world):
-    res = launch({"cases": cases, "device": "CPU"}, world, os.path.join(tmp, "log"), timeout_s=900, echo=False)
-    assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
+    launch_cases(tmp, cases, world, timeout=900)
 
 
 def _dumped(case):
@@ -86,17 +74,10 @@ def reference(path, frozen, extra=()):
 
 
 def assert_matches_reference(case):
-    losses, grads = _dumped(case)
     ref_losses, ref_grads = reference(case["path"], case["frozen"], case["extra"])
-    np.testing.assert_allclose(losses[:STEPS], ref_losses, rtol=1e-5, err_msg=f"{case['name']}: losses")
-    assert set(grads) == set(ref_grads), f"{case['name']}: grads held {sorted(set(grads) ^ set(ref_grads))[:5]}"
-    for name, got_list in grads.items():
-        want = ref_grads[name]
-        scale = max(float(np.abs(want).max()), 1e-12)
-        for got in got_list:  # every rank holding this parameter (encoder replicas) agrees
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale,
-                                       err_msg=f"{case['name']}: grad {name}")
-        assert np.abs(want).max() > 0, name
+    losses, _ = _dumped(case)
+    assert len(losses) >= STEPS
+    grads = assert_equivalent(case, ref_losses, ref_grads)   # the first STEPS losses
     # MindFormers' own parameter names, every decoder layer and the head
     assert "lm_head.weight" in grads and "model.tok_embeddings.embedding_weight" in grads
     assert "model.layers.3.attention.wq.weight" in grads
@@ -105,7 +86,7 @@ def assert_matches_reference(case):
 
 def demo_data(tmp):
     """The demo conversations (as tools/make_demo_data.py writes them) in ``tmp``, as recipe overrides."""
-    from hyperparallel.data.demo import write_demo
+    from make_demo_data import write_demo
     paths = write_demo(os.path.join(tmp, "demo"))
     return tuple(f"data.{k}={v}" for k, v in sorted(paths.items()))
 

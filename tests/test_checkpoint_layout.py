@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from hyperparallel.mindspore import ckpt_files as cf
-from hyperparallel.mpipe.derive import derive_recipe
-from hyperparallel.mpipe.recipe import load_recipe
+from hyperparallel.recipe import derive_recipe
+from hyperparallel.recipe import load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -73,39 +73,45 @@ def test_check_names():
 
 # ---------------------------------------------------------------- written by the ranks' Saver
 class FakeComm:
+    """One rank of a 2-rank job, in this process (saving needs only barriers, which are no-ops here)."""
+
     def __init__(self, rank, D=1):
         self.rank, self.D, self.device, self.dp_index, self.world = rank, D, rank // D, rank % D, 2
 
+    def ensure_groups(self, groups):
+        pass
+
     def barrier(self):
         pass
+
+    def send(self, *a):
+        raise AssertionError("no communication in these tests")
+
+    recv = all_reduce = broadcast = send
 
 
 def _ranks(schedule="transpose", overrides=()):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.config import RunConfig
-    from hyperparallel.mindspore.interpreter import Interpreter
-    from hyperparallel.mindspore.data import data_source
-    from hyperparallel.mindspore.optim import Optimizer
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.mindspore.rank import RankRuntime
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE, overrides=list(overrides))
     plan = derive_recipe(recipe, schedule)
     rc = RunConfig.from_raw(recipe.raw)
     out = []
     for d in range(plan.num_devices):
-        comm = FakeComm(d)
-        chunks = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop)
-                  for c in plan.chunks_on(d)}
-        out.append((comm, chunks, Optimizer(Interpreter(plan, comm, rc.model, data_source(rc), chunks).updated, rc.train)))
+        rt = RankRuntime(plan, rc.model, rc.source(), rc.train, FakeComm(d))
+        out.append((rt.comm, rt.chunks, rt.optimizer, rt))
     return recipe, plan, out
 
 
 def write_checkpoint(save_dir, step, fmt="safetensors", schedule="transpose", overrides=()):
-    from hyperparallel.mindspore.checkpoint import Saver
+    from hyperparallel.mindspore.checkpoint import recipe_hash
     recipe, plan, ranks = _ranks(schedule, overrides)
-    case = {"save_dir": save_dir, "raw": recipe.raw, "schedule": schedule}
-    for comm, chunks, opt in ranks:  # rank 0 first: its clean-up must not remove the others' files
-        Saver(case, comm, plan, chunks, opt, fmt).save(step)
+    meta = {"recipe_hash": recipe_hash(recipe.raw), "schedule": schedule}
+    for *_, rt in ranks:  # rank 0 first: its clean-up must not remove the others' files
+        rt.saver(save_dir, fmt, meta).save(step)
     return cf.step_dir(save_dir, step), ranks
 
 
@@ -121,12 +127,13 @@ def test_step_dir_layout_and_names_written_once(saved):
     assert sorted(os.listdir(path)) == ["COMPLETE", "meta.json", "rank_0.safetensors", "rank_1.safetensors"]
     meta = cf.read_meta(path)
     assert (meta["step"], meta["P"], meta["D"], meta["V"], meta["schedule"]) == (3, 2, 1, 1, "transpose")
-    assert meta["data_position"] == {"next_step": 3, "micro_batch": 0, "micro_batches_per_step": 4}
+    assert meta["data_position"] == {"next_step": 3, "micro_batch": 0, "micro_batches_per_step": 4, "step": 3}
+    assert meta["optimizer"] == "adam" and meta["recipe_hash"]
     heads = [cf.safetensors_header(os.path.join(path, f)) for f in meta["files"]]
     assert not set(heads[0]) & set(heads[1])  # the encoder replica of rank 1 is not written again
     names = set(heads[0]) | set(heads[1])
-    params = {p.name for _, chunks, _ in ranks for c in chunks.values() for p in c.get_parameters()}
-    state = {n for _, _, opt in ranks for n in opt.state()}
+    params = {p.name for _, chunks, _, _ in ranks for c in chunks.values() for p in c.get_parameters()}
+    state = {n for _, _, opt, _ in ranks for n in opt.state()}
     assert names == params | state
     assert {"moment1.llm.0.attn.wq", "moment2.vision.0.attn.wq", "beta1_power", "global_step"} <= names
 
@@ -157,8 +164,8 @@ def test_restore_refuses_another_model(saved):
     class Comm(FakeComm):
         def all_gather_object(self, obj):
             return [({p.name: tuple(p.shape) for c in ch.values() for p in c.get_parameters()},
-                     {n: tuple(p.shape) for n, p in o.state().items()}) for _, ch, o in ranks]
-    comm, chunks, opt = ranks[0]
+                     {n: tuple(p.shape) for n, p in o.state().items()}) for _, ch, o, _ in ranks]
+    comm, chunks, opt, _ = ranks[0]
     before = {p.name: p.asnumpy().copy() for c in chunks.values() for p in c.get_parameters()}
     with pytest.raises(cf.CheckpointError, match=r"step_3 does not fit this model: wrong shapes: "
                        r"llm\.-1\.embed\.pos \[14, 32\] \(model \[14, 64\]\), .* \(48 in all\)$"):

@@ -53,8 +53,8 @@ def test_mindformers_config_that_cannot_train_refused(override, words, tmp_path)
 
 def test_mindformers_defaults_that_cannot_train_on_cpu_are_named():
     """A key left out takes MindFormers' default; on CPU the refusal says so."""
-    from hyperparallel.mindspore.config import RunConfig
-    from hyperparallel.mpipe.recipe import load_recipe
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.recipe import load_recipe
     raw = load_recipe(MF).raw
     del raw["model"]["model_config"]["fused_rms_norm"]
     with pytest.raises(ValueError, match=r"^model.model_config.fused_rms_norm: True \(MindFormers' default\)"):
@@ -64,8 +64,8 @@ def test_mindformers_defaults_that_cannot_train_on_cpu_are_named():
 
 
 def test_mindformers_recipe_regions_come_from_the_model():
-    from hyperparallel.mindspore.config import run_config_of
-    from hyperparallel.mpipe.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.recipe import load_recipe
     rc = run_config_of(load_recipe(recipe("mf_qwen2_mllm.yaml"), ["model.model_config.num_layers=6",
                                                                    "mpipe.profile.regions.1.layers=6"]))
     assert [(r.name, r.layers, r.key) for r in rc.model.regions()] == [
@@ -126,8 +126,8 @@ def test_bench_prepares_mindformers_recipes(name):
 
 
 def test_mf_llama_chunk_outside_its_region_refused():
-    from hyperparallel.mindspore.config import RunConfig
-    from hyperparallel.mpipe.recipe import load_recipe
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.recipe import load_recipe
     model = RunConfig.from_raw(load_recipe(MF).raw).model
     with pytest.raises(ValueError, match=r"layers \[2, 6\) outside region 'llm' \(0\.\.4\)"):
         model.build_chunk("llm", 2, 6)

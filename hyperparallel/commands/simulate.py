@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 
-from .check import assert_valid
-from .cost import simulate
-from .derive import derive_recipe
-from .errors import SpecError
-from .recipe import load_recipe
-from .table import text_table
+from ..mpipe.cost import simulate
+from ..mpipe.errors import SpecError
+from ..mpipe.table import text_table
+from ..recipe import checked_plan, load_recipe
 
 
 def run_simulate(args) -> int:
@@ -21,7 +19,7 @@ def run_simulate(args) -> int:
     schedules = args.schedule or [None]
     if args.steps is not None and args.steps < 1:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
-    plans = [assert_valid(derive_recipe(recipe, s)) for s in schedules]
+    plans = [checked_plan(recipe, s) for s in schedules]
     # next-step spill only shows in the steady state: then every schedule runs the same steps
     spill = any(x.get("spill") == "next_step" for plan in plans for x in plan.schedule)
     steps = args.steps or (3 if spill else 1)
@@ -33,7 +31,7 @@ def run_simulate(args) -> int:
         o["speedup"] = round(base / rep.makespan_ms, 6) if rep.makespan_ms > 0 else None
         objs.append(o)
     if args.trace or args.png:
-        from . import draw
+        from ..mpipe import draw
         if args.trace:
             draw.write_trace(results, args.trace)
         if args.png:

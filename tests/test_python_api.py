@@ -37,9 +37,9 @@ def msrun(script_args, log_dir, world=2, timeout=400):
 
 def reference_losses(steps):
     from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.config import RunConfig
+    from hyperparallel.runconfig import RunConfig
     from hyperparallel.mindspore.reference import Reference
-    from hyperparallel.mpipe.recipe import load_recipe
+    from hyperparallel.recipe import load_recipe
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE)
     ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,

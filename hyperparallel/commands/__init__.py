@@ -1,0 +1,1 @@
+"""The commands of the ``hyperparallel`` CLI (parsers: :mod:`hyperparallel.cli`)."""

@@ -1,0 +1,61 @@
+"""``hyperparallel data check RECIPE``: scan a recipe's whole data set and report every problem.
+
+Exit status: 0 clean, 1 problems found, 2 bad arguments (recipe or ``data:`` section).
+``hyperparallel train`` runs the same scan before launch (:func:`precheck`).
+"""
+from __future__ import annotations
+
+import sys
+
+from ..data.conversations import ConversationsConfig, scan, summary
+from ..mpipe.errors import SpecError
+from ..recipe import load_recipe
+from ..runconfig import run_config_of
+
+
+def _tokens_per_image(rc) -> int:
+    try:
+        return rc.model.image_tokens()
+    except NotImplementedError as e:
+        raise SpecError("model", str(e)) from None
+
+
+def precheck(rc, recipe_path: str) -> str:
+    """Before launch: SpecError if the data has problems the run would stop on; else a summary line
+    ('' for generated data)."""
+    if not isinstance(rc.data, ConversationsConfig):
+        return ""
+    n, samples, problems = scan(rc.data, _tokens_per_image(rc))
+    hint = f"list all: hyperparallel data check {recipe_path}"
+    if problems and rc.data.on_bad_sample == "error":
+        raise SpecError("data", f"{len(problems)} bad sample(s) in {rc.data.path} ({summary(problems)}); "
+                                f"first: {problems[0]} ({hint}; or set data.on_bad_sample=skip)")
+    late = [p for p in problems if p.kind == "undecodable_image"]
+    if late:
+        raise SpecError("data", f"{len(late)} image(s) pass the header check but fail to decode, so the run "
+                                f"cannot skip their samples; first: {late[0]} ({hint}); fix or remove them")
+    line = f"data: {rc.data.path}: {len(samples)} usable samples"
+    if problems:
+        line += f", skipping {len(problems)} bad sample(s) ({summary(problems)}; {hint})"
+    return line
+
+
+def run(args) -> int:
+    rc = run_config_of(load_recipe(args.recipe, args.overrides))   # SpecError -> exit 2 (cli.main)
+    if not isinstance(rc.data, ConversationsConfig):
+        print(f"data check {args.recipe}: data.type synthetic is generated; nothing to check")
+        return 0
+    try:
+        n, samples, problems = scan(rc.data, _tokens_per_image(rc))
+    except SpecError as e:   # the file as a whole is unusable (a malformed .json list)
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(f"data check {args.recipe}: {rc.data.path}: {n} samples, {len(samples)} usable, "
+          f"{len(problems)} with problems")
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    if problems:
+        print(f"problems by kind: {summary(problems)} (data.on_bad_sample: skip leaves these "
+              f"{len(problems)} out; error stops)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,35 @@
+"""The msrun side of a job file (written by :mod:`hyperparallel.launch`): the start and end every msrun
+entry shares (the training worker, the bench worker, tools), and a job case's rank runtime."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def start_job(argv) -> dict:
+    """Announce rank and pid, load the job file ``argv[0]``, set up the device."""
+    # the launcher maps msrun's "Worker process PID exit" reports to ranks with this line
+    print(f"hyperparallel worker rank {os.environ.get('RANK_ID', '?')} pid {os.getpid()}", flush=True)
+    with open(argv[0]) as f:
+        job = json.load(f)
+    from . import compat
+    compat.setup_device(job.get("device", "CPU"))
+    return job
+
+
+def end_job(comm) -> int:
+    """Wait for every rank (a peer's in-flight send fails if its receiver exits first)."""
+    comm.barrier()
+    if comm.rank == 0:
+        print("job finished", flush=True)
+    return 0
+
+
+def case_runtime(case: dict, comm, hooks=None):
+    """(run config, :class:`~.rank.RankRuntime`) of one job case (``raw`` recipe, ``plan`` JSON)."""
+    from hyperparallel.mpipe import ir
+    from hyperparallel.runconfig import RunConfig
+    from .rank import RankRuntime
+
+    rc = RunConfig.from_raw(case["raw"])
+    return rc, RankRuntime(ir.Plan.from_json(case["plan"]), rc.model, rc.source(), rc.train, comm, hooks)

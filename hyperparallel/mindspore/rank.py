@@ -1,0 +1,128 @@
+"""One rank of a pipelined run: the single set-up and step loop that the msrun worker, the Python API
+and the bench all use.
+
+From a plan, a model adapter, a data source and the train settings, :class:`RankRuntime` creates the
+plan's communication groups, builds this rank's chunks through the adapter, the interpreter (with the
+caller's hooks), the optimizer, and the checkpoint saver and loader; :meth:`RankRuntime.step` runs
+one optimizer step (the plan's next-step prologue before the first one).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from hyperparallel.data import DataSource
+from hyperparallel.models import ModelAdapter
+from hyperparallel.mpipe import ir
+from hyperparallel.recipe.train import TrainConfig
+from hyperparallel.runconfig import check_regions
+from . import checkpoint
+from .hooks import Hooks
+from .interpreter import Interpreter
+from .optim import Optimizer
+
+
+def plan_groups(plan: ir.Plan):
+    """Every communication group of the plan, as global-rank tuples: the replica groups of every
+    data-parallel index and every device's data-parallel group (all ranks list all, in one order)."""
+    groups = set()
+    for i in range(plan.data_parallel):
+        for p in plan.programs.values():
+            for a in p:
+                if a.group is not None and a.group != ir.DP_GROUP:
+                    groups.add(tuple(sorted(d * plan.data_parallel + i for d in a.group)))
+    for d in range(plan.num_devices):
+        groups.add(tuple(d * plan.data_parallel + j for j in range(plan.data_parallel)))
+    return groups
+
+
+def plan_depths(plan: ir.Plan):
+    """(name, layers) of every region of a plan, from its chunks, for :func:`check_regions`."""
+    from types import SimpleNamespace
+    return [SimpleNamespace(name=r, layers=max(c.stop for c in plan.chunks if c.region == r))
+            for r in plan.regions()]
+
+
+@dataclass
+class StepResult:
+    """One optimizer step: the step loss (the same on every rank), this rank's gradients, and where
+    the time went (the program, the optimizer update, the loss all-reduce; seconds)."""
+
+    step: int
+    loss: float
+    grads: Dict[str, object]
+    program_s: float
+    optimizer_s: float
+    loss_reduce_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.program_s + self.optimizer_s + self.loss_reduce_s
+
+
+class RankRuntime:
+    """This rank's part of a pipelined model (see the module docstring).
+
+    ``comm``: :class:`~.comm.Comm` under msrun, :class:`~.comm.LocalComm` for a one-device plan in
+    one process; ``chunks``: prebuilt chunk Cells to share (default: built here by the adapter)."""
+
+    def __init__(self, plan: ir.Plan, model: ModelAdapter, source: DataSource, train: TrainConfig, comm,
+                 hooks: Optional[Hooks] = None, chunks: Optional[dict] = None):
+        check_regions(model, plan_depths(plan), where="plan")
+        if comm.world != plan.num_devices * plan.data_parallel:
+            raise RuntimeError(f"the plan needs {plan.num_devices * plan.data_parallel} ranks "
+                               f"(pipeline_stage x data_parallel), this job has {comm.world}")
+        self.plan, self.model, self.source, self.train, self.comm = plan, model, source, train, comm
+        comm.ensure_groups(plan_groups(plan))
+        self.chunks = chunks if chunks is not None else {
+            (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
+        self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks)
+        self.optimizer = Optimizer(self.interp.updated, train)
+        self.next_step = 0
+        self._started = False
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def parameters(self) -> Dict[str, object]:
+        """This rank's parameters by name (MindSpore Parameters)."""
+        return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
+
+    def step(self, step: Optional[int] = None) -> StepResult:
+        """Run optimizer step ``step`` (default: the next one) on this rank."""
+        s = self.next_step if step is None else int(step)
+        if not self._started:
+            self.interp.run_prologue(s)   # next-step (spill) work of the first step; nothing for most plans
+            self._started = True
+        t0 = time.perf_counter()
+        part = self.interp.run_step(s)
+        grads = self.interp.step_grads()
+        t1 = time.perf_counter()
+        self.optimizer.step(grads)
+        t2 = time.perf_counter()
+        loss = self.comm.all_reduce_scalar(part)
+        t3 = time.perf_counter()
+        self.next_step = s + 1
+        return StepResult(s, loss, grads, t1 - t0, t2 - t1, t3 - t2)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def saver(self, save_dir: str, fmt: str = "safetensors", meta: Optional[dict] = None) -> checkpoint.Saver:
+        """The saver of this rank's part of ``SAVE_DIR/step_<N>/`` (``meta``: recipe hash, schedule,
+        optimizer name for ``meta.json``)."""
+        meta = dict(meta or {})
+        meta.setdefault("optimizer", self.train.optimizer)
+        return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt)
+
+    def restore(self, src) -> Tuple[int, bool]:
+        """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks
+        and optimizer; the data continue at its saved position. Returns (step, optimizer state loaded)
+        and makes that step the next; CheckpointError if it does not fit."""
+        step, with_state = checkpoint.restore_with_data(src, self.comm, self.chunks, self.optimizer, self.source)
+        self.next_step, self._started = step, False
+        return step, with_state
+
+    def close(self) -> None:
+        """Stop the data source's background work."""
+        self.source.close()

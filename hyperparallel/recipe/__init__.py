@@ -1,0 +1,11 @@
+"""The recipe front end: YAML files (MindFormers' ``base_config``, ``--set``), MindFormers' own rules
+(layer layout, scheduler keys, towers), the checked :class:`Recipe`, and recipe -> checked plan.
+
+Pure Python, beside the algebra (:mod:`hyperparallel.mpipe`): it reads the algebra's types and
+produces its inputs. Every refusal is a :class:`~hyperparallel.mpipe.errors.SpecError` naming the key.
+"""
+from .files import apply_override, load_raw
+from .recipe import Recipe, checked_plan, derive_recipe, load_recipe, planned, recipe_from_dict
+
+__all__ = ["Recipe", "load_recipe", "recipe_from_dict", "load_raw", "apply_override", "derive_recipe",
+           "checked_plan", "planned"]

@@ -1,0 +1,286 @@
+"""Recipes: MindFormers YAML with a ``parallel_config`` and an ``mpipe:`` section.
+
+Keys read: ``parallel_config.{pipeline_stage, micro_batch_num, data_parallel, seq_split_num}``,
+``pp_interleave_num`` from ``parallel_config`` (hyperparallel's spelling) or
+``model.model_config`` (MindFormers 1.9's), ``parallel.pipeline_config``, ``device``, and
+the ``mpipe:`` section:
+
+* ``schedule``: short name or list form (see :mod:`hyperparallel.mpipe.schedule`); without it
+  the schedule comes from ``parallel.pipeline_config`` (see :mod:`.mindformers`);
+* ``profile``: per-region costs; optional when ``model.model_config`` gives the layer
+  counts (the language model's and its towers', see :func:`.mindformers.towers`),
+  then every layer costs one unit and ``freeze_*`` flags set ``trainable``;
+* ``encoder``: ``{owners, backward, spill, trainable}``, options of the encoder regions
+  (the transpose options fill in what the schedule does not say; ``trainable`` sets
+  every region before the pipelined one).
+
+A MindFormers config (``model:`` with ``model_config`` or ``arch``) is planned as MindFormers
+runs it: V is 1 unless ``pipeline_interleave`` is true, and the language model's layers per
+chunk follow ``model.model_config.offset`` by MindFormers' rule. The project's own recipes
+split the layers evenly. Every refusal is a :class:`~hyperparallel.mpipe.errors.SpecError`
+naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Optional, Sequence, Tuple
+
+from ..mpipe import orders
+from ..mpipe.check import assert_valid
+from ..mpipe.derive import derive
+from ..mpipe.ir import Plan
+from ..mpipe.errors import SpecError
+from ..mpipe.profile import ModelProfile, parse_profile
+from ..mpipe.schedule import Schedule, parse_schedule
+from . import mindformers as mf
+from .files import apply_override, load_raw
+
+MPIPE_KEYS = ("schedule", "profile", "encoder")
+ENCODER_KEYS = ("owners", "backward", "spill", "trainable")
+TRANSPOSE_KEYS = ("owners", "backward", "spill")   # the encoder keys that are transpose options
+DEVICES = ("CPU", "Ascend")
+
+
+@dataclass
+class Recipe:
+    path: Optional[str]
+    raw: dict
+    pipeline_stage: int
+    micro_batch_num: int
+    pp_interleave_num: int
+    data_parallel: int
+    profile: ModelProfile
+    schedule: object = "1f1b"   # the spec as the recipe gives it (text or list form)
+    device: str = "CPU"
+    overrides: list = field(default_factory=list)
+    encoder: dict = field(default_factory=dict)   # mpipe.encoder options
+    v_key: str = "parallel_config.pp_interleave_num"  # the key that set V (named in errors)
+    layout: Optional[dict] = None  # MindFormers layer layout of the pipelined region: num_layers, offset, key
+
+    @property
+    def transpose_defaults(self) -> dict:
+        """The ``mpipe.encoder`` options a transposed region takes where its schedule gives none."""
+        return {k: v for k, v in self.encoder.items() if k in TRANSPOSE_KEYS}
+
+    def chunk_layers(self, order: str) -> Optional[Tuple[int, ...]]:
+        """Layers of every chunk of the pipelined region by MindFormers' rule (None: the even split)."""
+        if self.layout is None:
+            return None
+        return mf.layer_layout(self.layout["num_layers"], self.layout["offset"], self.pipeline_stage,
+                               self.pp_interleave_num, self.layout["key"], zbv=order == "zbv")
+
+    def plan_schedule(self, schedule=None) -> Schedule:
+        """The parsed schedule to derive: the recipe's (or ``schedule``), with the ``mpipe.encoder``
+        options for what it leaves out, its pipe order checked against P, V, M (errors name the key
+        that set V), and the recipe's cut of the pipelined region."""
+        spec = self.schedule if schedule is None else schedule
+        sched = parse_schedule(spec, self.profile, V=self.pp_interleave_num, transpose=self.transpose_defaults)
+        body, pipe = sched.body
+        orders.validate(pipe.order, self.pipeline_stage, self.pp_interleave_num, self.micro_batch_num,
+                        v_key=self.v_key)
+        layers = self.chunk_layers(pipe.order)
+        if layers is None:
+            return sched
+        if pipe.layers is not None and tuple(pipe.layers) != layers:
+            raise SpecError(f"schedule.{body}.layers", f"{list(pipe.layers)} contradicts {self.layout['key']} "
+                                                       f"(layers per chunk {list(layers)}); give it in one place")
+        return replace(sched, parts=sched.parts[:-1] + ((body, replace(pipe, layers=layers)),))
+
+
+# -- the sections ------------------------------------------------------------------------------
+
+def _model_config(raw: dict) -> dict:
+    model = raw.get("model")
+    mc = model.get("model_config") if isinstance(model, dict) else None
+    return mc if isinstance(mc, dict) else {}
+
+
+def _whole(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(name, f"must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _parallel(raw: dict) -> Tuple[int, int, int, int, str]:
+    """(P, M, V, D, the key that set V) from ``parallel_config`` and MindFormers' V keys."""
+    pc = raw.get("parallel_config")
+    if not isinstance(pc, dict):
+        raise SpecError("parallel_config", "missing; give pipeline_stage and micro_batch_num "
+                                           "(and optional pp_interleave_num, data_parallel)")
+    for k in ("pipeline_stage", "micro_batch_num"):
+        if k not in pc:
+            raise SpecError(f"parallel_config.{k}", "missing")
+    v_key, v = "parallel_config.pp_interleave_num", pc.get("pp_interleave_num", 1)
+    mc_v = _model_config(raw).get("pp_interleave_num")
+    if mc_v is not None:
+        if "pp_interleave_num" in pc and pc["pp_interleave_num"] != mc_v:
+            raise SpecError("parallel_config.pp_interleave_num",
+                            f"{pc['pp_interleave_num']!r} differs from model.model_config.pp_interleave_num "
+                            f"{mc_v!r}; give one of them")
+        v_key, v = "model.model_config.pp_interleave_num", mc_v
+    P = _whole(pc["pipeline_stage"], "parallel_config.pipeline_stage")
+    M = _whole(pc["micro_batch_num"], "parallel_config.micro_batch_num")
+    V = _whole(v, v_key)
+    D = _whole(pc.get("data_parallel", 1), "parallel_config.data_parallel")
+    interleave = mf.pipeline_interleave(raw)
+    if interleave is False or (interleave is None and mf.is_mindformers_config(raw)):
+        # MindFormers' LayerSetting: pp_interleave_num only counts with pipeline_interleave on
+        # (MindSpore's default is off)
+        V = 1
+    mf.seq_split_num(raw)
+    return P, M, V, D, v_key
+
+
+UNIT = dict(forward_ms=1.0, backward_ms=1.0, weight_ms=1.0, activation_mb=1.0, output_mb=1.0, param_mb=1.0)
+
+
+def _profile_from_model_config(raw: dict) -> Optional[dict]:
+    """Unit-cost profile from the layer counts of ``model.model_config`` and its towers, or None."""
+    ts = mf.towers(_model_config(raw))
+    if not ts:
+        return None
+    return {"regions": [dict(name=t.name, layers=t.layers, trainable=True, **UNIT) for t in ts]}
+
+
+def _mpipe(raw: dict) -> Tuple[dict, dict]:
+    """The ``mpipe`` section and its ``encoder`` options, keys checked."""
+    mp = raw.get("mpipe")
+    if mp is None and mf.is_mindformers_config(raw) and _profile_from_model_config(raw) is not None:
+        mp = {}
+    if not isinstance(mp, dict):
+        raise SpecError("mpipe", "missing; add an mpipe: section (schedule, and profile unless "
+                                 "model.model_config gives the layer counts)")
+    unknown = sorted(set(mp) - set(MPIPE_KEYS))
+    if unknown:
+        raise SpecError(f"mpipe.{unknown[0]}", f"unknown key; allowed: {', '.join(MPIPE_KEYS)}")
+    enc = mp.get("encoder") or {}
+    if not isinstance(enc, dict):
+        raise SpecError("mpipe.encoder", f"must be a mapping with keys {', '.join(ENCODER_KEYS)}")
+    bad = sorted(set(enc) - set(ENCODER_KEYS))
+    if bad:
+        raise SpecError(f"mpipe.encoder.{bad[0]}", f"unknown key; allowed: {', '.join(ENCODER_KEYS)}")
+    if "trainable" in enc and not isinstance(enc["trainable"], bool):
+        raise SpecError("mpipe.encoder.trainable", f"must be true or false, got {enc['trainable']!r}")
+    for opt in TRANSPOSE_KEYS:
+        if opt in enc and not isinstance(enc[opt], str):
+            raise SpecError(f"mpipe.encoder.{opt}", f"must be a name, got {enc[opt]!r}")
+    return mp, dict(enc)
+
+
+def _set_trainable(prof: dict, raw: dict, enc: dict, hand_written: bool) -> dict:
+    """``trainable`` of the regions from ``model.model_config.freeze_*`` flags and
+    ``mpipe.encoder.trainable`` (every region before the pipelined one); a flag that contradicts
+    the other or a hand-written region's ``trainable`` is refused. A flag for a part that is no
+    region of the profile (e.g. ``freeze_projector``: the projector has no layer count, it is the
+    tail of the encoder region before it) changes nothing."""
+    if not isinstance(prof, dict) or not isinstance(prof.get("regions"), list):
+        return prof   # parse_profile reports it
+    regs = [dict(r) if isinstance(r, dict) else r for r in prof["regions"]]
+    flags = mf.freeze_flags(_model_config(raw))
+    for i, r in enumerate(regs):
+        if not isinstance(r, dict):
+            continue
+        if r.get("name") in flags:
+            frozen, key = flags[r["name"]]
+            if "trainable" in enc and i < len(regs) - 1 and enc["trainable"] == frozen:
+                raise SpecError(key, f"{frozen} contradicts mpipe.encoder.trainable: {enc['trainable']}; give it "
+                                     "in one place")
+            if hand_written and "trainable" in r and r["trainable"] == frozen:
+                raise SpecError(key, f"{frozen} contradicts mpipe.profile.regions[{i}].trainable: "
+                                     f"{r['trainable']}; give it in one place")
+            r["trainable"] = not frozen
+        if "trainable" in enc and i < len(regs) - 1:
+            r["trainable"] = enc["trainable"]
+    return dict(prof, regions=regs)
+
+
+def _schedule_spec(raw: dict, mp: dict, P: int, V: int, M: int, v_key: str):
+    """The recipe's schedule spec: ``mpipe.schedule``, else MindFormers' scheduler keys, else 1f1b."""
+    if "schedule" in mp:
+        return mp["schedule"]
+    if mf.pipeline_interleave(raw) is not None:
+        return mf.order_from_keys(raw, P, V, M, v_key)
+    return "1f1b"
+
+
+def _layout(raw: dict, profile: ModelProfile, P: int, V: int) -> Optional[dict]:
+    """MindFormers' layer layout of the pipelined region, validated now (None: not a MindFormers config)."""
+    if not mf.is_mindformers_config(raw):
+        return None
+    mc = _model_config(raw)
+    body = profile.regions[-1]
+    ts = mf.towers(mc)
+    llm = ts[-1] if ts else None
+    offset, key = mc.get("offset"), "model.model_config.offset"
+    if llm is not None:
+        if llm.layers != body.layers:
+            raise SpecError(f"mpipe.profile.regions[{len(profile.regions) - 1}].layers",
+                            f"{body.layers} differs from {llm.key} ({llm.layers}); give the same layer count")
+        if llm.config is not mc and "offset" in llm.config:
+            offset, key = llm.config["offset"], llm.key.rsplit(".", 1)[0] + ".offset"
+        if llm.layers < P * V:
+            raise SpecError(llm.key, f"{llm.layers} layers cannot be cut into pipeline_stage x pp_interleave_num "
+                                     f"= {P} x {V} = {P * V} chunks")
+    return {"num_layers": body.layers, "offset": offset, "key": key}
+
+
+def device_of(raw: dict) -> str:
+    """The recipe's ``device`` (default CPU), checked."""
+    device = raw.get("device", "CPU")
+    if device not in DEVICES:
+        raise SpecError("device", f"{device!r} unknown; allowed: {', '.join(DEVICES)}")
+    return device
+
+
+def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[str] = ()) -> Recipe:
+    """The checked recipe of a raw dict (``--set`` overrides applied first)."""
+    overrides = list(overrides or ())
+    for item in overrides:
+        apply_override(raw, item)
+    P, M, V, D, v_key = _parallel(raw)
+    mp, enc = _mpipe(raw)
+    prof = mp.get("profile")
+    hand_written = prof is not None
+    if prof is None:
+        prof = _profile_from_model_config(raw)
+        if prof is None:
+            raise SpecError("mpipe.profile", "missing; give the regions with their per-layer costs (or "
+                                             "model.model_config.num_hidden_layers for a unit-cost profile)")
+    profile = parse_profile(_set_trainable(prof, raw, enc, hand_written))
+    spec = _schedule_spec(raw, mp, P, V, M, v_key)
+    device = device_of(raw)
+    recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
+                    data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
+                    encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V))
+    if recipe.layout is not None:
+        # refuse a bad offset now, whatever schedule is derived later
+        recipe.chunk_layers(spec if spec == "zbv" else "")
+    if "schedule" in mp and isinstance(spec, (str, list)):   # transpose options given twice must agree
+        parse_schedule(spec, profile, "mpipe.schedule", V, recipe.transpose_defaults, "mpipe.encoder")
+    return recipe
+
+
+def load_recipe(path: str, overrides: Iterable[str] = ()) -> Recipe:
+    """Load, merge ``base_config`` parents, apply ``--set`` overrides, validate."""
+    return recipe_from_dict(load_raw(path), path=path, overrides=overrides)
+
+
+# -- recipe -> checked plan: the one load -> derive -> check chain every command and tool uses --------
+
+def derive_recipe(recipe: Recipe, schedule=None) -> Plan:
+    """The recipe's plan (unchecked), with an optional schedule override (short name or list form)."""
+    plan = derive(recipe.profile, recipe.plan_schedule(schedule), recipe.pipeline_stage, recipe.micro_batch_num,
+                  recipe.pp_interleave_num, recipe.data_parallel)
+    plan.meta["recipe"] = recipe.path
+    return plan
+
+
+def checked_plan(recipe: Recipe, schedule=None) -> Plan:
+    """The recipe's plan, checked (PlanError on a checker finding)."""
+    return assert_valid(derive_recipe(recipe, schedule))
+
+
+def planned(path: str, overrides: Sequence[str] = (), schedule: Optional[object] = None) -> Tuple[Recipe, Plan]:
+    """Load the recipe (``--set`` overrides applied), derive its plan for ``schedule`` and check it."""
+    recipe = load_recipe(path, list(overrides))
+    return recipe, checked_plan(recipe, schedule)

@@ -1,0 +1,62 @@
+"""A run's configuration: the recipe's model adapter, data config and ``train:`` settings.
+
+Pure Python (no MindSpore): the launcher checks these before starting msrun. The model is an
+adapter (:mod:`hyperparallel.models`): it owns the region names and depths; the recipe's cost
+profile, where it gives layer counts, must agree with them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .data import DataSource, data_config, data_source
+from .models import ModelAdapter, adapter_for
+from .mpipe.errors import SpecError
+from .recipe.recipe import device_of
+from .recipe.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelAdapter
+    data: object   # DataConfig (synthetic) or ConversationsConfig
+    train: TrainConfig
+    device: str = "CPU"
+
+    @staticmethod
+    def from_raw(raw: dict) -> "RunConfig":
+        data = data_config(raw)
+        train = TrainConfig.from_section(raw.get("train"))
+        device = device_of(raw)
+        model = adapter_for(raw.get("model"), data.shapes(), train.seed)
+        model.check_device(device)
+        return RunConfig(model=model, data=data, train=train, device=device)
+
+    def source(self) -> DataSource:
+        """A fresh data source of this run (every rank, the reference and the bench build their own)."""
+        return data_source(self.data, self.train.seed, self.model.image_tokens)
+
+
+def check_regions(model: ModelAdapter, regions: Sequence, where: str = "mpipe.profile.regions") -> None:
+    """The profile's (or plan's) regions must be the model's, in order, with the model's depths.
+
+    ``regions``: objects with ``name`` and ``layers`` (profile regions). SpecError names both keys."""
+    names = [r.name for r in regions]
+    want = model.regions()
+    if names != [r.name for r in want]:
+        raise SpecError(where, f"regions {names} but the {model.family} model has "
+                               f"{[r.name for r in want]} (in data-flow order)")
+    for i, (got, w) in enumerate(zip(regions, want)):
+        if got.layers is not None and int(got.layers) != w.layers:
+            raise SpecError(f"{where}[{i}].layers", f"{got.layers} but {w.key or 'the model'} is {w.layers} "
+                                                    f"(the model owns its depth; the profile gives costs only)")
+
+
+def run_config_of(recipe) -> RunConfig:
+    """The run config of a loaded recipe, checked before launch: a bad value is a one-line SpecError."""
+    try:
+        rc = RunConfig.from_raw(recipe.raw)
+    except TypeError as e:   # a section's value of the wrong type, e.g. train: {steps: [1]}
+        raise SpecError("recipe", str(e).splitlines()[0]) from None
+    check_regions(rc.model, recipe.profile.regions)
+    return rc
