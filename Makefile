@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - install, then run the main job
+#   make demo   - install, then run the main job (a real VLM with transpose on CPU ranks)
 #   make test   - install what the tests need, then run them
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,8 +13,10 @@ install: $(PY)
 	$(PIP) install -q -r requirements.txt
 	$(PIP) install -q -e .
 
+# the main job: the demo conversations (generated if missing), a tiny Qwen2.5-VL with transpose on 2 CPU ranks
 demo: install
-	$(VENV)/bin/hyperparallel train recipes/tiny_mllm.yaml --run-dir runs/demo
+	test -f data/demo/train.jsonl || $(PY) tools/make_demo_data.py data/demo
+	$(VENV)/bin/hyperparallel train recipes/qwen2_5_vl_tiny.yaml --run-dir runs/demo
 
 test: install
 	$(PY) -m pytest -q tests

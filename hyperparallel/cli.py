@@ -96,6 +96,9 @@ def _train_parsers(sub) -> None:
     p.add_argument("--merge", default=None, metavar="OUT",
                    help="write the step (newest complete of a save directory) as one .safetensors/.ckpt file")
     p.add_argument("--with-optimizer", action="store_true", help="--merge also writes the optimizer state")
+    p.add_argument("--export-hf", default=None, metavar="OUT_DIR",
+                   help="write the step (newest complete of a save directory) as a Hugging Face model directory "
+                        "(config.json + model.safetensors) that from_pretrained loads")
     p.set_defaults(func=train.run_ckpt)
 
     p = sub.add_parser("data", help="data set tools: check (scan a recipe's data for bad samples)")

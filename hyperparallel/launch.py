@@ -68,6 +68,23 @@ def msrun_overrides(world: int) -> Dict[str, str]:
     return out
 
 
+def device_present(device: str) -> bool:
+    """Whether this machine has the recipe's device: always for CPU; for Ascend, an NPU device file."""
+    import glob
+    return device != "Ascend" or bool(glob.glob("/dev/davinci[0-9]*"))
+
+
+def preflight(world: int, device: str) -> Dict[str, str]:
+    """What a launch checks before msrun starts: the device is here, ``HP_MSRUN_ARGS`` fits the plan
+    (returns its flags). SpecError naming the key or flag."""
+    from .mpipe.errors import SpecError
+    if not device_present(device):
+        raise SpecError("device", f"{device}, but this machine has no {device} device (/dev/davinci*): run it on an "
+                                  "Ascend machine; plan and simulate work here (and train with --set device=CPU where "
+                                  "the model fits)")
+    return msrun_overrides(world)
+
+
 def msrun_command(job_path: str, world: int, log_dir: str, port: int,
                   overrides: Optional[Dict[str, str]] = None, script: str = WORKER_SCRIPT) -> List[str]:
     flags = {"worker_num": str(world), "local_worker_num": str(world), "master_port": str(port),

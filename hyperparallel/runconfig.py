@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .data import DataSource, data_config, data_source
+from .data import DataConfig, DataSource, data_config, data_source
 from .models import ModelAdapter, adapter_for
 from .mpipe.errors import SpecError
 from .recipe.recipe import device_of
@@ -30,11 +30,29 @@ class RunConfig:
         device = device_of(raw)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
+        _check_data_fits(data, model)
         return RunConfig(model=model, data=data, train=train, device=device)
 
     def source(self) -> DataSource:
         """A fresh data source of this run (every rank, the reference and the bench build their own)."""
-        return data_source(self.data, self.train.seed, self.model.image_tokens)
+        return data_source(self.data, self.train.seed, self.model.data_format)
+
+
+def _check_data_fits(data, model: ModelAdapter) -> None:
+    """The data section can lay out micro-batches the way this model reads them (checked before launch)."""
+    if isinstance(data, DataConfig):   # synthetic: the merge-index layout of the project's own models
+        try:
+            fmt = model.data_format()
+        except NotImplementedError:
+            return   # a user's adapter without image placeholders reads what the generator makes
+        if fmt.get("format") != "merge_index":
+            raise SpecError("data.type", f"synthetic data cannot feed {model.family} (it reads {fmt.get('format')} "
+                                         "micro-batches); use data.type: conversations")
+        return
+    try:
+        data.check_format(model.data_format)
+    except NotImplementedError as e:
+        raise SpecError("model", str(e)) from None
 
 
 def check_regions(model: ModelAdapter, regions: Sequence, where: str = "mpipe.profile.regions") -> None:

@@ -32,6 +32,8 @@ DATA = os.path.join(HERE, "..", "recipes", "mf_llama_mllm_data.yaml")   # LLaVA-
 STEPS = 3
 DATA_STEPS = 12   # the conversation-data case runs longer: its loss must fall (first 3 vs the reference)
 SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(backward=central)"]
+FROZEN_2 = ["1f1b", "transpose", "transpose(backward=central)"]   # a frozen encoder: its placements
+LLAMA_CASES_2 = [(s, False) for s in SCHEDULES_2] + [(s, True) for s in FROZEN_2]
 QWEN2_CASES_2 = [("transpose(backward=central)", False), ("1f1b", True)]
 P4 = ("parallel_config.pipeline_stage=4",)
 
@@ -94,7 +96,7 @@ def demo_data(tmp):
 @pytest.fixture(scope="module")
 def two_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("mf2"))
-    cases = [_case(tmp, LLAMA, s, fz) for s in SCHEDULES_2 for fz in (False, True)]
+    cases = [_case(tmp, LLAMA, s, fz) for s, fz in LLAMA_CASES_2]
     cases += [_case(tmp, QWEN2, s, fz) for s, fz in QWEN2_CASES_2]
     cases.append(_case(tmp, DATA, "transpose", False, demo_data(tmp), steps=DATA_STEPS))
     _run(tmp, cases, 2)
@@ -102,8 +104,8 @@ def two_rank(tmp_path_factory):
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
-@pytest.mark.parametrize("schedule", SCHEDULES_2)
+@pytest.mark.parametrize("schedule,frozen", LLAMA_CASES_2,
+                         ids=[f"{s}-{'frozen' if f else 'trained'}" for s, f in LLAMA_CASES_2])
 def test_llama_two_ranks_match_reference(two_rank, schedule, frozen):
     assert_matches_reference(two_rank[_name(LLAMA, schedule, frozen)])
 

@@ -20,9 +20,19 @@ def _refused(p, *words):
 
 
 @pytest.mark.parametrize("command", ["train", "profile", "bench"])
-def test_ascend_qwen_vl_recipe_refused_naming_missing_adapter(command, tmp_path):
-    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), "--run-dir", str(tmp_path / "run"), timeout=60)
-    _refused(p, "model.arch.type", "Qwen2_5_VLForConditionalGeneration", "no runtime adapter", "LlamaForCausalLM")
+def test_ascend_qwen_vl_recipes_refused_here_naming_the_device_then_the_size(command, tmp_path):
+    """The 7B/72B recipes name the real class (mindone's Qwen2_5_VLForConditionalGeneration) and the real
+    config: this CPU machine has no Ascend device, and on CPU the model's size is refused."""
+    for r in ("qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml"):
+        p = run_cli(command, recipe(r), "--run-dir", str(tmp_path / "run"), timeout=60)
+        _refused(p, "device: Ascend, but this machine has no Ascend device")
+    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), "--set", "device=CPU", "--run-dir", str(tmp_path / "run"),
+                timeout=60)
+    _refused(p, "model.model_config:", "8.3 B parameters", "GiB")
+    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), "--set", "device=CPU", "--set", "model.arch.type=Qwen9VL",
+                "--run-dir", str(tmp_path / "run"), timeout=60)
+    _refused(p, "model.arch.type", "'Qwen9VL' has no runtime adapter", "Qwen2_5_VLForConditionalGeneration",
+             "Qwen3VLForConditionalGeneration", "LlamaForCausalLM")
     assert not (tmp_path / "run" / "logs").exists()
 
 

@@ -5,12 +5,19 @@
 
 Deterministic: the same arguments write the same files. The set is in the ``conversations``
 format. Images are PNG renderings of the synthetic source's class prototypes (see
-``hyperparallel/data/synthetic.py``), upsampled to 16 or 24 pixels with noise; a sample holds 0 to 3
-images or a "video" of 4 to 6 frames (the prototype shifted frame by frame), and a
-conversation whose answer names the classes shown, so the answer needs the images.
+``hyperparallel/data/synthetic.py``), upsampled to 16x16 or 24x24 pixels with noise, and about a
+third of the still images non-square (16x24 or 32x16, height x width; chosen by a second random
+stream, so the square ones are the same files as before); a sample holds 0 to 3 images or a
+"video" of 4 to 6 frames (the prototype shifted frame by frame), and a conversation whose answer
+names the classes shown, so the answer needs the images. ``videos=False`` (``--no-video``)
+writes single-image samples instead of videos (the ``qwen_vl`` layout takes images only).
+
 A tiny word-level tokenizer (Hugging Face ``tokenizers`` JSON) is trained on the
-conversations. ``broken=True`` adds one sample per kind of bad input, for tests and
-for trying ``hyperparallel data check``.
+conversations and the role words of both layouts; its special tokens have fixed ids, Qwen's
+included (``SPECIAL``: ``<|endoftext|>`` 5, ``<|im_start|>`` 6, ``<|im_end|>`` 7,
+``<|vision_start|>`` 8, ``<|vision_end|>`` 9, ``<|image_pad|>`` 10, ``<|video_pad|>`` 11), so a
+tiny Qwen config can name them. ``broken=True`` adds one sample per kind of bad input, for
+tests and for trying ``hyperparallel data check``.
 """
 from __future__ import annotations
 
@@ -29,7 +36,10 @@ from hyperparallel.data.text import ROLES  # noqa: E402
 
 CLASSES = ("alpha", "beta", "gamma", "delta")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six")
-SPECIAL = ["<pad>", "<unk>", "</s>", "<image>", "<video>"]
+SPECIAL = ["<pad>", "<unk>", "</s>", "<image>", "<video>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+           "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]   # ids 0..11
+QWEN_ROLES = ("system", "user", "assistant")   # Qwen's chat layout: each a single known token
+NON_SQUARE = ((2, 3), (4, 2))   # (row, column) upsampling of an 8x8 prototype: 16x24 and 32x16 pixels
 
 # kinds of bad samples ``broken=True`` adds (one each), as ``data check`` names them
 BROKEN_KINDS = ("missing_image", "unreadable_image", "malformed_json", "placeholder_mismatch",
@@ -41,22 +51,32 @@ def _png(path: str, arr: np.ndarray) -> None:
     Image.fromarray(arr).save(path, format="PNG")
 
 
-def _render(proto: np.ndarray, scale: int, rng: np.random.Generator, shift: int = 0) -> np.ndarray:
+def _render(proto: np.ndarray, scale, rng: np.random.Generator, shift: int = 0) -> np.ndarray:
+    """``scale``: an int (square) or (rows, columns)."""
+    sy, sx = (scale, scale) if isinstance(scale, int) else scale
     img = np.roll(proto, shift, axis=-1).transpose(1, 2, 0)            # HWC
-    img = np.repeat(np.repeat(img, scale, 0), scale, 1)
+    img = np.repeat(np.repeat(img, sy, 0), sx, 1)
     img = 128 + 60 * img + 12 * rng.standard_normal(img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _sample(i: int, rng: np.random.Generator, protos, img_dir: str) -> dict:
+def _sample(i: int, rng: np.random.Generator, protos, img_dir: str, shape_rng: np.random.Generator,
+            videos: bool = True) -> dict:
     u = rng.random()
     rec: dict = {"id": f"s{i:04d}"}
 
-    def image(c, tag, shift=0):
+    def image(c, tag, shift=0, still=True):
         name = f"images/{rec['id']}_{tag}.png"
-        _png(os.path.join(img_dir, os.path.basename(name)), _render(protos[c], int(rng.choice([2, 3])), rng, shift))
+        square = _render(protos[c], int(rng.choice([2, 3])), rng, shift)   # drawn always: the main stream
+        if still and shape_rng.random() < 1 / 3:                           # stays that of square images
+            arr = _render(protos[c], NON_SQUARE[int(shape_rng.integers(len(NON_SQUARE)))], shape_rng, shift)
+        else:
+            arr = square
+        _png(os.path.join(img_dir, os.path.basename(name)), arr)
         return name
 
+    if u >= 0.85 and not videos:
+        u = 0.1 + (u - 0.85) * (0.35 / 0.15)   # a one-image sample instead of a video
     if u < 0.1:
         a, b = sorted(int(x) for x in rng.choice(len(NUMBERS) - 1, 2, replace=False))
         rec["conversations"] = [{"from": "human", "value": f"count from {NUMBERS[a]} to {NUMBERS[b]} ."},
@@ -74,12 +94,32 @@ def _sample(i: int, rng: np.random.Generator, protos, img_dir: str) -> dict:
         rec["conversations"] = [{"from": "human", "value": q}, {"from": "gpt", "value": a}]
     else:
         c, f = int(rng.integers(len(CLASSES))), int(rng.integers(4, 7))
-        rec["video"] = [image(c, f"f{j}", shift=j) for j in range(f)]
+        rec["video"] = [image(c, f"f{j}", shift=j, still=False) for j in range(f)]
         rec["conversations"] = [{"from": "human", "value": "<video>\nwhat moves in the video ?"},
                                 {"from": "gpt", "value": f"a {CLASSES[c]} moves ."}]
         if rng.random() < 0.5:
             rec["conversations"] += [{"from": "human", "value": "how many frames ?"},
                                      {"from": "gpt", "value": f"{NUMBERS[f]} frames ."}]
+    return rec
+
+
+HEAVY_SCALES = (2, 3, 4, 6)   # --images: 16, 24, 32 or 48 pixels (the prototypes are 8 x 8)
+
+
+def _multi_image_sample(i: int, k: int, rng: np.random.Generator, protos, img_dir: str) -> dict:
+    """A sample with ``k`` to ``k + 2`` images of different sizes whose answer names them all."""
+    rec: dict = {"id": f"s{i:04d}"}
+    n = k + int(rng.integers(3))
+    cs = [int(c) for c in rng.integers(len(CLASSES), size=n)]
+    rec["image"] = []
+    for j, c in enumerate(cs):
+        name = f"images/{rec['id']}_{j}.png"
+        _png(os.path.join(img_dir, os.path.basename(name)), _render(protos[c], int(rng.choice(HEAVY_SCALES)), rng))
+        rec["image"].append(name)
+    names = [CLASSES[c] for c in cs]
+    q = " ".join(["<image>"] * n) + f"\nname the {NUMBERS[min(n, len(NUMBERS) - 1)]} pictures ."
+    rec["conversations"] = [{"from": "human", "value": q},
+                            {"from": "gpt", "value": " , ".join(names[:-1]) + " and " + names[-1] + " ."}]
     return rec
 
 
@@ -110,14 +150,26 @@ def train_tokenizer(texts: List[str], path: str) -> int:
     return tk.get_vocab_size()
 
 
-def write_demo(out: str, num_samples: int = 160, seed: int = 0, broken: bool = False) -> Dict[str, str]:
-    """Write ``out/train.jsonl``, ``out/images/*.png`` and ``out/tokenizer.json``; returns their paths.
-    With ``broken``, the bad samples are interleaved (every 7th line from line 3)."""
+def token_ids(tokenizer: str) -> Dict[str, int]:
+    """Ids of the special tokens and Qwen's role words in a written tokenizer."""
+    from tokenizers import Tokenizer
+    tk = Tokenizer.from_file(tokenizer)
+    return {t: tk.token_to_id(t) for t in SPECIAL + list(QWEN_ROLES)}
+
+
+def write_demo(out: str, num_samples: int = 160, seed: int = 0, broken: bool = False,
+               videos: bool = True, images: int = 0) -> Dict[str, str]:
+    """Write ``out/train.jsonl``, ``out/images/*.png`` and ``out/tokenizer.json``; returns their paths
+    (as ``data:`` keys). With ``broken``, the bad samples are interleaved (every 7th line from line 3);
+    ``videos=False``: no video samples; ``images=k``: an encoder-heavy set instead, every sample with
+    ``k`` to ``k + 2`` images of 16 to 48 pixels."""
     img_dir = os.path.join(out, "images")
     os.makedirs(img_dir, exist_ok=True)
     protos = _prototypes(DataConfig(num_classes=len(CLASSES), image_size=8, channels=3), 1234)
     rng = np.random.default_rng([int(seed), 31337])
-    recs = [_sample(i, rng, protos, img_dir) for i in range(num_samples)]
+    shape_rng = np.random.default_rng([int(seed), 4242])
+    recs = [_multi_image_sample(i, images, rng, protos, img_dir) if images else
+            _sample(i, rng, protos, img_dir, shape_rng, videos) for i in range(num_samples)]
     lines = [json.dumps(r) for r in recs]
     if broken:
         good = next(r["image"] for r in recs if isinstance(r.get("image"), str))
@@ -127,7 +179,7 @@ def write_demo(out: str, num_samples: int = 160, seed: int = 0, broken: bool = F
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     texts = [ROLES[t["from"]] + t["value"].replace("<image>", " ").replace("<video>", " ")
-             for r in recs for t in r["conversations"]]
+             for r in recs for t in r["conversations"]] + [" ".join(QWEN_ROLES)]
     tok = os.path.join(out, "tokenizer.json")
     train_tokenizer(texts, tok)
     return {"path": path, "image_root": out, "tokenizer": tok}
@@ -139,11 +191,16 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--broken", action="store_true", help="add one bad sample of each kind")
+    ap.add_argument("--no-video", action="store_true", help="single-image samples instead of videos")
+    ap.add_argument("--images", type=int, default=0, metavar="K",
+                    help="an encoder-heavy set: every sample shows K to K+2 images of 16 to 48 pixels")
     args = ap.parse_args()
-    paths = write_demo(args.out, args.samples, args.seed, args.broken)
+    paths = write_demo(args.out, args.samples, args.seed, args.broken, videos=not args.no_video, images=args.images)
     n = len(os.listdir(os.path.join(args.out, "images")))
-    print(f"wrote {paths['path']} ({args.samples} samples{' + broken ones' if args.broken else ''}), "
+    print(f"wrote {paths['path']} ({args.samples} samples{' + broken ones' if args.broken else ''}"
+          f"{', no videos' if args.no_video else ''}{f', {args.images}+ images each' if args.images else ''}), "
           f"{n} images, tokenizer {paths['tokenizer']}")
+    print("token ids: " + ", ".join(f"{t} {i}" for t, i in token_ids(paths["tokenizer"]).items()))
     return 0
 
 

@@ -194,7 +194,7 @@ def measures_profile(args) -> bool:
 def prepare(args):
     """Everything checked before launch. Returns (recipe, run config, [(name, plan)]); with
     ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
-    from ..launch import msrun_overrides
+    from ..launch import preflight
     from ..recipe import checked_plan
     from ..runconfig import run_config_of
 
@@ -233,6 +233,7 @@ def prepare(args):
     if args.save_profile and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_profile))):
         raise SpecError("--save-profile", f"folder does not exist: {os.path.dirname(os.path.abspath(args.save_profile))}")
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
+    preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
     scheds = args.schedule or [recipe.schedule if isinstance(recipe.schedule, str) else json.dumps(recipe.schedule)]
     if len(set(scheds)) != len(scheds):
@@ -247,7 +248,6 @@ def prepare(args):
     if measuring and world < 2:
         raise SpecError("--measure-profile", "a measured profile needs >= 2 ranks (the link is measured between two); "
                         "give --profile FILE or --recipe-profile")
-    msrun_overrides(world)
     return recipe, rc, plans
 
 

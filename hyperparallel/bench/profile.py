@@ -34,7 +34,9 @@ def prepare(args):
     from ..recipe import checked_plan, load_recipe
     from ..runconfig import run_config_of
 
+    from ..launch import preflight
     recipe = load_recipe(args.recipe, args.overrides)
+    preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
     sched = args.schedule
     if getattr(args, "in_pipeline", False) and sched is None:
@@ -44,11 +46,8 @@ def prepare(args):
         raise SpecError("--samples", f"must be >= 1, got {args.samples}")
     if args.repeats < 1:
         raise SpecError("--repeats", f"must be >= 1, got {args.repeats}")
-    from ..launch import msrun_overrides
-    world = plan.num_devices * plan.data_parallel
-    if world < 2:
+    if plan.num_devices * plan.data_parallel < 2:
         raise SpecError("parallel_config.pipeline_stage", "profile needs >= 2 ranks (the link is measured between two)")
-    msrun_overrides(world)
     return recipe, rc, plan
 
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import sys
 
-from ..data.conversations import ConversationsConfig, scan, summary
+from ..data.conversations import LATE_KINDS, ConversationsConfig, layout_for, scan, summary
 from ..mpipe.errors import SpecError
 from ..recipe import load_recipe
 from ..runconfig import run_config_of
 
 
-def _tokens_per_image(rc) -> int:
+def _data_format(rc) -> dict:
+    """The model adapter's micro-batch layout (``data_format()``)."""
     try:
-        return rc.model.image_tokens()
+        return rc.model.data_format()
     except NotImplementedError as e:
         raise SpecError("model", str(e)) from None
 
@@ -25,15 +26,16 @@ def precheck(rc, recipe_path: str) -> str:
     ('' for generated data)."""
     if not isinstance(rc.data, ConversationsConfig):
         return ""
-    n, samples, problems = scan(rc.data, _tokens_per_image(rc))
+    n, samples, problems = scan(rc.data, _data_format(rc))
     hint = f"list all: hyperparallel data check {recipe_path}"
     if problems and rc.data.on_bad_sample == "error":
         raise SpecError("data", f"{len(problems)} bad sample(s) in {rc.data.path} ({summary(problems)}); "
                                 f"first: {problems[0]} ({hint}; or set data.on_bad_sample=skip)")
-    late = [p for p in problems if p.kind == "undecodable_image"]
+    late = [p for p in problems if p.kind in LATE_KINDS]
     if late:
-        raise SpecError("data", f"{len(late)} image(s) pass the header check but fail to decode, so the run "
-                                f"cannot skip their samples; first: {late[0]} ({hint}); fix or remove them")
+        raise SpecError("data", f"{len(late)} image(s) pass the header check but fail to decode or decode to "
+                                f"another size, so the run cannot skip their samples; first: {late[0]} ({hint}); "
+                                f"fix or remove them")
     line = f"data: {rc.data.path}: {len(samples)} usable samples"
     if problems:
         line += f", skipping {len(problems)} bad sample(s) ({summary(problems)}; {hint})"
@@ -45,8 +47,9 @@ def run(args) -> int:
     if not isinstance(rc.data, ConversationsConfig):
         print(f"data check {args.recipe}: data.type synthetic is generated; nothing to check")
         return 0
+    layout = layout_for(rc.data, _data_format(rc))   # a key or tokenizer the model's layout refuses: exit 2
     try:
-        n, samples, problems = scan(rc.data, _tokens_per_image(rc))
+        n, samples, problems = scan(rc.data, layout)
     except SpecError as e:   # the file as a whole is unusable (a malformed .json list)
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1

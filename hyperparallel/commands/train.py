@@ -21,15 +21,15 @@ def _prepare(args):
     from ..recipe import checked_plan, load_recipe
     from ..runconfig import run_config_of
 
+    from ..launch import preflight
     recipe = load_recipe(args.recipe, args.overrides)
+    preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)  # the device is here, HP_MSRUN_ARGS
     rc = run_config_of(recipe)
     plan = checked_plan(recipe, args.schedule)
     if args.steps is not None and args.steps < 1:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
     if args.save_every is not None and args.save_every < 0:
         raise SpecError("--save-every", f"must be >= 0, got {args.save_every}")
-    from ..launch import msrun_overrides
-    msrun_overrides(plan.num_devices * plan.data_parallel)  # HP_MSRUN_ARGS, checked before launch
     args.source = _source(args)
     from .data import precheck
     line = precheck(rc, args.recipe)   # the whole data set scanned: bad samples stop here, named
@@ -106,7 +106,7 @@ def _position_note(src, plan) -> str:
 
 def _refusal(log_dir: str, world: int, flag: str):
     """A rank's checkpoint refusal (``checkpoint refused: ...`` in its log), or None."""
-    from ..mindspore.ckpt_files import REFUSED
+    from ..mindspore.ckpt_files import REFUSED, REFUSED_INPUT
 
     for r in range(world):
         try:
@@ -114,6 +114,8 @@ def _refusal(log_dir: str, world: int, flag: str):
                 for line in f:
                     if line.startswith(REFUSED):
                         return f"{flag}: " + line[len(REFUSED):].strip()
+                    if line.startswith(REFUSED_INPUT):
+                        return line[len(REFUSED_INPUT):].strip()
         except OSError:
             continue
     return None
@@ -138,9 +140,30 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
 
 
 def run_ckpt(args) -> int:
-    """``hyperparallel ckpt``: the step directories of a save directory (complete or not), or
-    ``--merge OUT``: one MindSpore file of a step for single-process use."""
+    """``hyperparallel ckpt``: the step directories of a save directory (complete or not),
+    ``--merge OUT``: one MindSpore file of a step for single-process use, or ``--export-hf OUT_DIR``: a
+    Hugging Face model directory of a step."""
     from ..mindspore.ckpt_files import CheckpointError, list_steps, read_meta, resolve
+
+    if args.export_hf:
+        if args.merge:
+            return _error("--export-hf: give either --merge or --export-hf")
+        if os.path.isfile(args.export_hf):
+            return _error(f"--export-hf: {args.export_hf} is a file; give a directory")
+        try:
+            src = resolve(args.path)
+        except CheckpointError as e:
+            return _error(f"ckpt: {e}")
+        os.environ.setdefault("GLOG_v", "3")
+        from ..mindspore import compat
+        from ..mindspore.checkpoint import export_hf
+        compat.setup_device("CPU")
+        try:
+            n = export_hf(src, args.export_hf)
+        except CheckpointError as e:
+            return _error(f"ckpt: {e}")
+        print(f"wrote {args.export_hf}: {n} tensors from {src.path} (Hugging Face format)")
+        return 0
 
     if args.merge:
         if not args.merge.endswith((".safetensors", ".ckpt")):

@@ -7,11 +7,13 @@ micro-batch is a pure function of (seed, step, micro) and the data position, so 
 reads the next samples.
 
 Types: ``synthetic`` (default; :mod:`.synthetic`) and ``conversations``
-(LLaVA-style JSON/JSONL with image files; :mod:`.conversations`).
+(LLaVA-style JSON/JSONL with image files; :mod:`.conversations`), laid out as the model's
+``data_format()`` asks (:mod:`.formats`: ``merge_index`` -> :class:`~.batch.MicroBatch`,
+``qwen_vl`` -> :class:`~.batch.QwenVLBatch`).
 """
 from __future__ import annotations
 
-from .batch import MicroBatch, patchify
+from .batch import MicroBatch, QwenVLBatch, patchify
 from .source import DataSource
 from .synthetic import DataConfig, SyntheticSource, make_micro_batch
 from ..mpipe.errors import SpecError
@@ -36,14 +38,19 @@ def data_config(raw: dict):
     raise SpecError("data.type", f"{kind!r} unknown (known: {', '.join(TYPES)})")
 
 
-def data_source(cfg, seed: int, image_tokens) -> DataSource:
-    """The source of a data config (:func:`data_config`); ``image_tokens()``: LLM tokens per image
-    (the model adapter's), read only by sources that lay out conversations."""
+def data_source(cfg, seed: int, data_format) -> DataSource:
+    """The source of a data config (:func:`data_config`); ``data_format()``: the model adapter's
+    micro-batch layout (a dict, :mod:`.formats`), called only by sources that lay out conversations."""
     if isinstance(cfg, DataConfig):
         return SyntheticSource(cfg, seed)
+    from .formats import QWEN_VL
+    fmt = cfg.check_format(data_format)
+    if fmt.name == QWEN_VL:
+        from .qwen_source import QwenVLSource
+        return QwenVLSource(cfg, fmt, seed)
     from .conversations import ConversationsSource
-    return ConversationsSource(cfg, image_tokens(), seed)
+    return ConversationsSource(cfg, fmt, seed)
 
 
-__all__ = ["DataSource", "MicroBatch", "patchify", "DataConfig", "SyntheticSource", "make_micro_batch", "data_config",
-           "data_source", "TYPES"]
+__all__ = ["DataSource", "MicroBatch", "QwenVLBatch", "patchify", "DataConfig", "SyntheticSource", "make_micro_batch",
+           "data_config", "data_source", "TYPES"]

@@ -1,13 +1,15 @@
 """Image decoding with ``mindspore.dataset``: a prefetching pipeline, and the same ops eagerly.
 
-Every image goes through ``vision.Decode -> Resize((S, S)) -> Rescale(1/255) ->
-Normalize(mean, std) -> HWC2CHW`` (grey and RGBA files decode to RGB). A
-:class:`PixelStream` runs these ops in a ``GeneratorDataset``/``map`` pipeline
-(``num_parallel_workers`` threads, ``prefetch`` rows buffered per stage) over the
-images of the micro-batches this process will feed to the encoder, step after
-step, while the pipeline computes; a request outside that stream (another step
-order, a recompute after the cache dropped it) is decoded eagerly with the same
-ops, so the values never depend on which path served them.
+A layout names its ops (a zero-argument factory of a list of ``mindspore.dataset`` ops or python
+callables, applied in order to a file's bytes): ``merge_index`` uses :func:`transforms`,
+``vision.Decode -> Resize((S, S)) -> Rescale(1/255) -> Normalize(mean, std) -> HWC2CHW`` (grey and
+RGBA files decode to RGB); ``qwen_vl`` one python callable, transformers' image processor
+(:class:`~.qwen_image.QwenPixels`, two outputs: pixel values and grid). A :class:`PixelStream`
+runs the ops in a ``GeneratorDataset``/``map`` pipeline (``num_parallel_workers`` threads,
+``prefetch`` rows buffered per stage) over the images of the micro-batches this process will
+feed to the encoder, step after step, while the pipeline computes; a request outside that
+stream (another step order, a recompute after the cache dropped it) is decoded eagerly with the
+same ops, so the values never depend on which path served them.
 """
 from __future__ import annotations
 
@@ -29,15 +31,16 @@ def read_bytes(path: str) -> np.ndarray:
         return np.frombuffer(f.read(), np.uint8)
 
 
-def decode_eager(path: str, ops: list) -> np.ndarray:
-    """One image file through the ops, in this thread; RuntimeError naming the file if it fails."""
+def decode_eager(path: str, ops: list):
+    """One image file through the ops, in this thread (float32 array, or the tuple of arrays a
+    several-output op returns); RuntimeError naming the file if it fails."""
     try:
         x = read_bytes(path)
         for op in ops:
             x = op(x)
     except (OSError, RuntimeError, ValueError, TypeError) as e:
         raise RuntimeError(f"data: cannot decode image {path}: {_first_line(e)}") from None
-    return np.asarray(x, np.float32)
+    return tuple(x) if isinstance(x, tuple) else np.asarray(x, np.float32)
 
 
 def _first_line(e: Exception) -> str:
@@ -53,13 +56,13 @@ class PixelStream:
     """Decoded images of (step, micro) for this process, in order, from a mindspore.dataset pipeline.
 
     ``files_of(step, micro)`` lists a micro-batch's image files (a pure function, cheap);
+    ``make_ops()``: the ops (module docstring), ``outputs``: the names of their outputs;
     ``micros``: the global micro-batches of every step this process reads, in the order it
     reads them. The pipeline starts at the first step asked for."""
 
-    def __init__(self, files_of: Callable[[int, int], List[str]], image_size: int, mean, std,
-                 workers: int = 1, prefetch: int = 8):
-        self.files_of = files_of
-        self.size, self.mean, self.std = int(image_size), list(mean), list(std)
+    def __init__(self, files_of: Callable[[int, int], List[str]], make_ops: Callable[[], list],
+                 workers: int = 1, prefetch: int = 8, outputs: Sequence[str] = ("image",)):
+        self.files_of, self.make_ops, self.outputs = files_of, make_ops, list(outputs)
         self.workers, self.prefetch = int(workers), int(prefetch)
         self.micros: List[int] = []
         self._ops = None
@@ -88,7 +91,7 @@ class PixelStream:
         import mindspore.dataset as ds
         ds.config.set_prefetch_size(self.prefetch)
         data = ds.GeneratorDataset(lambda: self._rows(start), column_names=["image", "key"], shuffle=False)
-        data = data.map(transforms(self.size, self.mean, self.std), input_columns=["image"],
+        data = data.map(self.make_ops(), input_columns=["image"], output_columns=self.outputs,
                         num_parallel_workers=self.workers)
         self._it = data.create_tuple_iterator(output_numpy=True, num_epochs=1)
         self._start = start
@@ -114,14 +117,15 @@ class PixelStream:
     def _order(self, key: Key) -> Tuple[int, int]:
         return key[0], self.micros.index(key[1])
 
-    def get(self, step: int, micro: int) -> np.ndarray:
-        """(n, C, S, S) float32 images of micro-batch ``micro`` of ``step`` (n may be 0)."""
+    def get(self, step: int, micro: int) -> list:
+        """The decoded images of micro-batch ``micro`` of ``step``, one entry per file (maybe none):
+        a float32 array, or a tuple of arrays for several outputs."""
         key = (int(step), int(micro))
         files = self.files_of(*key)
         if not files:
-            return np.zeros((0, 3, self.size, self.size), np.float32)
+            return []
         if key in self._buf and len(self._buf[key]) == len(files):
-            return np.stack(self._buf.pop(key))
+            return self._buf.pop(key)
         usable = (not self._broken and key[1] in self.micros and
                   (self._start is None or key[0] >= self._start) and
                   (self._last is None or self._order(key) > self._order(self._last)))
@@ -130,17 +134,18 @@ class PixelStream:
                 self._open(key[0])
             try:
                 while len(self._buf.get(key, [])) < len(files):
-                    img, k = next(self._it)
+                    *out, k = next(self._it)
                     got = (int(k[0]), int(k[1]))
-                    self._buf.setdefault(got, []).append(np.asarray(img, np.float32))
+                    self._buf.setdefault(got, []).append(np.asarray(out[0], np.float32) if len(out) == 1
+                                                         else tuple(np.asarray(x) for x in out))
                     self._last = got
                 for old in [k for k in self._buf if k[0] < key[0] - 1]:
                     del self._buf[old]   # stale: never asked for (a bounded buffer)
                 self.stats["stream"] += 1
-                return np.stack(self._buf.pop(key))
+                return self._buf.pop(key)
             except (RuntimeError, StopIteration):
                 self.close()   # find the failing file eagerly (names it), else continue eagerly
         if self._ops is None:
-            self._ops = transforms(self.size, self.mean, self.std)
+            self._ops = self.make_ops()
         self.stats["eager"] += 1
-        return np.stack([decode_eager(p, self._ops) for p in files])
+        return [decode_eager(p, self._ops) for p in files]

@@ -56,6 +56,17 @@ class Tok:
     def encode(self, text: str) -> List[int]:
         return list(self.tk.encode(text, add_special_tokens=False).ids) if text else []
 
+    def encode_offsets(self, text: str) -> Tuple[List[int], List[Tuple[int, int]]]:
+        """(ids, (start, end) character span of each id in ``text``)."""
+        if not text:
+            return [], []
+        e = self.tk.encode(text, add_special_tokens=False)
+        return list(e.ids), [tuple(o) for o in e.offsets]
+
+    def token_id(self, token: str):
+        """The id of ``token`` (e.g. a special token), None if the tokenizer lacks it."""
+        return self.tk.token_to_id(token)
+
 
 @dataclass(frozen=True)
 class Encoded:

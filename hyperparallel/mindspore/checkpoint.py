@@ -53,8 +53,10 @@ class Saver:
     ``meta``: what ``meta.json`` records of the run besides the layout (``recipe_hash``,
     ``schedule``, ``optimizer``); ``source``: the data source, whose ``position`` goes there too."""
 
-    def __init__(self, save_dir: str, comm, plan, chunks, opt, source, meta: dict, fmt: str = "safetensors"):
+    def __init__(self, save_dir: str, comm, plan, chunks, opt, source, meta: dict, fmt: str = "safetensors",
+                 extra_files: Optional[Dict[str, str]] = None):
         self.comm, self.plan, self.fmt = comm, plan, fmt
+        self.extra_files = dict(extra_files or {})   # {name: text} rank 0 writes into every step directory
         self.save_dir = save_dir
         owners = chunk_owners(plan)
         mine = comm.dp_index == 0
@@ -96,6 +98,9 @@ class Saver:
                 self._die(step)
             os.replace(tmp, os.path.join(d, name))
         if self.comm.rank == 0:
+            for name, text in self.extra_files.items():
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(text)
             _write_json(os.path.join(d, META), dict(
                 self.meta, step=step,
                 data_position={"next_step": step, "micro_batch": 0,
@@ -118,15 +123,20 @@ class Saver:
         os._exit(13)
 
 
-def _index(src: Source) -> Tuple[Dict[str, Tuple[int, ...]], Dict[str, str], Dict[str, object]]:
-    """({name: shape}, {name: file}, values already read) of the source's files."""
+def _same(name: str) -> str:
+    return name
+
+
+def _index(src: Source, rename=_same) -> Tuple[Dict[str, Tuple[int, ...]], Dict[str, str], Dict[str, object]]:
+    """({model name: shape}, {model name: file}, values already read) of the source's files; ``rename``
+    maps a name in a file to the model's (e.g. a Hugging Face hub spelling)."""
     shapes, where, values = {}, {}, {}
     for f in src.files:
         if f.endswith(".safetensors"):
-            names = {n: s for n, (_, s) in safetensors_header(f).items()}
+            names = {rename(n): s for n, (_, s) in safetensors_header(f).items()}
         else:
             try:
-                got = ms.load_checkpoint(f)
+                got = {rename(n): v for n, v in ms.load_checkpoint(f).items()}
             except (ValueError, RuntimeError, OSError) as e:
                 raise CheckpointError(f"{f}: corrupt checkpoint file ({str(e).splitlines()[0][:120]})") from None
             values.update(got)
@@ -137,13 +147,14 @@ def _index(src: Source) -> Tuple[Dict[str, Tuple[int, ...]], Dict[str, str], Dic
     return shapes, where, values
 
 
-def restore(src: Source, comm, chunks, opt) -> Tuple[int, bool]:
-    """Load ``src`` into this rank's chunks (and optimizer state when the checkpoint has it).
+def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
+    """Load ``src`` into this rank's chunks (and optimizer state when the checkpoint has it), names
+    mapped by ``rename`` (the model adapter's ``checkpoint_name``).
 
     Returns (step to continue from, optimizer state loaded). Every rank reaches the same
     verdict (names gathered from all ranks), so a refused checkpoint stops all ranks alike.
     """
-    shapes, where, values = _index(src)
+    shapes, where, values = _index(src, rename)
     params = {p.name: tuple(p.shape) for cell in chunks.values() for p in cell.get_parameters()}
     state = {n: tuple(p.shape) for n, p in opt.state().items()}
     gathered = comm.all_gather_object((params, state))
@@ -157,8 +168,9 @@ def restore(src: Source, comm, chunks, opt) -> Tuple[int, bool]:
     need = set(params) | ({n for n in state if n not in HYPER_PARAMS} if load_state else set())
     for f in sorted({where[n] for n in need} - {None}):
         if f.endswith(".safetensors"):
-            values.update(ms.load_checkpoint(f, format="safetensors",
-                                             choice_func=lambda n, f=f: n in need and where[n] == f))
+            got = ms.load_checkpoint(f, format="safetensors",
+                                     choice_func=lambda n, f=f: rename(n) in need and where[rename(n)] == f)
+            values.update({rename(n): v for n, v in got.items()})
     for cell in chunks.values():  # every name of the cell is given: no prefix guessing
         ms.load_param_into_net(cell, {p.name: values[p.name] for p in cell.get_parameters()})
     if load_state and opt.opt is not None:  # strict: hyper-parameters stay the recipe's
@@ -166,11 +178,11 @@ def restore(src: Source, comm, chunks, opt) -> Tuple[int, bool]:
     return (src.step if src.meta else 0), load_state
 
 
-def restore_with_data(src: Source, comm, chunks, opt, data) -> Tuple[int, bool]:
+def restore_with_data(src: Source, comm, chunks, opt, data, rename=_same) -> Tuple[int, bool]:
     """:func:`restore`, then the data source ``data`` continues at the checkpoint's saved data position
     (``data.seek``). Returns (step to continue from, optimizer state loaded); CheckpointError if the
     checkpoint does not fit this model or its data position this data set."""
-    step, with_state = restore(src, comm, chunks, opt)
+    step, with_state = restore(src, comm, chunks, opt, rename)
     pos = dict((src.meta or {}).get("data_position") or {})
     for k in ("next_step", "micro_batch", "micro_batches_per_step"):
         pos.pop(k, None)
@@ -196,3 +208,28 @@ def merge(src: Source, out: str, with_state: bool = False) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     ms.save_checkpoint(params, out, format=fmt)
     return len(params)
+
+
+def export_hf(src: Source, out: str) -> int:
+    """Write a step's parameters as a Hugging Face model directory (``save_pretrained``: config.json +
+    model.safetensors with the hub's names) that ``from_pretrained`` loads; the step directory must carry
+    the model's ``config.json`` (runs of Hugging Face models write it). Returns the number of tensors."""
+    from hyperparallel.models import adapter_for
+    cfg_path = os.path.join(src.path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise CheckpointError(f"{src.path}: no config.json (only checkpoints of Hugging Face models, e.g. "
+                              "mindone's Qwen2.5-VL / Qwen3-VL, export to a Hugging Face directory)")
+    with open(cfg_path) as f:
+        arch = (json.load(f).get("architectures") or [None])[0]
+    net = adapter_for({"arch": {"type": arch}, "config": cfg_path}, {}, 0).network()
+    values = {}
+    for f in src.files:
+        values.update(ms.load_checkpoint(f, format="safetensors" if f.endswith(".safetensors") else "ckpt"))
+    names = [p.name for p in net.get_parameters()]
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise CheckpointError(f"{src.path}: parameters missing: {', '.join(missing[:4])} ({len(missing)} in all)")
+    ms.load_param_into_net(net, {n: values[n] for n in names}, strict_load=True)
+    os.makedirs(out, exist_ok=True)
+    net.save_pretrained(out)
+    return len(names)

@@ -24,12 +24,14 @@ import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
+from hyperparallel.models import hf_dir
 from hyperparallel.mpipe import ir
 
 MARKER = "COMPLETE"
 META = "meta.json"
 FORMATS = ("safetensors", "ckpt")
 REFUSED = "checkpoint refused: "  # line prefix of a rank's refusal; the launcher maps it to exit 2
+REFUSED_INPUT = "input refused: "  # a rank's refusal of a recipe value only a rank can check (e.g. pretrained weights)
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -138,11 +140,17 @@ def _format_of(path: str) -> str:
 
 def resolve(path: str) -> Source:
     """The checkpoint at ``path``: a step directory (must be complete), a save directory (its
-    newest complete step; incomplete ones reported in ``ignored``) or one checkpoint file
+    newest complete step; incomplete ones reported in ``ignored``), a Hugging Face model directory
+    (``config.json`` + ``model.safetensors`` or a shard index: step 0) or one checkpoint file
     (a plain single-process MindSpore checkpoint: step 0). Safetensors headers are checked."""
     if os.path.isfile(path):
         _format_of(path)
         src = Source(path, [path])
+    elif os.path.isdir(path) and hf_dir.is_hf_dir(path):
+        try:
+            src = Source(path, hf_dir.weight_files(path))
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
     elif os.path.isdir(path) and _STEP_RE.match(os.path.basename(os.path.normpath(path))) is None \
             and not os.path.exists(os.path.join(path, META)):
         complete, incomplete = list_steps(path)

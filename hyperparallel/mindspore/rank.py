@@ -113,13 +113,15 @@ class RankRuntime:
         optimizer name for ``meta.json``)."""
         meta = dict(meta or {})
         meta.setdefault("optimizer", self.train.optimizer)
-        return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt)
+        return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
+                                self.model.checkpoint_files())
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks
         and optimizer; the data continue at its saved position. Returns (step, optimizer state loaded)
         and makes that step the next; CheckpointError if it does not fit."""
-        step, with_state = checkpoint.restore_with_data(src, self.comm, self.chunks, self.optimizer, self.source)
+        step, with_state = checkpoint.restore_with_data(src, self.comm, self.chunks, self.optimizer, self.source,
+                                                        self.model.checkpoint_name)
         self.next_step, self._started = step, False
         return step, with_state
 

@@ -1,9 +1,10 @@
 """Single-process reference: same model, data and seed, no pipeline.
 
-The loss of a step is the mean over all micro-batches (of all data-parallel
-groups) of the per-micro-batch loss, exactly what the pipeline computes; the
-gradient comes from ``mindspore.value_and_grad`` (public API, independent of
-the runtime's tape autograd).
+The loss of a step is the mean over all micro-batches (of all data-parallel groups) of the
+per-micro-batch loss, exactly what the pipeline computes; the gradient comes from
+``mindspore.value_and_grad`` (public API, independent of the runtime's tape autograd). The model
+is the adapter's :meth:`~hyperparallel.models.base.ModelAdapter.reference` (e.g. mindone's whole
+model called as users call it) or, by default, its chunks chained (:class:`ChunkChain`).
 """
 from __future__ import annotations
 
@@ -15,34 +16,48 @@ from hyperparallel.runconfig import RunConfig
 from .optim import Optimizer
 
 
+class ChunkChain:
+    """The whole model as one chunk per region (``build_full``), run in data-flow order. A reference
+    model has ``cells`` (name -> Cell), ``params(region)`` and ``loss(micro_batch, loss_scale)``."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cells = dict(zip(model.region_names(), model.build_full()))
+
+    def params(self, region: str) -> list:
+        return list(self.cells[region].get_parameters())
+
+    def loss(self, mb, loss_scale: float):
+        mt = self.model.tensors(mb, loss_scale)
+        x = self.model.model_input(mt)
+        for cell in self.cells.values():
+            x = cell.forward(x, mt)
+        return x
+
+
 class Reference:
     """Holds the full model and optimizer; ``step(s)`` runs one optimizer step."""
 
     def __init__(self, rc: RunConfig, num_micro: int, trainable: Dict[str, bool]):
         self.rc, self.num_micro = rc, num_micro
         self.model, self.source = rc.model, rc.source()
-        self.cells = self.model.build_full()   # one chunk per region, in data-flow order
-        self.params = []
-        for region, cell in zip(self.model.region_names(), self.cells):
-            if trainable.get(region, True):
-                self.params += list(cell.get_parameters())
+        self.whole = self.model.reference() or ChunkChain(self.model)
+        self.cells = list(self.whole.cells.values())   # the model's Cells (load a checkpoint into these)
+        self.params = [p for r in self.model.region_names() if trainable.get(r, True) for p in self.whole.params(r)]
         self.opt = Optimizer(self.params, rc.train)
 
-    def all_params(self):
+    def all_params(self) -> list:
+        """Every parameter of the model (trained or frozen), e.g. to save it as one checkpoint file."""
         return [p for cell in self.cells for p in cell.get_parameters()]
 
     def step(self, step: int):
         """Returns (loss, {param name: grad}) of this step, after applying the update."""
-        mts = [self.model.tensors(self.source.micro_batch(step, m), 1.0 / self.num_micro)
-               for m in range(self.num_micro)]
+        mbs = [self.source.micro_batch(step, m) for m in range(self.num_micro)]
 
         def total(_):
             loss = 0.0
-            for mt in mts:
-                x = self.model.model_input(mt)
-                for cell in self.cells:
-                    x = cell.forward(x, mt)
-                loss = loss + x
+            for mb in mbs:
+                loss = loss + self.whole.loss(mb, 1.0 / self.num_micro)
             return loss
         loss, grads = ms.value_and_grad(total, None, weights=self.params)(ms.Tensor(0.0))
         named = {p.name: g for p, g in zip(self.params, grads)}

@@ -63,7 +63,13 @@ def run_case(case: dict, comm) -> None:
     from hyperparallel.mindspore.hooks import FaultInjection
     from hyperparallel.mindspore.job import case_runtime
 
-    rc, rt = case_runtime(case, comm, FaultInjection.from_env(comm.rank))
+    from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
+    from hyperparallel.mpipe.errors import SpecError
+    try:
+        rc, rt = case_runtime(case, comm, FaultInjection.from_env(comm.rank))
+    except SpecError as e:   # e.g. model.pretrained weights that do not fit the config
+        print(REFUSED_INPUT + str(e).splitlines()[0], flush=True)
+        raise SystemExit(2) from None
     name = case.get("name", "run")
     steps = int(case.get("steps", rc.train.steps))
     save_dir, save_every = case.get("save_dir"), int(case.get("save_every") or rc.train.save_every or 0)

@@ -5,7 +5,8 @@
 ``profile`` and ``bench`` refuse a model they cannot build before any rank starts:
 
 * ``model.arch.type`` / ``model.model_config.type`` (a MindFormers model section):
-  the MindFormers families registered in ``MINDFORMERS_ARCHS``;
+  the MindFormers families registered in ``MINDFORMERS_ARCHS`` and mindone.transformers' VLMs
+  (``MINDONE_ARCHS``: Qwen2.5-VL, Qwen3-VL, with Hugging Face configs);
 * ``model.adapter: "package.module:Class"``: a user's own adapter class, called as
   ``Class(model_section, data_shapes, seed)``;
 * otherwise ``model.type`` (default ``tiny_mllm``): the project's own models.
@@ -22,6 +23,9 @@ from ..mpipe.errors import SpecError
 BUILTIN: Dict[str, str] = {"tiny_mllm": "hyperparallel.models.tiny_mllm:TinyMLLM"}
 # MindFormers ``model.arch.type`` -> "module:Class"
 MINDFORMERS_ARCHS: Dict[str, str] = {"LlamaForCausalLM": "hyperparallel.models.mf_llama:MFLlamaMLLM"}
+# mindone.transformers class -> "module:Class"
+MINDONE_ARCHS: Dict[str, str] = {a: "hyperparallel.models.qwen_vl:QwenVL" for a in
+                                 ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")}
 
 
 def _load(path: str, key: str) -> Callable:
@@ -35,17 +39,17 @@ def _load(path: str, key: str) -> Callable:
 def adapter_for(section: dict, data_shapes: dict, seed: int) -> ModelAdapter:
     """The adapter for a recipe's ``model:`` section; ValueError('model.<key>: ...') if none fits."""
     sec = dict(section or {})
-    if "arch" in sec or "model_config" in sec:
+    if {"arch", "model_config", "config", "pretrained"} & set(sec):
         arch = (sec.get("arch") or {}).get("type") if isinstance(sec.get("arch"), dict) else None
         key = "model.arch.type"
         if arch is None:
             arch = (sec.get("model_config") or {}).get("type") if isinstance(sec.get("model_config"), dict) else None
             key = "model.model_config.type"
-        if arch not in MINDFORMERS_ARCHS:
-            supported = ", ".join(sorted(MINDFORMERS_ARCHS)) or "none yet"
-            raise SpecError(f"{key}", f"{arch!r} has no runtime adapter, so it cannot be trained here "
-                             f"(supported MindFormers models: {supported}; plan and simulate still work)")
-        return _load(MINDFORMERS_ARCHS[arch], key)(sec, data_shapes, seed)
+        archs = dict(MINDFORMERS_ARCHS, **MINDONE_ARCHS)
+        if arch not in archs:
+            raise SpecError(key, f"{arch!r} has no runtime adapter, so it cannot be trained here (supported: "
+                                 f"{', '.join(sorted(archs))}; plan and simulate still work)")
+        return _load(archs[arch], key)(sec, data_shapes, seed)
     if "adapter" in sec:
         path = sec.pop("adapter")
         if not isinstance(path, str) or ":" not in path:
@@ -61,4 +65,4 @@ def adapter_for(section: dict, data_shapes: dict, seed: int) -> ModelAdapter:
     return _load(BUILTIN[family], "model.type")(sec, data_shapes, seed)
 
 
-__all__ = ["ModelAdapter", "Region", "TensorSpec", "adapter_for", "BUILTIN", "MINDFORMERS_ARCHS"]
+__all__ = ["ModelAdapter", "Region", "TensorSpec", "adapter_for", "BUILTIN", "MINDFORMERS_ARCHS", "MINDONE_ARCHS"]

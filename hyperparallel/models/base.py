@@ -20,7 +20,14 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
 * ``image_tokens()``: LLM tokens per image, the expansion of an image placeholder
   in real conversation data;
 * ``check_device(device)`` (optional): refuse, before launch, a configuration that
-  cannot train on the recipe's device.
+  cannot train on the recipe's device;
+* ``data_format()``: how a data source lays out a micro-batch for this model (a dict the data
+  layer reads: ``{"format": "merge_index", "image_tokens": k}`` by default);
+* ``reference()`` (optional): the whole model as users call it, for the single-process reference
+  (default: the chunks of :meth:`build_full` chained);
+* ``checkpoint_name(name)`` / ``checkpoint_files()`` / ``pretrained`` (optional): names in
+  checkpoint files as the model's own, files a step directory carries (e.g. a Hugging Face
+  ``config.json``), a directory of weights to start from.
 
 Constructing an adapter, ``regions()`` and ``check_device()`` are pure Python (the launcher checks a
 recipe before any rank starts); the other methods may import MindSpore.
@@ -86,8 +93,28 @@ class ModelAdapter:
                                   "data.type conversations cannot lay out its sequences")
 
     def check_device(self, device: str) -> None:
-        """Pure Python, before launch: ValueError('model.<key>: ...') if the model cannot train on
+        """Pure Python, before launch: SpecError('model.<key>', ...) if the model cannot train on
         ``device`` (e.g. a kernel that device lacks). Default: every device."""
+
+    def data_format(self) -> dict:
+        """The micro-batch layout a data source must produce (the data layer knows the formats)."""
+        return {"format": "merge_index", "image_tokens": self.image_tokens()}
+
+    def reference(self):
+        """The single-process reference model (an object with ``params(region)`` and
+        ``loss(micro_batch, loss_scale)``), or None: the chunks of :meth:`build_full` chained."""
+        return None
+
+    #: a Hugging Face model directory whose weights every rank starts from (None: the recipe's init)
+    pretrained = None
+
+    def checkpoint_name(self, name: str) -> str:
+        """The model's parameter name for ``name`` in a checkpoint file (default: the same)."""
+        return name
+
+    def checkpoint_files(self) -> dict:
+        """{file name: text} a checkpoint step directory carries besides the weights (default none)."""
+        return {}
 
     # -- derived helpers (not to be overridden) ------------------------------------
     def region_names(self) -> List[str]:

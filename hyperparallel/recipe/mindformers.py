@@ -7,6 +7,8 @@ the user set) exactly where that function raises, plus where the planner cannot 
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..mpipe import orders
@@ -23,10 +25,50 @@ _ALIASES = {"visual": "vision", "vit": "vision", "image": "vision", "language": 
             "text": "llm", "llm": "llm"}
 
 
+def _read_config(key: str, path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+    except OSError as e:
+        raise SpecError(key, f"{path}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise SpecError(key, f"{path}: not a JSON config ({str(e).splitlines()[0]})") from None
+    if not isinstance(out, dict):
+        raise SpecError(key, f"{path}: a config must be a JSON object")
+    return out
+
+
+def _deep(dst: dict, src: dict) -> dict:
+    out = dict(dst)
+    for k, v in src.items():
+        out[k] = _deep(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def model_config(raw: dict) -> dict:
+    """The model's config fields: ``model.pretrained``'s ``config.json`` (a Hugging Face model
+    directory), then ``model.config`` (a ``config.json`` path), then the inline ``model.model_config``,
+    each deep-merged over the one before. Without config files: ``model.model_config`` itself."""
+    model = raw.get("model")
+    if not isinstance(model, dict):
+        return {}
+    inline = model.get("model_config") if isinstance(model.get("model_config"), dict) else {}
+    files = [("model.pretrained", os.path.join(str(model["pretrained"]), "config.json"))] if model.get("pretrained") \
+        else []
+    if model.get("config"):
+        files.append(("model.config", str(model["config"])))
+    if not files:
+        return inline
+    out: dict = {}
+    for key, path in files:
+        out = _deep(out, _read_config(key, path))
+    return _deep(out, inline)
+
+
 def is_mindformers_config(raw: dict) -> bool:
     """A MindFormers training config: its ``model:`` section has ``model_config`` or ``arch``."""
     model = raw.get("model")
-    return isinstance(model, dict) and ("model_config" in model or "arch" in model)
+    return isinstance(model, dict) and bool({"model_config", "arch", "config", "pretrained"} & set(model))
 
 
 def _whole(v) -> bool:

@@ -90,9 +90,7 @@ class Recipe:
 # -- the sections ------------------------------------------------------------------------------
 
 def _model_config(raw: dict) -> dict:
-    model = raw.get("model")
-    mc = model.get("model_config") if isinstance(model, dict) else None
-    return mc if isinstance(mc, dict) else {}
+    return mf.model_config(raw)
 
 
 def _whole(value, name: str) -> int:

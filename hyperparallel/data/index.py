@@ -1,0 +1,96 @@
+"""The index of a conversations file: every sample read, laid out and checked, pixels never decoded.
+
+A *layout* (:mod:`.merge_layout`, :mod:`.qwen_layout`) turns one record into a :class:`Sample`
+(``layout.parse(where, record, check_files)``, SampleProblem if it cannot be used) and checks one
+image file fully for ``data check`` (``layout.decode_check(path)``). ``check_files(path)`` is the
+header check (:func:`check_image`: the file exists and PIL verifies it; returns its (width, height)).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, List, Tuple
+
+from .text import SampleProblem
+from ..mpipe.errors import SpecError
+
+
+@dataclass(frozen=True)
+class Sample:
+    where: str               # "FILE:LINE" (jsonl) or "FILE sample N" (json list)
+    id: str
+    files: Tuple[str, ...]   # image files in encoder order (images, then video frames), absolute
+    enc: Any                 # the layout's encoded sample (text.Encoded, qwen_chat.QwenEncoded)
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.kind}: {self.message}"
+
+
+def read_records(path: str):
+    """(where, record or None, problem or None) for every sample of a .json list or .jsonl file."""
+    name = path
+    if path.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{name}:{n}"
+                try:
+                    yield where, json.loads(line), None
+                except json.JSONDecodeError as e:
+                    yield where, None, Problem(where, "malformed_json", f"{e.msg} at column {e.pos + 1}")
+        return
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise SpecError("data.path", f"{name}:{e.lineno}: malformed JSON ({e.msg}, column {e.colno}); "
+                             "the whole file is unusable") from None
+    if not isinstance(data, list):
+        raise SpecError("data.path", f"{name}: expected a JSON list of samples")
+    for i, rec in enumerate(data):
+        yield f"{name} sample {i}", rec, None
+
+
+def check_image(path: str) -> Tuple[int, int]:
+    """Header check without decoding pixels: exists, and PIL recognises and verifies it; (width, height)."""
+    if not os.path.isfile(path):
+        raise SampleProblem("missing_image", f"image file not found: {path}")
+    from PIL import Image
+    try:
+        with Image.open(path) as im:
+            size = im.size
+            im.verify()
+    except Exception as e:
+        raise SampleProblem("unreadable_image", f"not a readable image: {path} ({type(e).__name__}: {e})") from None
+    return int(size[0]), int(size[1])
+
+
+def build_index(cfg, layout, check_files=check_image):
+    """(usable samples, problems) of the whole file ``cfg.path``, in file order."""
+    samples: List[Sample] = []
+    problems: List[Problem] = []
+    for where, rec, prob in read_records(cfg.path):
+        if prob is not None:
+            problems.append(prob)
+            continue
+        try:
+            samples.append(layout.parse(where, rec, check_files))
+        except SampleProblem as e:
+            sid = rec.get("id") if isinstance(rec, dict) else None
+            problems.append(Problem(where + (f" (id {sid})" if sid is not None else ""), e.kind, str(e)))
+    return samples, problems
+
+
+def summary(problems: List[Problem]) -> str:
+    c = Counter(p.kind for p in problems)
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.items()))

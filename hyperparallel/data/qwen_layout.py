@@ -1,0 +1,64 @@
+"""The ``qwen_vl`` layout's index side: each image's grid from its header size (no pixels decoded),
+the chat layout (:mod:`.qwen_chat`) with that many image pads, and the full check of ``data check``."""
+from __future__ import annotations
+
+import os
+
+from .index import Sample, check_image
+from .qwen_chat import QwenEncoded, QwenTokens, encode_chat
+from .qwen_image import QwenPixels, image_grid, image_tokens
+from .text import SampleProblem, Tok, image_files
+
+
+class QwenLayout:
+    """``parse(where, record, check_files)`` -> :class:`~.index.Sample` (``enc``: a
+    :class:`~.qwen_chat.QwenEncoded`); ``fmt``: a :class:`~.formats.QwenVL`."""
+
+    def __init__(self, cfg, fmt, tok: Tok):
+        self.cfg, self.fmt, self.tok = cfg, fmt, tok
+        self.special = QwenTokens.of(tok, fmt)
+        self._pixels = None
+
+    def grid(self, path: str, size) -> tuple:
+        """(t, h, w) of an image of header ``size`` (width, height); SampleProblem if Qwen's rule refuses it."""
+        w, h = size
+        try:
+            return image_grid(h, w, self.fmt, self.cfg.min_pixels, self.cfg.max_pixels)
+        except (ValueError, ZeroDivisionError) as e:
+            raise SampleProblem("bad_image_size", f"{path} ({w}x{h} pixels): {e}") from None
+
+    def parse(self, where: str, rec, check_files=check_image) -> Sample:
+        cfg = self.cfg
+        if not isinstance(rec, dict):
+            raise SampleProblem("bad_record", "a sample must be a JSON object")
+        if rec.get("video"):
+            raise SampleProblem("unsupported_video", "field 'video': video samples are not supported by the "
+                                                     "qwen_vl layout yet (images only)")
+        imgs, _ = image_files(rec)
+        files = tuple(os.path.abspath(os.path.join(cfg.root, f)) for f in imgs)
+        grids = tuple(self.grid(p, check_files(p)) for p in files)
+        counts = [image_tokens(g, self.fmt.merge_size) for g in grids]
+        ids, answer = encode_chat(rec.get("conversations"), self.tok, self.special, counts, cfg.system_prompt)
+        if len(ids) > cfg.seq_len:
+            raise SampleProblem("too_long", f"{len(ids)} tokens (images expanded to {counts} token(s)) "
+                                            f"> data.seq_len {cfg.seq_len}")
+        return Sample(where, str(rec.get("id", where)), files, QwenEncoded(ids, answer, grids))
+
+    def pixels(self) -> QwenPixels:
+        """The processor callable of this layout (one per layout)."""
+        if self._pixels is None:
+            c = self.cfg
+            self._pixels = QwenPixels(self.fmt, c.min_pixels, c.max_pixels, c.image_mean, c.image_std)
+        return self._pixels
+
+    def decode_check(self, path: str) -> None:
+        """Run the processor on one image; SampleProblem if it fails or its grid is not the header's."""
+        from .pixels import decode_eager
+        try:
+            _, grid = decode_eager(path, [self.pixels()])
+        except RuntimeError as e:
+            raise SampleProblem("undecodable_image", str(e).replace("data: ", "", 1)) from None
+        want = self.grid(path, check_image(path))
+        if tuple(int(x) for x in grid) != want:
+            raise SampleProblem("grid_mismatch", f"{path}: the processor's grid {tuple(int(x) for x in grid)} "
+                                                 f"is not {want} from the image header")

@@ -1,0 +1,258 @@
+"""Adapter of the VLMs people train: mindone.transformers' Qwen2.5-VL and Qwen3-VL, Hugging Face configs
+and weight names.
+
+Recipe ``model:`` section (MindFormers' ``arch`` / ``model_config`` keys, Hugging Face fields inside)::
+
+    model:
+      arch: {type: Qwen2_5_VLForConditionalGeneration}   # or Qwen3VLForConditionalGeneration
+      config: path/to/config.json          # a Hugging Face config (optional)
+      pretrained: path/to/hf_model_dir     # config.json + model.safetensors[.index.json] (optional)
+      model_config: {vision_config: {depth: 2, ...}, text_config: {...}, image_token_id: 10, ...}
+
+The config is ``pretrained``'s ``config.json``, then ``config``, then the inline ``model_config``
+fields (each wins over the one before; :func:`hyperparallel.recipe.mindformers.model_config`).
+Regions: ``vision`` (``vision_config.depth`` blocks; the patch embedding, window reordering and
+rotary set-up with the first chunk, the merger and the reverse reordering with the last) and
+``llm`` (``text_config.num_hidden_layers`` decoder layers; the token embedding and the scatter of
+the image features with the first chunk, final norm + LM head + loss with the last). Qwen3-VL's
+deepstack features cross every boundary before the layer that adds them, packed into the one
+boundary tensor. Every chunk's side inputs come from the micro-batch's token ids and
+``image_grid_thw`` alone (:mod:`.qwen_vl_side`), so a boundary spec never needs pixels.
+
+Everything here is pure Python (the ``transformers`` config classes, no MindSpore): a config that
+is missing, inconsistent or cannot train on the recipe's device is refused before launch, naming
+the key. The MindSpore side is :mod:`.qwen_vl_cells`.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import List, Optional
+
+from ..mpipe.errors import SpecError
+from ..recipe.mindformers import model_config
+from .base import ModelAdapter, Region, TensorSpec
+
+VISION, LLM = "vision", "llm"
+# mindone class -> (family key, transformers config class, model_type)
+ARCHS = {"Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLConfig"),
+         "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLConfig")}
+MODEL_KEYS = ("arch", "model_config", "config", "pretrained")
+TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+CPU_DTYPES = ("float32",)
+# MindFormers' keys in a model_config that are the recipe's, not the Hugging Face config's
+NOT_HF = ("type", "architectures", "model_type", "pp_interleave_num", "offset")
+BYTES_PER_PARAM_TRAINED = 16   # float32 weight, gradient and Adam's two moments
+
+
+def _hf_config(arch: str, fields: dict):
+    """The transformers config object of ``fields`` (Hugging Face config.json keys)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")   # no "PyTorch not found" line on stderr
+    import transformers
+    cls = getattr(transformers, ARCHS[arch][1])
+    kw = {k: v for k, v in fields.items() if k not in NOT_HF and not k.startswith("freeze_")}
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError, KeyError) as e:
+        raise SpecError("model.model_config", f"not a valid {ARCHS[arch][1]}: {str(e).splitlines()[0]}") from None
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+class QwenVL(ModelAdapter):
+    """mindone's Qwen2.5-VL / Qwen3-VL (see the module docstring)."""
+
+    def __init__(self, section: dict, data_shapes: dict, seed: int):
+        sec = dict(section or {})
+        bad = sorted(set(sec) - set(MODEL_KEYS))
+        if bad:
+            raise SpecError(f"model.{bad[0]}", f"unknown key for a mindone VLM section (known: {', '.join(MODEL_KEYS)})")
+        self.arch = (sec.get("arch") or {}).get("type")
+        self.family = f"mindone {self.arch}"
+        self.kind = ARCHS[self.arch][0]
+        self.pretrained: Optional[str] = sec.get("pretrained")
+        if self.pretrained is not None:
+            from .hf_dir import is_hf_dir, weight_files
+            if not is_hf_dir(str(self.pretrained)):
+                raise SpecError("model.pretrained", f"{self.pretrained}: not a Hugging Face model directory "
+                                                    "(config.json with model.safetensors or its shard index)")
+            try:
+                weight_files(str(self.pretrained))
+            except ValueError as e:
+                raise SpecError("model.pretrained", str(e)) from None
+        fields = model_config({"model": sec})
+        given = (sec.get("model_config") or {}).get("type")
+        if given not in (None, ARCHS[self.arch][1]):
+            raise SpecError("model.model_config.type", f"{given!r} cannot configure {self.arch} "
+                                                       f"(use {ARCHS[self.arch][1]})")
+        self.fields = fields
+        self.cfg = _hf_config(self.arch, fields)
+        self.text_key = "model.model_config.text_config" if "text_config" in fields else "model.model_config"
+        self.vision_key = "model.model_config.vision_config"
+        self.seed, self.shapes = int(seed), dict(data_shapes)
+        self._check()
+        self._net = None
+
+    # -- configuration checks (pure Python) ----------------------------------------------
+    @property
+    def text(self):
+        return self.cfg.text_config
+
+    @property
+    def vision(self):
+        return self.cfg.vision_config
+
+    @property
+    def deepstack(self) -> List[int]:
+        """Vision blocks whose features the LLM adds (Qwen3-VL), in the order of the layers they go to."""
+        return list(getattr(self.vision, "deepstack_visual_indexes", None) or []) if self.kind == "qwen3_vl" else []
+
+    def _check(self) -> None:
+        t, v = self.text, self.vision
+        for key, value, where in (("depth", v.depth, self.vision_key), ("num_hidden_layers", t.num_hidden_layers,
+                                                                            self.text_key)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{where}.{key}", f"must be a whole number >= 1, got {value!r}")
+        if v.out_hidden_size != t.hidden_size:
+            raise SpecError(f"{self.vision_key}.out_hidden_size", f"{v.out_hidden_size} but the LLM's hidden_size "
+                                                                   f"is {t.hidden_size} (the merger feeds the LLM)")
+        for k in TOKEN_KEYS:
+            tok = getattr(self.cfg, k, None)
+            if not isinstance(tok, int) or not 0 <= tok < t.vocab_size:
+                raise SpecError(f"model.model_config.{k}", f"{tok!r} must be a token id below "
+                                                           f"{self.text_key}.vocab_size ({t.vocab_size})")
+        vocab = self.shapes.get("vocab")
+        if vocab is not None and int(vocab) > t.vocab_size:
+            raise SpecError(f"{self.text_key}.vocab_size", f"{t.vocab_size} is smaller than the data's "
+                                                           f"vocabulary ({vocab} tokens)")
+        seq = self.shapes.get("seq_len")
+        if seq is not None and int(seq) > t.max_position_embeddings:
+            raise SpecError("data.seq_len", f"{seq} exceeds {self.text_key}.max_position_embeddings "
+                                            f"({t.max_position_embeddings})")
+        bad = [i for i in self.deepstack if not 0 <= i < v.depth]
+        if bad or len(self.deepstack) > t.num_hidden_layers:
+            raise SpecError(f"{self.vision_key}.deepstack_visual_indexes",
+                            f"{self.deepstack}: every index must be a vision block (0..{v.depth - 1}) and there "
+                            f"may be at most text_config.num_hidden_layers ({t.num_hidden_layers}) of them")
+        if self.kind == "qwen2_5_vl":
+            bad = [i for i in (v.fullatt_block_indexes or []) if not 0 <= i < v.depth]
+            if bad:
+                raise SpecError(f"{self.vision_key}.fullatt_block_indexes", f"{bad} are not vision blocks "
+                                                                            f"(0..{v.depth - 1})")
+
+    def regions(self) -> List[Region]:
+        return [Region(VISION, int(self.vision.depth), f"{self.vision_key}.depth"),
+                Region(LLM, int(self.text.num_hidden_layers), f"{self.text_key}.num_hidden_layers")]
+
+    def parameter_count(self) -> int:
+        """Parameters of the whole model (an estimate from the config, within a few percent)."""
+        t, v = self.text, self.vision
+        D, I, L = t.hidden_size, t.intermediate_size, t.num_hidden_layers
+        hd = getattr(t, "head_dim", None) or D // t.num_attention_heads
+        attn = D * hd * (2 * t.num_attention_heads + 2 * t.num_key_value_heads)
+        llm = L * (attn + 3 * D * I) + 2 * t.vocab_size * D
+        Dv, u = v.hidden_size, v.spatial_merge_size ** 2
+        patch = v.in_channels * v.temporal_patch_size * v.patch_size ** 2 * Dv
+        mlp = (3 if self.kind == "qwen2_5_vl" else 2) * Dv * v.intermediate_size
+        merger = (Dv * u) ** 2 + Dv * u * v.out_hidden_size
+        vis = patch + v.depth * (4 * Dv * Dv + mlp) + merger * (1 + len(self.deepstack))
+        return int(llm + vis)
+
+    def check_device(self, device: str) -> None:
+        if device != "CPU":
+            return
+        need, have = self.parameter_count() * BYTES_PER_PARAM_TRAINED, _memory_bytes()
+        if have and need > have:
+            raise SpecError("model.model_config", f"about {self.parameter_count() / 1e9:.1f} B parameters need "
+                                                  f"~{need / 2 ** 30:.0f} GiB to train (weights, gradients, Adam) but "
+                                                  f"this machine has {have / 2 ** 30:.0f} GiB; train it on Ascend "
+                                                  f"(device: Ascend)")
+        attn = self.fields.get("attn_implementation")
+        if attn not in (None, "eager"):
+            raise SpecError("model.model_config.attn_implementation",
+                            f"{attn!r} has no CPU kernels (flash attention needs Ascend); set eager")
+        for where, sub in (("model.model_config", self.fields), (self.vision_key, self.fields.get("vision_config")),
+                           (self.text_key, self.fields.get("text_config"))):
+            for key in ("torch_dtype", "dtype"):
+                dtype = (sub or {}).get(key) if isinstance(sub, dict) else None
+                if dtype is not None and str(dtype).replace("torch.", "") not in CPU_DTYPES:
+                    raise SpecError(f"{where}.{key}", f"{dtype!r} cannot train on CPU here; set float32")
+
+    def data_format(self) -> dict:
+        v = self.vision
+        return dict(format="qwen_vl", patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+                    merge_size=v.spatial_merge_size, **{k: getattr(self.cfg, k) for k in TOKEN_KEYS})
+
+    def image_tokens(self) -> int:
+        raise NotImplementedError(f"{self.family}: an image's token count follows its size (data_format())")
+
+    # -- shapes (from the micro-batch's facts, never its pixels) ------------------------------
+    def boundary(self, region: str, stop: int, micro_batch) -> TensorSpec:
+        v, D = self.vision, self.text.hidden_size
+        u = v.spatial_merge_size ** 2
+        M = micro_batch.num_patches // u   # merged tokens of every image, filler included
+        if region == VISION:
+            k = sum(1 for i in self.deepstack if i < stop)
+            if stop == v.depth:
+                return TensorSpec((M, D * (1 + k)))
+            if not self.deepstack:
+                return TensorSpec((micro_batch.num_patches, v.hidden_size))
+            return TensorSpec((M, u * v.hidden_size + k * D))
+        B, S = micro_batch.input_ids.shape
+        left = max(0, len(self.deepstack) - stop)   # deepstack features still to be added
+        if left:
+            return TensorSpec((B * S * D + left * M * D,))
+        return TensorSpec((B, S, D))
+
+    # -- MindSpore ---------------------------------------------------------------------------
+    def network(self):
+        """The whole mindone model, built once per adapter right after ``mindspore.set_seed(seed)``
+        (every rank's chunks are slices of it, bit-identical to the single-process model), with
+        ``model.pretrained``'s weights when given."""
+        if self._net is None:
+            from .qwen_vl_cells import build_network
+            self._net = build_network(self)
+        return self._net
+
+    def build_chunk(self, region: str, start: int, stop: int):
+        if not 0 <= start < stop <= self.depth(region):
+            raise ValueError(f"{self.family}: layers [{start}, {stop}) outside region {region!r} "
+                             f"(0..{self.depth(region)})")
+        from .qwen_vl_cells import LLMChunk, VisionChunk
+        cls = VisionChunk if region == VISION else LLMChunk
+        return cls(self, start, stop)
+
+    def tensors(self, micro_batch, loss_scale: float):
+        from .qwen_vl_cells import QwenTensors
+        return QwenTensors(self, micro_batch, loss_scale)
+
+    def model_input(self, tensors):
+        return tensors.pixel_values
+
+    def reference(self):
+        from .qwen_vl_cells import WholeModel
+        return WholeModel(self)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_name(self, name: str) -> str:
+        """The in-memory parameter name of a name in a checkpoint file: Hugging Face's hub spelling
+        (``visual.*``, ``model.layers.*``: what ``save_pretrained`` writes for Qwen2.5-VL) or the
+        in-memory one (``model.visual.*``, ``model.language_model.*``)."""
+        if name.startswith("visual."):
+            return "model." + name
+        if name.startswith("model.") and not name.startswith(("model.visual.", "model.language_model.")):
+            return "model.language_model." + name[len("model."):]
+        return name
+
+    def checkpoint_files(self) -> dict:
+        """Files a checkpoint step directory carries besides the weights: the Hugging Face config,
+        so ``hyperparallel ckpt --export-hf`` can write a directory ``from_pretrained`` loads."""
+        cfg = copy.deepcopy(self.cfg.to_dict())
+        cfg["architectures"] = [self.arch]
+        return {"config.json": json.dumps(cfg, indent=1, sort_keys=True, default=str)}

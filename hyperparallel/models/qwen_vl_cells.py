@@ -1,0 +1,289 @@
+"""MindSpore side of :mod:`.qwen_vl`: mindone's whole Qwen2.5-VL / Qwen3-VL model, its chunks, the
+micro-batch's side inputs as tensors, and the model as users call it (the reference).
+
+Chunks are made of the network's own cells (shared, not copied), so parameter names stay the
+model's (``model.visual.blocks.0.attn.qkv.weight``, ``model.language_model.layers.3...``,
+``lm_head.weight``) and any cut of the layers runs exactly what the whole model runs: the pieces
+of ``Qwen2_5_VisionTransformerPretrainedModel.construct``, ``Qwen3VLVisionModel.construct`` and the
+language models' ``construct`` in their order, with the side inputs they compute inside (window
+index, cu_seqlens, rotary tables, M-RoPE positions, the causal mask, the scatter of the image
+features) computed on the host from the micro-batch's token ids and grids
+(:mod:`.qwen_vl_side`).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Dict
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from ..mpipe.errors import SpecError
+from . import qwen_vl_side as side
+
+
+# -- the network -------------------------------------------------------------------------------
+
+def build_network(adapter):
+    """The whole mindone model of ``adapter`` (CPU compatibility applied first on CPU), its weights
+    from ``adapter.pretrained`` when given."""
+    from . import mindone_cpu
+    mindone_cpu.apply()   # no-op off CPU; must precede building (mindone creates Parameters with mint ops)
+    import mindone.transformers as mt
+    cfg = copy.deepcopy(adapter.cfg)
+    attn = adapter.fields.get("attn_implementation") or "eager"
+    for c in (cfg, cfg.text_config, cfg.vision_config):
+        c._attn_implementation = attn
+    ms.set_seed(adapter.seed)
+    np.random.seed(adapter.seed)
+    net = getattr(mt, adapter.arch)(cfg)
+    if adapter.pretrained:
+        load_hf_weights(net, adapter.pretrained, adapter.checkpoint_name)
+    return net
+
+
+def load_hf_weights(net, path: str, rename) -> None:
+    """Every parameter of ``net`` from the directory's safetensors files, by name (either spelling)."""
+    values = {}
+    from .hf_dir import weight_files
+    for f in weight_files(path):
+        for name, v in ms.load_checkpoint(f, format="safetensors").items():
+            values[rename(name)] = v
+    params = {p.name: p for p in net.get_parameters()}
+    missing = sorted(set(params) - set(values))
+    extra = sorted(set(values) - set(params))
+    wrong = sorted(n for n in set(params) & set(values) if tuple(params[n].shape) != tuple(values[n].shape))
+    if missing or extra or wrong:
+        what = [f"missing {missing[:3]}" if missing else "", f"unknown {extra[:3]}" if extra else "",
+                f"wrong shapes {wrong[:3]}" if wrong else ""]
+        raise SpecError("model.pretrained", f"{path} does not fit the config: " + "; ".join(w for w in what if w))
+    ms.load_param_into_net(net, {n: values[n] for n in params}, strict_load=True)
+
+
+class _Slice(nn.Cell):
+    """A chunk of the network: its cells registered under their own names, parameter names kept."""
+
+    def __init__(self, net):
+        super().__init__(auto_prefix=False)
+        self._names = {id(p): p.name for p in net.get_parameters()}   # before attaching renames them
+
+    def _named(self, net) -> None:
+        for p in self.get_parameters():   # attaching prefixed them: restore the model's names
+            p.name = self._names[id(p)]
+
+
+# -- side inputs -------------------------------------------------------------------------------
+
+def _t(a) -> Tensor:
+    return Tensor(np.ascontiguousarray(a))
+
+
+class QwenTensors:
+    """A :class:`~hyperparallel.data.batch.QwenVLBatch` as the tensors every chunk reads, plus the loss
+    scale. Vision side inputs and pixels are built when first read (ranks without the encoder never
+    build them)."""
+
+    def __init__(self, adapter, mb, loss_scale: float):
+        self.adapter, self.batch, self.loss_scale = adapter, mb, float(loss_scale)
+        cfg, v = adapter.cfg, adapter.vision
+        ids, am = np.asarray(mb.input_ids, np.int64), np.asarray(mb.attention_mask, np.int64)
+        B, S = ids.shape
+        grid = np.asarray(mb.image_grid_thw, np.int64).reshape(-1, 3)
+        self.real_grid = grid[:len(grid) - mb.extra_images]
+        pos, _ = side.rope_index(ids, am, self.real_grid if len(self.real_grid) else None, None,
+                                 spatial_merge_size=v.spatial_merge_size, image_token_id=cfg.image_token_id,
+                                 video_token_id=cfg.video_token_id, vision_start_token_id=cfg.vision_start_token_id,
+                                 **side.rope_options(adapter.kind, v))
+        rows = side.image_rows(ids, cfg.image_token_id)
+        self.input_ids, self.position_ids = _t(ids), _t(pos)
+        self.mask = _t(side.causal_mask(am))
+        self.image_rows, self.is_image = _t(rows), _t((rows > 0).reshape(B, S, 1))
+        self.visual_pos_masks = _t((rows > 0).reshape(B, S))
+        self.labels = _t(np.asarray(mb.labels, np.int64))
+        self.cache_position = _t(np.arange(S, dtype=np.int64))
+        self.grid, self._vision, self._pixels = grid, None, None
+
+    @property
+    def vision(self) -> Dict[str, Tensor]:
+        """The vision chunks' side inputs, for every image (the filler too)."""
+        if self._vision is None:
+            v = self.adapter.vision
+            vis = self.adapter.network().model.visual
+            inv = vis.rotary_pos_emb.inv_freq.asnumpy()
+            if self.adapter.kind == "qwen2_5_vl":
+                d = side.qwen25_vision_side(self.grid, v, inv_freq=inv)
+                out = {k: _t(d[k]) for k in ("window_index", "reverse_index", "cu_window_seqlens", "cu_seqlens")}
+            else:
+                d = side.qwen3_vision_side(self.grid, v, inv_freq=inv)
+                out = {k: _t(d[k]) for k in ("cu_seqlens", "pos_idx", "pos_wts")}
+            from .mindone_cpu import vision_cos_sin
+            out["rotary"] = vision_cos_sin(d["angles"])
+            self._vision = out
+        return self._vision
+
+    @property
+    def pixel_values(self) -> Tensor:
+        if self._pixels is None:
+            self._pixels = _t(np.asarray(self.batch.pixel_values, np.float32))
+        return self._pixels
+
+
+# -- chunks ------------------------------------------------------------------------------------
+
+class VisionChunk(_Slice):
+    """Vision blocks ``[start, stop)``; the first chunk embeds the patches (Qwen2.5-VL: and reorders them
+    into windows; Qwen3-VL: and adds the interpolated position table), the last runs the merger
+    (Qwen2.5-VL: and restores the order). Qwen3-VL's deepstack features (the outputs of the blocks in
+    ``deepstack_visual_indexes`` through their own mergers) travel packed with the hidden state."""
+
+    def __init__(self, adapter, start: int, stop: int):
+        net = adapter.network()
+        super().__init__(net)
+        vis, v = net.model.visual, adapter.vision
+        self.region, self.start, self.stop = "vision", start, stop
+        self.first, self.last = start == 0, stop == v.depth
+        self.kind, self.ds = adapter.kind, adapter.deepstack
+        self.u, self.Dv, self.D = v.spatial_merge_size ** 2, v.hidden_size, adapter.text.hidden_size
+        self.full = set(getattr(v, "fullatt_block_indexes", None) or [])
+        self.blocks = nn.CellList(list(vis.blocks)[start:stop])
+        if self.first:
+            self.patch_embed = vis.patch_embed
+            if self.kind == "qwen3_vl":
+                self.pos_embed = vis.pos_embed
+        if self.last:
+            self.merger = vis.merger
+        mine = [k for k, i in enumerate(self.ds) if start <= i < stop]
+        self.ds_mergers = nn.CellList([vis.deepstack_merger_list[k] for k in mine]) if mine else None
+        self._named(net)
+
+    def forward(self, x, t: QwenTensors):
+        side_in = t.vision
+        rotary = side_in["rotary"]
+        ds = []
+        if self.first:
+            h = self.patch_embed(x)
+            if self.kind == "qwen2_5_vl":
+                n = h.shape[0]
+                h = h.reshape(n // self.u, self.u, -1)[side_in["window_index"], :, :].reshape(n, -1)
+            else:
+                p = self.pos_embed(side_in["pos_idx"]) * side_in["pos_wts"][:, :, None]
+                h = h + (p[0] + p[1] + p[2] + p[3])
+        elif self.ds:
+            k_in = sum(1 for i in self.ds if i < self.start)
+            parts = ops.split(x, [self.u * self.Dv] + [self.D] * k_in, axis=1)
+            h, ds = parts[0].reshape(-1, self.Dv), list(parts[1:])
+        else:
+            h = x
+        k = 0
+        for i, blk in zip(range(self.start, self.stop), self.blocks):
+            if self.kind == "qwen2_5_vl":
+                cu = side_in["cu_seqlens"] if i in self.full else side_in["cu_window_seqlens"]
+            else:
+                cu = side_in["cu_seqlens"]
+            h = blk(h, cu_seqlens=cu, position_embeddings=rotary)
+            if i in self.ds:
+                ds.append(self.ds_mergers[k](h))
+                k += 1
+        if self.last:
+            out = self.merger(h)
+            if self.kind == "qwen2_5_vl":
+                return out[side_in["reverse_index"], :]
+            return ops.concat([out] + ds, axis=1) if ds else out
+        if self.ds:
+            return ops.concat([h.reshape(-1, self.u * self.Dv)] + ds, axis=1)
+        return h
+
+
+class LLMChunk(_Slice):
+    """Decoder layers ``[start, stop)``; the first chunk embeds the tokens and scatters the image features
+    into the image-token positions (``masked_scatter``'s order), the last runs the final norm, the LM
+    head and the model's own loss (``loss_function``: the mean over the micro-batch's answer tokens),
+    times the loss scale. Qwen3-VL: after layer k < len(deepstack) its deepstack feature is added at the
+    visual positions (mindone's ``_deepstack_process``); features still to add travel packed with the
+    hidden state (one flat boundary tensor)."""
+
+    def __init__(self, adapter, start: int, stop: int):
+        net = adapter.network()
+        super().__init__(net)
+        lm = net.model.language_model
+        self.region, self.start, self.stop = "llm", start, stop
+        self.first, self.last = start == 0, stop == adapter.text.num_hidden_layers
+        self.kind, self.n_ds, self.D = adapter.kind, len(adapter.deepstack), adapter.text.hidden_size
+        self.vocab = adapter.text.vocab_size
+        self._aux = (lm.rotary_emb, lm, net)   # a tuple: not registered (no parameters of their own here)
+        self.layers = nn.CellList(list(lm.layers)[start:stop])
+        if self.first:
+            self.embed_tokens = lm.embed_tokens
+        if self.last:
+            self.norm = lm.norm
+            self.lm_head = net.lm_head
+        self._named(net)
+
+    def _unpack(self, x, t: QwenTensors):
+        """(hidden state, deepstack features still to add) of this chunk's input."""
+        B, S = t.input_ids.shape
+        M = x.shape[0] if self.first else None
+        if self.first:
+            parts = ops.split(x, [self.D] * (1 + self.n_ds), axis=1) if self.n_ds else [x]
+            h = self.embed_tokens(t.input_ids)
+            table = ops.concat((ops.zeros((1, self.D), h.dtype), parts[0].astype(h.dtype)), axis=0)
+            h = ops.where(t.is_image, ops.gather(table, t.image_rows, 0).reshape(B, S, self.D), h)
+            return h, list(parts[1:]), M
+        left = max(0, self.n_ds - self.start)
+        if not left:
+            return x, [], None
+        n_h = B * S * self.D
+        M = (x.shape[0] - n_h) // (left * self.D)
+        parts = ops.split(x, [n_h] + [M * self.D] * left, axis=0)
+        return parts[0].reshape(B, S, self.D), [p.reshape(M, self.D) for p in parts[1:]], M
+
+    def forward(self, x, t: QwenTensors):
+        rotary_emb, lm, net = self._aux
+        h, ds, _ = self._unpack(x, t)
+        pe = rotary_emb(h, t.position_ids)
+        for i, layer in zip(range(self.start, self.stop), self.layers):
+            if self.kind == "qwen2_5_vl":
+                h = layer(h, attention_mask=t.mask, position_ids=t.position_ids[0], position_embeddings=pe)[0]
+            else:
+                h = layer(h, attention_mask=t.mask, position_ids=t.position_ids[0], past_key_values=None,
+                          cache_position=t.cache_position, position_embeddings=pe)
+                if i < self.n_ds:
+                    h = lm._deepstack_process(h, t.visual_pos_masks, ds.pop(0))
+        if self.last:
+            logits = self.lm_head(self.norm(h))
+            loss = net.loss_function(logits=logits, labels=t.labels, vocab_size=self.vocab)
+            return loss * t.loss_scale
+        if ds:
+            return ops.concat([h.reshape(-1)] + [d.reshape(-1) for d in ds], axis=0)
+        return h
+
+
+# -- the model as users call it ------------------------------------------------------------------
+
+class WholeModel:
+    """The single-process reference: mindone's whole model called as users call it,
+    ``model(input_ids=..., attention_mask=..., pixel_values=..., image_grid_thw=..., labels=...)``
+    with an explicit attention mask, on the real images only (no filler)."""
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.net = adapter.network()
+        self.cells = {"model": self.net}
+
+    def params(self, region: str) -> list:
+        vis = [p for p in self.net.model.visual.trainable_params()]
+        if region == "vision":
+            return vis
+        seen = {id(p) for p in vis}
+        return [p for p in self.net.trainable_params() if id(p) not in seen]
+
+    def loss(self, mb, loss_scale: float):
+        t = QwenTensors(self.adapter, mb, loss_scale)
+        real = len(t.real_grid) > 0
+        n = int(np.prod(t.real_grid, axis=1).sum()) if real else 0
+        pixels = _t(np.asarray(mb.pixel_values, np.float32)[:n]) if real else None
+        out = self.net(input_ids=t.input_ids, attention_mask=_t(np.asarray(mb.attention_mask, np.int64)),
+                       pixel_values=pixels, image_grid_thw=_t(t.real_grid) if real else None, labels=t.labels,
+                       use_cache=False)
+        return out.loss * loss_scale

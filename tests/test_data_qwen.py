@@ -1,0 +1,460 @@
+"""The ``qwen_vl`` layout of conversations: Qwen's chat layout and labels, image grids from the headers,
+pixel values equal to transformers' ``Qwen2VLImageProcessor``, the filler image, bad input, ``data check``
+and resume. Data sets are written into temp dirs by ``tools/make_demo_data.py``; the data format is a dict
+(no model needed): patch 4, temporal patch 2, merge 2, the demo tokenizer's fixed special ids.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from hyperparallel.data import QwenVLBatch, data_config, data_source
+from hyperparallel.data.conversations import build_index, scan
+from hyperparallel.data.index import check_image
+from hyperparallel.data.qwen_image import own_smart_resize
+from hyperparallel.data.text import Tok
+from make_demo_data import write_demo
+
+from conftest import ROOT
+
+FMT = {"format": "qwen_vl", "patch_size": 4, "temporal_patch_size": 2, "merge_size": 2, "image_token_id": 10,
+       "video_token_id": 11, "vision_start_token_id": 8, "vision_end_token_id": 9}
+IM_START, IM_END, VS, VE, PAD_IMG, EOT = 6, 7, 8, 9, 10, 5
+SMALL = {"min_pixels": 64, "max_pixels": 4096}   # demo images (16..32 pixels a side) keep their size
+N = 24
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return write_demo(str(tmp_path_factory.mktemp("qwen")), N, seed=1, videos=False)
+
+
+@pytest.fixture(scope="module")
+def with_video(tmp_path_factory):
+    return write_demo(str(tmp_path_factory.mktemp("qwen_video")), N, seed=1, broken=True)
+
+
+def _cfg(paths, **keys):
+    sec = dict(dict(type="conversations", seq_len=64, micro_batch_size=2, shuffle=False, **SMALL), **paths)
+    sec.update(keys)
+    return data_config({"data": {k: v for k, v in sec.items() if v is not None},
+                        "parallel_config": {"micro_batch_num": 2}})
+
+
+def _source(paths, fmt=FMT, seed=0, **keys):
+    return data_source(_cfg(paths, **keys), seed, lambda: dict(fmt))
+
+
+def _records(paths):
+    out = []
+    for ln in open(paths["path"]):
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:   # the broken set's malformed line
+            pass
+    return out
+
+
+def _processor(**kw):
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    return Qwen2VLImageProcessor(patch_size=4, temporal_patch_size=2, merge_size=2, **dict(SMALL, **kw))
+
+
+def _reference(files, **kw):
+    from PIL import Image
+    ims = [Image.open(f) for f in files]
+    out = _processor(**kw)(images=ims, return_tensors="np")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
+def _image_of_size(paths, w, h):
+    from PIL import Image
+    for r in _records(paths):
+        for f in ([r["image"]] if isinstance(r.get("image"), str) else r.get("image", [])):
+            if Image.open(os.path.join(paths["image_root"], f)).size == (w, h):
+                return f
+    raise AssertionError(f"no {w}x{h} image in the demo set")
+
+
+# -- chat layout and labels ----------------------------------------------------------------------
+
+def test_demo_tokenizer_has_qwen_tokens_at_fixed_ids(demo):
+    tok = Tok(demo["tokenizer"])
+    fixed = ["<pad>", "<unk>", "</s>", "<image>", "<video>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+             "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    assert [tok.token_id(t) for t in fixed] == list(range(12))
+    for role in ("system", "user", "assistant"):
+        assert len(tok.encode(role)) == 1 and tok.encode(role)[0] >= 12
+
+
+def test_chat_layout_and_labels_on_a_hand_made_sample(tmp_path, demo):
+    img = _image_of_size(demo, 24, 16)   # 16 rows x 24 columns: grid (1, 4, 6), 6 image tokens
+    recs = [{"id": "a", "image": img, "conversations": [
+                {"from": "human", "value": "<image>\nwhat is this ?"}, {"from": "gpt", "value": "this is alpha ."},
+                {"from": "human", "value": "name the pictures ."}, {"from": "gpt", "value": "alpha and beta ."}]},
+            {"id": "b", "conversations": [
+                {"from": "system", "value": "count from one to two ."},
+                {"from": "human", "value": "what is this ?"}, {"from": "gpt", "value": "one two ."}]}]
+    p = tmp_path / "hand.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    src = _source(dict(demo, path=str(p)), system_prompt="name the pictures .")
+    mb = src.micro_batch(0, 0)
+    assert isinstance(mb, QwenVLBatch) and mb.sample_ids == ["a", "b"]
+    from tokenizers import Tokenizer
+    tk = Tokenizer.from_file(demo["tokenizer"])
+
+    def w(text):   # word ids looked up one by one (word-level tokenizer)
+        ids = [tk.token_to_id(x) for x in text.split()]
+        assert None not in ids, text
+        return ids
+    a_ids = ([IM_START] + w("system name the pictures .") + [IM_END] +
+             [IM_START] + w("user") + [VS] + [PAD_IMG] * 6 + [VE] + w("what is this ?") + [IM_END] +
+             [IM_START] + w("assistant this is alpha .") + [IM_END] +
+             [IM_START] + w("user name the pictures .") + [IM_END] +
+             [IM_START] + w("assistant alpha and beta .") + [IM_END])
+    heads = len(w("assistant"))
+    a_ans = [False] * len(a_ids)   # each answer's words and its <|im_end|>
+    for start in [i for i, t in enumerate(a_ids) if t == IM_START and a_ids[i + 1] == w("assistant")[0]]:
+        j = start + 1 + heads
+        while a_ids[j] != IM_END:
+            a_ans[j] = True
+            j += 1
+        a_ans[j] = True
+    b_ids = ([IM_START] + w("system count from one to two .") + [IM_END] + [IM_START] + w("user what is this ?") +
+             [IM_END] + [IM_START] + w("assistant one two .") + [IM_END])
+    b_ans = [False] * (len(b_ids) - 4) + [True] * 4
+    S = src.cfg.seq_len
+    for b, (ids, ans) in enumerate([(a_ids, a_ans), (b_ids, b_ans)]):
+        L = len(ids)
+        assert mb.input_ids[b, :L].tolist() == ids and (mb.input_ids[b, L:] == EOT).all()
+        assert mb.attention_mask[b].tolist() == [1] * L + [0] * (S - L)
+        assert mb.labels[b].tolist() == [t if a else -100 for t, a in zip(ids, ans)] + [-100] * (S - L)
+    # the same ids as the tokenizer gives the templated text (what Qwen's processor tokenizes)
+    text = ("<|im_start|>system\nname the pictures .<|im_end|>\n<|im_start|>user\n<|vision_start|>"
+            + "<|image_pad|>" * 6 + "<|vision_end|>\nwhat is this ?<|im_end|>\n<|im_start|>assistant\nthis is "
+            "alpha .<|im_end|>\n<|im_start|>user\nname the pictures .<|im_end|>\n<|im_start|>assistant\nalpha and "
+            "beta .<|im_end|>\n")
+    assert tk.encode(text, add_special_tokens=False).ids == a_ids
+    assert mb.input_ids.dtype == mb.attention_mask.dtype == mb.labels.dtype == np.int64
+    assert mb.image_grid_thw.tolist() == [[1, 4, 6]] and mb.images_per_sample == [1, 0] and mb.extra_images == 0
+    assert (mb.num_images, mb.num_patches, mb.num_image_tokens) == (1, 24, 6) and not mb.pixels_loaded
+    src.close()
+
+
+def test_image_tokens_follow_each_images_grid(demo):
+    src = _source(demo)
+    seen = set()
+    for step in range(3):
+        for g in range(2):
+            mb = src.micro_batch(step, g)
+            grids = mb.image_grid_thw[:mb.num_images - mb.extra_images].tolist()
+            k = 0
+            for b, n in enumerate(mb.images_per_sample):
+                mine, k = grids[k:k + n], k + n
+                seen |= {tuple(x) for x in mine}
+                row = mb.input_ids[b]
+                assert (row == PAD_IMG).sum() == sum(t * h * w // 4 for t, h, w in mine)
+                assert (row == VS).sum() == (row == VE).sum() == n
+                assert (mb.labels[b][row == PAD_IMG] == -100).all()
+            assert mb.num_image_tokens == (mb.input_ids == PAD_IMG).sum()
+            assert mb.num_patches == mb.image_grid_thw.prod(1).sum() and not mb.pixels_loaded
+    assert {(1, 4, 4), (1, 6, 6), (1, 4, 6), (1, 8, 4)} <= seen   # square and non-square images
+    src.close()
+
+
+# -- grids and pixels ----------------------------------------------------------------------------
+
+def test_own_smart_resize_equals_transformers():
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+    sizes = [(300, 500), (64, 40), (1080, 1920), (4000, 3000), (28, 28), (30, 2000), (16, 24), (32, 16), (7, 1300)]
+    for h, w in sizes:
+        for factor, lo, hi in [(28, 3136, 12845056), (8, 64, 4096), (8, 3136, 12845056), (8, 64, 256)]:
+            assert own_smart_resize(h, w, factor, lo, hi) == smart_resize(h, w, factor, lo, hi), (h, w, factor)
+    with pytest.raises(ValueError, match="aspect ratio"):
+        own_smart_resize(2, 500, 8, 64, 4096)
+
+
+@pytest.mark.parametrize("keys", [SMALL, {"min_pixels": 3136, "max_pixels": 12845056},
+                                  {"min_pixels": 64, "max_pixels": 256}], ids=["keep", "upscale", "downscale"])
+def test_grid_from_headers_equals_the_processors(demo, keys):
+    src = _source(demo, seq_len=400, **keys)
+    files = sorted({f for s in src.samples for f in s.files})
+    want = {f: g for s in src.samples for f, g in zip(s.files, s.enc.grids)}
+    _, grids = _reference(files, **keys)
+    assert [want[f] for f in files] == [tuple(g) for g in grids.tolist()]
+    assert len({tuple(g) for g in grids.tolist()}) >= 3
+    src.close()
+
+
+def test_pixel_values_equal_the_processor_bit_for_bit_stream_and_eager(demo):
+    streamed, eager = _source(demo, num_parallel_workers=2), _source(demo)
+    streamed.will_read_pixels([0, 1])
+    for step in range(3):
+        for g in range(2):
+            for src in (streamed, eager):
+                mb = src.micro_batch(step, g)
+                files = src.files_of(step, g)
+                if not files:
+                    continue
+                pv, grids = _reference(files)
+                assert mb.pixel_values.dtype == np.float32 and mb.pixel_values.shape == pv.shape
+                np.testing.assert_array_equal(mb.pixel_values, pv)
+                np.testing.assert_array_equal(mb.image_grid_thw, grids)
+    assert streamed.pixels.stats == {"stream": 6, "eager": 0}
+    assert eager.pixels.stats == {"stream": 0, "eager": 6}
+    streamed.close()
+    eager.close()
+
+
+def test_image_mean_and_std_reach_the_processor(demo):
+    src = _source(demo, image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.5, 1.0])
+    mb = src.micro_batch(0, 0)
+    pv, _ = _reference(src.files_of(0, 0), image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.5, 1.0])
+    np.testing.assert_array_equal(mb.pixel_values, pv)
+    src.close()
+
+
+def test_text_only_micro_batch_gets_an_unreferenced_filler_image(tmp_path, demo):
+    recs = [r for r in _records(demo) if "image" not in r][:2]
+    p = tmp_path / "text.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    src = _source(dict(demo, path=str(p)))
+    mb = src.micro_batch(0, 0)
+    assert mb.images_per_sample == [0, 0] and mb.extra_images == 1 and mb.num_images == 1
+    assert mb.image_grid_thw.tolist() == [[1, 2, 2]] and mb.num_patches == 4 and mb.num_image_tokens == 0
+    assert not np.isin(mb.input_ids, [PAD_IMG, VS, VE]).any()
+    assert mb.pixel_values.shape == (4, 3 * 2 * 4 * 4) and not mb.pixel_values.any()
+    src.close()
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+def test_tokenizer_without_a_qwen_token_or_with_other_ids_is_refused(tmp_path, demo, monkeypatch):
+    import make_demo_data
+    special = list(make_demo_data.SPECIAL)
+    for missing in ("<|im_start|>", "<|endoftext|>"):
+        monkeypatch.setattr(make_demo_data, "SPECIAL", [t for t in special if t != missing])
+        path = str(tmp_path / f"tok{len(missing)}.json")
+        make_demo_data.train_tokenizer(["user assistant system what is this"], path)
+        with pytest.raises(ValueError, match=rf"^data.tokenizer: {re.escape(path)} has no {re.escape(missing)} "
+                                             r"token"):
+            _source(dict(demo, tokenizer=path))
+    with pytest.raises(ValueError, match=r"^data.tokenizer: .*tokenizer\.json: <\|image_pad\|> is id 10 but the "
+                                         r"model's image_token_id is 3$"):
+        _source(demo, fmt=dict(FMT, image_token_id=3))
+    with pytest.raises(ValueError, match=r"<\|vision_end\|> is id 9 but the model's vision_end_token_id is 99"):
+        _source(demo, fmt=dict(FMT, vision_end_token_id=99))
+
+
+def test_bad_pixel_keys_are_refused_naming_the_key(demo):
+    with pytest.raises(ValueError, match=r"^data.min_pixels: 5000 > data.max_pixels 4096$"):
+        _cfg(demo, min_pixels=5000)
+    with pytest.raises(ValueError, match=r"^data.max_pixels: must be an integer >= 1"):
+        _cfg(demo, max_pixels=0)
+    with pytest.raises(ValueError, match=r"^data.image_std: must be > 0"):
+        _cfg(demo, image_std=[0.5, 0.0, 0.5])
+    with pytest.raises(ValueError, match=r"^data.image_mean: a list of 3 numbers"):
+        _cfg(demo, image_mean=[0.5, 0.5])
+    with pytest.raises(ValueError, match=r"^data.system_prompt: no <image>"):
+        _cfg(demo, system_prompt="look: <image>")
+
+
+def test_keys_of_the_other_layout_are_refused(demo):
+    with pytest.raises(ValueError, match=r"^data.image_size: does not apply to this model's qwen_vl micro-batches"):
+        _source(demo, image_size=8)
+    with pytest.raises(ValueError, match=r"^data.mean: does not apply to this model's qwen_vl"):
+        _source(demo, mean=[0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match=r"^data.min_pixels: does not apply to this model's merge_index"):
+        _source(demo, fmt={"format": "merge_index", "image_tokens": 1})
+    merge = _source(demo, fmt={"format": "merge_index", "image_tokens": 1}, min_pixels=None, max_pixels=None)
+    assert merge.micro_batch(0, 0).merge_index.shape == (2 * 64,)   # defaults of unused keys do not count
+    merge.close()
+    with pytest.raises(ValueError, match=r"^model: data_format\(\) format 'nope' unknown"):
+        _source(demo, fmt={"format": "nope"})
+    with pytest.raises(ValueError, match=r"^model: data_format\(\) merge_size must be an integer >= 1"):
+        _source(demo, fmt=dict(FMT, merge_size=0))
+
+
+def test_preprocessor_config_gives_defaults_and_must_match_the_model(tmp_path, demo):
+    p = tmp_path / "preprocessor_config.json"
+    p.write_text(json.dumps({"min_pixels": 100, "max_pixels": 2000, "patch_size": 4, "temporal_patch_size": 2,
+                             "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                             "image_processor_type": "Qwen2VLImageProcessor"}))
+    cfg = _cfg(demo, min_pixels=None, max_pixels=3000, preprocessor_config=str(p))
+    assert (cfg.min_pixels, cfg.max_pixels, cfg.image_mean) == (100, 3000, [0.5, 0.5, 0.5])   # explicit wins
+    assert cfg.check_format(FMT).patch_size == 4
+    q3 = tmp_path / "qwen3.json"   # Qwen3-VL style: size.shortest_edge / longest_edge
+    q3.write_text(json.dumps({"size": {"shortest_edge": 256, "longest_edge": 1024}, "patch_size": 4}))
+    cfg = _cfg(demo, min_pixels=None, max_pixels=None, preprocessor_config=str(q3))
+    assert (cfg.min_pixels, cfg.max_pixels) == (256, 1024)
+    with pytest.raises(ValueError, match=rf"^data.preprocessor_config: {re.escape(str(q3))}: patch_size 4 but the "
+                                         r"model's is 14$"):
+        _source(demo, fmt=dict(FMT, patch_size=14), min_pixels=None, max_pixels=None, preprocessor_config=str(q3))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"do_normalize": False}))
+    with pytest.raises(ValueError, match=r"^data.preprocessor_config: .*bad\.json: do_normalize False is not"):
+        _cfg(demo, preprocessor_config=str(bad))
+    with pytest.raises(ValueError, match=r"^data.preprocessor_config: file not found"):
+        _cfg(demo, preprocessor_config=str(tmp_path / "none.json"))
+    with pytest.raises(ValueError, match=r"^data.min_pixels: does not apply to this model's merge_index"):
+        _source(demo, fmt={"format": "merge_index", "image_tokens": 1})
+
+
+def test_video_samples_are_bad_samples_of_their_own_kind(with_video):
+    videos = sum(1 for r in _records(with_video) if r.get("video"))
+    assert videos > 0
+    with pytest.raises(ValueError, match=r"^data: \d+ bad sample\(s\) .*unsupported_video"):
+        _source(with_video)
+    src = _source(with_video, on_bad_sample="skip")
+    kinds = [p.kind for p in src.problems]
+    assert kinds.count("unsupported_video") == videos and src.skipped == len(kinds)
+    assert sorted(k for k in kinds if k != "unsupported_video") == sorted(
+        ["missing_image", "unreadable_image", "malformed_json", "placeholder_mismatch", "placeholder_mismatch",
+         "too_long"])
+    msg = next(str(p) for p in src.problems if p.kind == "unsupported_video")
+    assert "field 'video'" in msg
+    src.close()
+
+
+def test_too_long_counts_the_image_tokens(demo):
+    samples, problems = build_index(_cfg(demo, seq_len=30, on_bad_sample="skip"), FMT)
+    assert problems and all(p.kind == "too_long" and "> data.seq_len 30" in p.message for p in problems)
+    assert all(s.enc.length <= 30 for s in samples)
+
+
+# -- data check, run-time grid check, resume ---------------------------------------------------
+
+ADAPTER = '''
+from hyperparallel.models.base import ModelAdapter, Region
+
+
+class QwenFormat(ModelAdapter):
+    """Only what data check needs: regions and the qwen_vl data format."""
+    family = "qwen_format_stub"
+
+    def __init__(self, section, shapes, seed):
+        pass
+
+    def regions(self):
+        return [Region("vision", 1), Region("llm", 2)]
+
+    def data_format(self):
+        return {FMT!r}
+'''
+
+RECIPE = '''
+device: CPU
+parallel_config: {{pipeline_stage: 2, micro_batch_num: 2, pp_interleave_num: 1, data_parallel: 1}}
+mpipe:
+  schedule: 1f1b
+  profile:
+    regions:
+      - {{name: vision, layers: 1, trainable: true, forward_ms: 1.0, backward_ms: 1.0, weight_ms: 0.5,
+         activation_mb: 0.1, output_mb: 0.01, param_mb: 0.1}}
+      - {{name: llm, layers: 2, trainable: true, forward_ms: 1.0, backward_ms: 1.0, weight_ms: 0.5,
+         activation_mb: 0.1, output_mb: 0.01, param_mb: 0.1}}
+model: {{adapter: "qwen_stub:QwenFormat"}}
+data:
+  type: conversations
+  path: {path}
+  image_root: {image_root}
+  tokenizer: {tokenizer}
+  seq_len: 64
+  micro_batch_size: 2
+  min_pixels: 64
+  max_pixels: 4096
+train: {{seed: 0, steps: 1}}
+'''
+
+
+def test_data_check_on_a_qwen_format_recipe(tmp_path, demo, with_video):
+    (tmp_path / "qwen_stub.py").write_text(textwrap.dedent(ADAPTER.replace("{FMT!r}", repr(FMT))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+    out = {}
+    for name, paths, sets in (("clean", demo, []), ("bad", with_video, []),
+                              ("key", demo, ["--set", "data.patch=4"])):
+        rec = tmp_path / f"{name}.yaml"
+        rec.write_text(RECIPE.format(**paths))
+        out[name] = subprocess.run([sys.executable, "-m", "hyperparallel", "data", "check", str(rec), *sets],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    r = out["clean"]
+    assert r.returncode == 0 and f"{N} samples, {N} usable, 0 with problems" in r.stdout, r.stderr
+    r = out["bad"]
+    videos = sum(1 for x in _records(with_video) if x.get("video"))
+    assert r.returncode == 1, r.stderr
+    assert (f"problems by kind: malformed_json 1, missing_image 1, placeholder_mismatch 2, too_long 1, "
+            f"unreadable_image 1, unsupported_video {videos}") in r.stderr, r.stderr
+    r = out["key"]   # a key the model's layout does not read is a bad argument
+    assert r.returncode == 2 and "error: data.patch: does not apply to this model's qwen_vl" in r.stderr, r.stderr
+
+
+def test_scan_reports_a_grid_the_processor_disagrees_with(demo, monkeypatch):
+    from hyperparallel.data import qwen_image
+
+    real = qwen_image.QwenPixels.__call__
+
+    def off_by_one(self, data):   # a processor that resizes differently from the header rule
+        pv, grid = real(self, data)
+        return pv, grid + np.asarray([0, 2, 0])
+    monkeypatch.setattr(qwen_image.QwenPixels, "__call__", off_by_one)
+    n, samples, problems = scan(_cfg(demo), FMT)
+    with_images = sum(1 for r in _records(demo) if "image" in r)
+    assert n == N and len(problems) == with_images and {p.kind for p in problems} == {"grid_mismatch"}
+    assert re.search(r"images/s\d+_\d\.png: the processor's grid \(1, \d+, \d+\) is not \(1, \d+, \d+\) from the "
+                     r"image header", problems[0].message)
+
+
+def test_image_replaced_after_the_index_stops_the_run_naming_it(tmp_path):
+    from PIL import Image
+    paths = write_demo(str(tmp_path), 12, seed=2, videos=False)
+    src = _source(paths)
+    victim = next(f for g in range(2) for f in src.files_of(1, g))
+    Image.new("RGB", (40, 40), (9, 9, 9)).save(victim)   # a valid image of another size
+    with pytest.raises(RuntimeError, match=rf"^data: image {re.escape(victim)}: grid_mismatch: the processor's "
+                                           r"grid \(1, 10, 10\)"):
+        for g in range(2):
+            src.micro_batch(1, g).pixel_values
+    src.close()
+
+
+def _same(x, y):
+    for f in ("input_ids", "attention_mask", "labels", "image_grid_thw", "pixel_values"):
+        np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
+    assert x.images_per_sample == y.images_per_sample and x.sample_ids == y.sample_ids
+
+
+def test_resume_position_and_seek(demo):
+    full = _source(demo, shuffle=True)
+    k = 5   # 4 samples per step over 24: step 6 starts epoch 1
+    pos = full.position(k)
+    assert pos == {"epoch": 0, "index": 20, "num_samples": N}
+    assert full.position(6) == {"epoch": 1, "index": 0, "num_samples": N}
+    resumed = _source(demo, shuffle=True)
+    resumed.will_read_pixels([0, 1])
+    resumed.micro_batch(0, 0).pixel_values            # its pipeline already reads ahead from step 0
+    resumed.seek(json.loads(json.dumps(pos)), k)
+    restarted = _source(demo, shuffle=True)
+    restarted.seek(pos, 0)
+    for j in range(2):
+        for g in range(2):
+            _same(resumed.micro_batch(k + j, g), full.micro_batch(k + j, g))
+            _same(restarted.micro_batch(j, g), full.micro_batch(k + j, g))
+    assert resumed.pixels.stats["stream"] > 1 and resumed.pixels.stats["eager"] == 0
+    with pytest.raises(ValueError, match="saved data position is for 20 usable samples"):
+        resumed.seek(dict(pos, num_samples=20), k)
+    for s in (full, resumed, restarted):
+        s.close()
+
+
+def test_header_size_is_width_then_height(demo):
+    img = os.path.join(demo["image_root"], _image_of_size(demo, 16, 32))
+    assert check_image(img) == (16, 32)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,211 @@
+"""mindone's Qwen2.5-VL and Qwen3-VL pipelined on 2 and 4 msrun ranks train exactly like mindone's whole
+model called as users call it (``model(input_ids=..., attention_mask=..., pixel_values=...,
+image_grid_thw=..., labels=...)``), on the demo conversations laid out as Qwen's processor lays them
+out: images of different sizes inside and across micro-batches, text-only samples, video samples
+left out. Losses of 3 optimizer steps within 1e-5 relative, every step-0 gradient within 1e-5.
+
+Launches: one on 2 ranks (Qwen2.5-VL: 1f1b, interleaved V=2, zb_h1, transpose owner and central,
+encoder frozen and trained; Qwen3-VL: transpose, and 1f1b with an uneven cut that carries a
+deepstack feature across the LLM boundary; a run started from a Hugging Face directory; a run that
+saves, exported to Hugging Face format afterwards), one on 4 ranks (transpose P=4).
+"""
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore", reason="mindspore is not installed")
+pytest.importorskip("mindone", reason="mindone is not installed")
+
+from helpers import assert_equivalent, case_name, dumped, job_case, launch_cases, reference_run  # noqa: E402
+from hyperparallel.recipe import load_recipe  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+Q25 = os.path.join(HERE, "..", "recipes", "qwen2_5_vl_tiny.yaml")
+Q3 = os.path.join(HERE, "..", "recipes", "qwen3_vl_tiny.yaml")
+STEPS = 3
+M2 = ("parallel_config.micro_batch_num=2",)   # 2 ranks: 2 micro-batches of 2 samples (fast); 4 ranks: the recipe's 4
+INTERLEAVE = ("parallel.pipeline_config={pipeline_interleave: true, pipeline_scheduler: 1f1b}",
+              "model.model_config.pp_interleave_num=2")
+CASES_25 = [("1f1b", False, ()), ("1f1b", True, ()), ("interleaved", False, INTERLEAVE), ("zb_h1", False, ()),
+            ("transpose", False, ()), ("transpose", True, ()), ("transpose(backward=central)", False, ()),
+            ("transpose(backward=central)", True, ())]
+UNEVEN = ("model.model_config.offset=[-1, 1]",)   # MindFormers' offset: LLM layers 1 + 3 on the two stages
+CASES_3 = [("transpose", False, ()), ("1f1b", False, UNEVEN)]
+P4 = ("parallel_config.pipeline_stage=4",)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from make_demo_data import write_demo
+    paths = write_demo(str(tmp_path_factory.mktemp("qdemo")), 48, seed=3)
+    return tuple(f"data.{k}={v}" for k, v in sorted(paths.items()))
+
+
+def _overrides(demo, frozen, extra=(), micro=M2):
+    return list(demo) + [f"train.steps={STEPS}", f"mpipe.encoder.trainable={'false' if frozen else 'true'}"] + \
+        list(micro) + list(extra)
+
+
+def _name(path, schedule, frozen, extra=()):
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return case_name(f"{stem}_{schedule}_{'frozen' if frozen else 'trained'}_{len(extra)}")
+
+
+def _case(tmp, demo, path, schedule, frozen, extra=(), micro=M2, **kw):
+    return job_case(tmp, path, schedule, _name(path, schedule, frozen, extra),
+                    _overrides(demo, frozen, extra, micro),
+                    **dict(dict(steps=STEPS, path=path, frozen=frozen, extra=list(extra)), **kw))
+
+
+_REF = {}
+
+
+def reference(demo, path, frozen, extra=(), micro=M2, steps=STEPS):
+    key = (path, frozen, tuple(extra), tuple(micro), steps)
+    if key not in _REF:
+        _REF[key] = reference_run(load_recipe(path, _overrides(demo, frozen, extra, micro)), steps)
+    return _REF[key]
+
+
+def assert_matches(demo, case):
+    extra = [e for e in case["extra"] if not any(k in e for k in ("pp_interleave_num", "pipeline_config", "offset"))]
+    grads = assert_equivalent(case, *reference(demo, case["path"], case["frozen"], extra))
+    vision = [k for k in grads if k.startswith("model.visual.")]
+    assert bool(vision) != case["frozen"], case["name"]
+    assert "lm_head.weight" in grads and "model.language_model.embed_tokens.weight" in grads
+    return grads
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory, demo):
+    """A Hugging Face model directory (``save_pretrained``: the hub's names) of the tiny Qwen2.5-VL with
+    other weights than the recipe's seed gives."""
+    from hyperparallel.mindspore import compat
+    from hyperparallel.runconfig import run_config_of
+    compat.setup_device("CPU")
+    rc = run_config_of(load_recipe(Q25, _overrides(demo, False) + ["train.seed=123"]))
+    d = str(tmp_path_factory.mktemp("hf"))
+    rc.model.network().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def two_rank(tmp_path_factory, demo, hf_dir):
+    from hyperparallel.mindspore.ckpt_files import resolve
+    tmp = str(tmp_path_factory.mktemp("qwen2"))
+    cases = [_case(tmp, demo, Q25, s, fz, ex) for s, fz, ex in CASES_25]
+    cases += [_case(tmp, demo, Q3, s, fz, ex) for s, fz, ex in CASES_3]
+    cases.append(_case(tmp, demo, Q25, "1f1b", False, (f"model.pretrained={hf_dir}",)))
+    cases.append(_case(tmp, demo, Q25, "transpose", False, dump_dir=os.path.join(tmp, "dump", "from_hf"),
+                       resume_from=resolve(hf_dir).to_json()))
+    save = os.path.join(tmp, "ckpt")
+    cases.append(_case(tmp, demo, Q25, "transpose", False, save_dir=save, save_every=2,
+                       dump_dir=os.path.join(tmp, "dump", "saved")))
+    launch_cases(tmp, cases, 2, timeout=900)
+    named = {os.path.basename(c["dump_dir"]): c for c in cases}
+    return named, save
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,frozen,extra", CASES_25,
+                         ids=[f"{s}-{'frozen' if f else 'trained'}{'-V2' if e else ''}" for s, f, e in CASES_25])
+def test_qwen2_5_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, frozen, extra):
+    cases, _ = two_rank
+    case = cases[_name(Q25, schedule, frozen, extra)]
+    if extra:
+        assert len([c for c in case["plan"]["chunks"] if c["region"] == "llm"]) == 4   # V = 2
+    assert_matches(demo, case)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra", [(s, e) for s, _, e in CASES_3],
+                         ids=["transpose", "1f1b-uneven-deepstack-crossing"])
+def test_qwen3_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, extra):
+    cases, _ = two_rank
+    case = cases[_name(Q3, schedule, False, extra)]
+    grads = assert_matches(demo, case)
+    assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
+    if extra:   # deepstack layer 1 is in the second LLM chunk: its feature crossed the boundary
+        assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [1, 3]
+
+
+@pytest.mark.msrun
+def test_runs_start_from_a_hugging_face_directory_by_name_in_any_cut(two_rank, demo, hf_dir):
+    """``model.pretrained: DIR`` (1f1b) and ``--resume-from DIR`` (transpose) load the hub-named weights by
+    name into each rank's chunks: both start like mindone's model built from the same directory (step 0's
+    loss and gradients) and train alike (3 steps)."""
+    cases, _ = two_rank
+    pre = cases[_name(Q25, "1f1b", False, (f"model.pretrained={hf_dir}",))]
+    ref = reference(demo, Q25, False, (f"model.pretrained={hf_dir}",), steps=1)
+    assert_equivalent(pre, *ref)
+    assert_equivalent(cases["from_hf"], *ref)
+    np.testing.assert_allclose(dumped(pre["dump_dir"])[0]["losses"], dumped(cases["from_hf"]["dump_dir"])[0]["losses"],
+                               rtol=1e-5)
+    assert not np.allclose(ref[0][0], reference(demo, Q25, False)[0][0])   # other weights than the seed's
+
+
+@pytest.mark.msrun
+def test_micro_batches_hold_images_of_different_sizes_and_text_only_samples(two_rank, demo):
+    """The cases above trained on what Qwen's processor makes of the demo set: checked on its index."""
+    from hyperparallel.runconfig import run_config_of
+    rc = run_config_of(load_recipe(Q25, _overrides(demo, False)))
+    src = rc.source()
+    sizes, text_only, per_micro = set(), 0, []
+    for step in range(STEPS):
+        for m in range(2):
+            mb = src.micro_batch(step, m)
+            grid = np.asarray(mb.image_grid_thw)[:len(mb.image_grid_thw) - mb.extra_images]
+            sizes |= {tuple(g) for g in grid}
+            text_only += sum(1 for n in mb.images_per_sample if n == 0)
+            per_micro.append(mb.num_image_tokens)
+    src.close()
+    assert len(sizes) >= 3 and text_only >= 1 and len(set(per_micro)) >= 3, (sizes, text_only, per_micro)
+
+
+@pytest.mark.msrun
+def test_hugging_face_export_loads_with_from_pretrained_and_gives_the_pipelines_loss(two_rank, demo, tmp_path):
+    """Step 2 of a transpose run, exported by ``hyperparallel ckpt --export-hf``: mindone's
+    ``from_pretrained`` loads it, and its loss on step 2's micro-batches is the loss the pipeline
+    computed at step 2 (with the same weights)."""
+    import subprocess
+    import sys
+    cases, save = two_rank
+    out = tmp_path / "hf"
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", os.path.join(save, "step_2"), "--export-hf",
+                        str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    from hyperparallel.mindspore.ckpt_files import safetensors_header
+    names = set(safetensors_header(str(out / "model.safetensors")))
+    assert "lm_head.weight" in names and any(n.startswith("visual.") for n in names)   # the hub's spelling
+    from hyperparallel.mindspore import compat
+    from hyperparallel.models import mindone_cpu
+    from hyperparallel.runconfig import run_config_of
+    compat.setup_device("CPU")
+    mindone_cpu.apply()
+    from mindone.transformers import Qwen2_5_VLForConditionalGeneration
+    net = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(out))
+    rc = run_config_of(load_recipe(Q25, _overrides(demo, False)))
+    from hyperparallel.models.qwen_vl_cells import WholeModel
+    whole = WholeModel(rc.model)
+    whole.net = net
+    src = rc.source()
+    loss = sum(float(whole.loss(src.micro_batch(2, m), 0.5).asnumpy()) for m in range(2))
+    src.close()
+    got, _ = dumped(cases["saved"]["dump_dir"])
+    np.testing.assert_allclose(loss, got["losses"][2], rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def four_rank(tmp_path_factory, demo):
+    tmp = str(tmp_path_factory.mktemp("qwen4"))
+    case = _case(tmp, demo, Q25, "transpose", False, P4, micro=())
+    launch_cases(tmp, [case], 4, timeout=900)
+    return case
+
+
+@pytest.mark.msrun
+def test_qwen2_5_vl_four_ranks_transpose_matches(four_rank, demo):
+    assert four_rank["plan"]["num_devices"] == 4 and four_rank["plan"]["num_micro"] == 4
+    assert_equivalent(four_rank, *reference(demo, Q25, False, micro=()))
