@@ -89,6 +89,25 @@ def bench_mf_llama() -> str:
             f"their spread. The predicted ratio is {pred:.2f}x.\n")
 
 
+def bench_qwen_vl() -> str:
+    """The Qwen2.5-VL bench: encoder vs LLM cost from its measured profile, the run's table and summary
+    (ratio, per-repeat spread, prediction errors)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from bench_summary import summary
+    d = bench("bench_qwen_vl_2rank.json")
+    prof = recipe("recipes/qwen2_5_vl_bench.profile.yaml")
+    vis, llm = prof.profile.regions
+    enc = (vis.forward_ms + vis.backward_ms + vis.weight_ms) * vis.layers
+    stage = ((llm.forward_ms + llm.backward_ms + llm.weight_ms) * llm.layers + llm.head_forward_ms
+             + llm.head_backward_ms + llm.head_weight_ms) / prof.pipeline_stage
+    rows = d["schedules"]
+    pred = rows[0]["predicted_step_s"] / rows[1]["predicted_step_s"]
+    return (f"Measured profile (`recipes/qwen2_5_vl_bench.profile.yaml`, written by the run below): one "
+            f"encoder forward + backward per micro-batch {enc:.0f} ms on average (the images differ from "
+            f"micro-batch to micro-batch) against {stage:.0f} ms for one LLM stage's forward + backward "
+            f"({enc / stage:.1f}x).\n\n" + summary(d) + f"\n\nThe predicted ratio is {pred:.2f}x.\n")
+
+
 def checkpoint_cost() -> str:
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     from checkpoint_cost import table
@@ -359,6 +378,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-overhead": bench_overhead,
     "schedule-orders": lambda: tool_table("schedule_table.py"),
     "bench-mf-llama": bench_mf_llama,
+    "bench-qwen-vl": bench_qwen_vl,
     "checkpoint-cost": checkpoint_cost,
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
