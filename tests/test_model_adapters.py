@@ -149,3 +149,60 @@ def test_tiny_profile_layers_disagreeing_with_model_refused(tmp_path):
                 "--run-dir", str(tmp_path / "run"), timeout=60)
     _refused(p, "mpipe.profile.regions[1].layers", "model.llm_layers", "6", "4")
     assert not (tmp_path / "run" / "logs").exists()
+
+
+# -- mindone's Qwen VLMs: bad configs refused before launch, naming the key -------------------------
+QWEN = recipe("qwen2_5_vl_tiny.yaml")
+
+
+@pytest.mark.parametrize("sets,words", [
+    (["model.model_config.vision_config.out_hidden_size=32"],
+     ["model.model_config.vision_config.out_hidden_size: 32 but the LLM's hidden_size is 64"]),
+    (["model.model_config.attn_implementation=flash_attention_2"],
+     ["model.model_config.attn_implementation", "no CPU kernels"]),
+    (["model.model_config.text_config.dtype=bfloat16"], ["model.model_config.text_config.dtype", "set float32"]),
+    (["model.model_config.image_token_id=999"], ["model.model_config.image_token_id: 999 must be a token id below"]),
+    (["model.model_config.text_config.vocab_size=16"], ["vocab_size: 16 is smaller than the data's vocabulary"]),
+    (["model.model_config.type=LlamaConfig"], ["model.model_config.type", "use Qwen2_5_VLConfig"]),
+    (["model.weights=x"], ["model.weights: unknown key"]),
+    (["model.pretrained=/no/such/dir"], ["model.pretrained: /no/such/dir: not a Hugging Face model directory"]),
+    (["model.model_config.vision_config.fullatt_block_indexes=[5]"], ["fullatt_block_indexes: [5] are not"]),
+])
+def test_qwen_vl_configs_that_cannot_train_are_refused_before_launch(sets, words, tmp_path):
+    from make_demo_data import write_demo
+    paths = write_demo(str(tmp_path / "d"), 8, seed=1)
+    data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
+    p = run_cli("train", QWEN, *data, *[f"--set={s}" for s in sets], "--run-dir", str(tmp_path / "run"), timeout=120)
+    _refused(p, *words)
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_pretrained_directory_with_a_missing_shard_is_refused_before_launch(tmp_path):
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
+    p = run_cli("train", QWEN, f"--set=model.pretrained={d}", "--run-dir", str(tmp_path / "run"), timeout=60)
+    _refused(p, "model.pretrained:", "shard model-00001-of-00002.safetensors is missing")
+    p = run_cli("train", QWEN, "--resume-from", str(d), "--run-dir", str(tmp_path / "run"), timeout=60)
+    _refused(p, "--resume-from:", "shard model-00001-of-00002.safetensors is missing")
+
+
+def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_first_names(tmp_path):
+    """The ranks build the model and refuse weights of another shape (SpecError -> 'input refused' -> exit 2)."""
+    pytest.importorskip("mindone", reason="mindone is not installed")
+    from hyperparallel.mindspore import compat
+    from hyperparallel.models.qwen_vl_cells import load_hf_weights
+    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    from make_demo_data import write_demo
+    compat.setup_device("CPU")
+    paths = write_demo(str(tmp_path / "d"), 8, seed=1)
+    data = [f"data.{k}={v}" for k, v in sorted(paths.items())]
+    big = run_config_of(load_recipe(QWEN, data + ["model.model_config.text_config.intermediate_size=256"]))
+    big.model.network().save_pretrained(str(tmp_path / "hf"))
+    small = run_config_of(load_recipe(QWEN, data))
+    with pytest.raises(SpecError, match=r"model.pretrained: .*does not fit the config: wrong shapes "
+                                        r"\['model.language_model.layers.0.mlp.down_proj.weight'"):
+        load_hf_weights(small.model.network(), str(tmp_path / "hf"), small.model.checkpoint_name)

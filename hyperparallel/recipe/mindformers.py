@@ -53,8 +53,13 @@ def model_config(raw: dict) -> dict:
     if not isinstance(model, dict):
         return {}
     inline = model.get("model_config") if isinstance(model.get("model_config"), dict) else {}
-    files = [("model.pretrained", os.path.join(str(model["pretrained"]), "config.json"))] if model.get("pretrained") \
-        else []
+    files = []
+    if model.get("pretrained"):
+        cfg = os.path.join(str(model["pretrained"]), "config.json")
+        if not os.path.isfile(cfg):
+            raise SpecError("model.pretrained", f"{model['pretrained']}: not a Hugging Face model directory "
+                                                "(no config.json)")
+        files.append(("model.pretrained", cfg))
     if model.get("config"):
         files.append(("model.config", str(model["config"])))
     if not files:
