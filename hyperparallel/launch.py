@@ -163,6 +163,12 @@ def _msrun_report(log_dir: str, rank: int) -> str:
     return ""
 
 
+def _progress(line: str) -> bool:
+    """Rank 0's lines the console shows: steps, the run's settings, checkpoint saves and resumes."""
+    return (" step " in line or "job finished" in line or "resumed" in line or line.startswith("saved ")
+            or "] optimizer " in line or "] data: " in line)
+
+
 def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: bool = True,
            grace_s: float = 15.0, script: str = WORKER_SCRIPT) -> LaunchResult:
     """Run the job on ``world`` ranks; returns when it ends, fails or times out.
@@ -199,7 +205,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
             if "[WARNING]" in line or "[INFO]" in line or not line.strip():
                 continue
             res.lines.append(line)
-            if echo and (" step " in line or "job finished" in line or "resumed" in line):
+            if echo and _progress(line):
                 print(line, flush=True)
         if rc is not None:
             res.returncode = rc

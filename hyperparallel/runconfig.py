@@ -12,6 +12,7 @@ from typing import Sequence
 from .data import DataConfig, DataSource, data_config, data_source
 from .models import ModelAdapter, adapter_for
 from .mpipe.errors import SpecError
+from .recipe import schema
 from .recipe.recipe import device_of
 from .recipe.train import TrainConfig
 
@@ -25,9 +26,11 @@ class RunConfig:
 
     @staticmethod
     def from_raw(raw: dict) -> "RunConfig":
-        data = data_config(raw)
-        train = TrainConfig.from_section(raw.get("train"))
         device = device_of(raw)
+        schema.check_trainable(raw, device)   # a MindFormers value the runtime cannot train with: refused
+        train = TrainConfig.from_raw(raw)
+        data = data_config(_with_batch_size(raw))
+        schema.check_batch_size(raw, data.micro_batch_size)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
         _check_data_fits(data, model)
@@ -36,6 +39,17 @@ class RunConfig:
     def source(self) -> DataSource:
         """A fresh data source of this run (every rank, the reference and the bench build their own)."""
         return data_source(self.data, self.train.seed, self.model.data_format)
+
+
+def _with_batch_size(raw: dict) -> dict:
+    """The recipe with ``data.micro_batch_size`` taken from MindFormers' batch-size key when the data
+    section leaves it out (``runner_config.batch_size`` is the sequences of one micro-batch)."""
+    found = schema.batch_size_keys(raw)
+    data = raw.get("data")
+    if not found or (isinstance(data, dict) and "micro_batch_size" in data) or (data is not None and
+                                                                                not isinstance(data, dict)):
+        return raw
+    return dict(raw, data=dict(data or {}, micro_batch_size=found[0][1]))
 
 
 def _check_data_fits(data, model: ModelAdapter) -> None:

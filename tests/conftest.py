@@ -13,10 +13,10 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))   # tools/make_demo_data.py writ
 os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="hp_mindformers_logs_"))
 
 
-def run_cli(*args, timeout=120):
+def run_cli(*args, timeout=120, env=None):
     """Run ``python -m hyperparallel ARGS`` and return the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "hyperparallel", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture

@@ -221,6 +221,10 @@ def test_ckpt_command_lists_steps(saved, tmp_path):
     lines = p.stdout.splitlines()
     assert lines[0].startswith("step_3: complete, transpose P=2 V=1 D=1, 2 safetensors files, ")
     assert lines[1] == "step_4: incomplete (ignored by --resume)"
+    for step, first in (("step_3", "step_3: complete, "), ("step_4", "step_4: incomplete")):   # STEP_DIR: that one
+        p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", os.path.join(d, step)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and len(p.stdout.splitlines()) == 1 and p.stdout.startswith(first), p.stdout
     p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", d, "--merge", "x.npz"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.startswith("error: --merge:")

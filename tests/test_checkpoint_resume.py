@@ -142,8 +142,9 @@ def test_resume_takes_newest_complete_step_and_equals_uninterrupted(faulted, res
     p, ckpt, run = resumed
     assert f"ignoring incomplete checkpoint {os.path.join(ckpt, 'step_2')}" in p.stdout, p.stdout
     assert f"resuming from {os.path.join(ckpt, 'step_1')} at step 1" in p.stdout
-    m = metrics(run)  # step 0 from the killed 1f1b run, steps 1-3 from the resumed transpose run
-    assert [r["step"] for r in m] == [0, 1, 2, 3]
+    assert f"] resumed from {os.path.join(ckpt, 'step_1')} at step 1" in p.stdout   # the ranks say so on the console
+    m = metrics(run)  # step 1 from the killed 1f1b run, steps 2-4 from the resumed transpose run
+    assert [r["step"] for r in m] == [1, 2, 3, 4]
     assert [r["schedule"] for r in m] == ["1f1b", "transpose", "transpose", "transpose"]
     np.testing.assert_allclose([r["loss"] for r in m], ref_losses[:4], rtol=1e-5)
     assert [s for s, _ in cf.list_steps(ckpt)[0]] == [4, 3, 2, 1]  # step 2 rewritten, complete

@@ -7,6 +7,7 @@ of each kind interleaved.
 import json
 import os
 import re
+import shlex
 import sys
 
 import numpy as np
@@ -143,6 +144,8 @@ def test_train_scans_the_data_before_launch(broken):
     assert re.search(r"error: data: 6 bad sample\(s\) in .*train\.jsonl \(malformed_json 1, .*\); first: "
                      r".*train\.jsonl:3 \(id bad_missing\): missing_image: image file not found", r.stderr), r.stderr
     assert "hyperparallel data check" in r.stderr and "data.on_bad_sample=skip" in r.stderr
+    hint = "hyperparallel data check " + RECIPE + "".join(f" --set {shlex.quote(s)}" for s in _cli_sets(broken)[1::2])
+    assert hint in r.stderr, r.stderr   # the hint repeats the user's --set flags: it runs as printed
     assert "msrun" not in r.stdout   # nothing launched
 
 
@@ -427,7 +430,7 @@ def test_two_ranks_skip_bad_samples_and_count_them(two_rank, broken):
     case = two_rank["skip"]
     with open(os.path.join(case["run_dir"], "metrics.jsonl")) as f:
         lines = [json.loads(ln) for ln in f]
-    assert [ln["step"] for ln in lines] == [0, 1] and all(ln["data_skipped"] == 6 for ln in lines)
+    assert [ln["step"] for ln in lines] == [1, 2] and all(ln["data_skipped"] == 6 for ln in lines)
     _assert_matches(case, _reference(broken, ["data.on_bad_sample=skip"], steps=2))
 
 

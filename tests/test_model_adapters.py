@@ -28,8 +28,14 @@ def test_ascend_qwen_vl_recipes_refused_here_naming_the_device_then_the_size(com
         _refused(p, "device: Ascend, but this machine has no Ascend device")
     p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), "--set", "device=CPU", "--run-dir", str(tmp_path / "run"),
                 timeout=60)
+    # the base file is a MindFormers graph-mode config: what the runtime cannot do is named first
+    _refused(p, "parallel.enable_parallel_optimizer: True is not supported", "2 more: context.mode, "
+             "context.device_target")
+    cpu = ["--set", "device=CPU", "--set", "parallel.enable_parallel_optimizer=false", "--set", "context.mode=1",
+           "--set", "context.device_target=CPU"]
+    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), *cpu, "--run-dir", str(tmp_path / "run"), timeout=60)
     _refused(p, "model.model_config:", "8.3 B parameters", "GiB")
-    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), "--set", "device=CPU", "--set", "model.arch.type=Qwen9VL",
+    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), *cpu, "--set", "model.arch.type=Qwen9VL",
                 "--run-dir", str(tmp_path / "run"), timeout=60)
     _refused(p, "model.arch.type", "'Qwen9VL' has no runtime adapter", "Qwen2_5_VLForConditionalGeneration",
              "Qwen3VLForConditionalGeneration", "LlamaForCausalLM")
@@ -70,6 +76,9 @@ def test_mindformers_defaults_that_cannot_train_on_cpu_are_named():
     with pytest.raises(ValueError, match=r"^model.model_config.fused_rms_norm: True \(MindFormers' default\)"):
         RunConfig.from_raw(raw)
     raw["device"] = "Ascend"   # the Ascend kernels exist: accepted
+    with pytest.raises(ValueError, match=r"^context.device_target: 'CPU' differs from device: Ascend"):
+        RunConfig.from_raw(raw)
+    raw["context"]["device_target"] = "Ascend"
     assert RunConfig.from_raw(raw).model.depth("llm") == 4
 
 
@@ -182,9 +191,12 @@ def test_pretrained_directory_with_a_missing_shard_is_refused_before_launch(tmp_
     d.mkdir()
     (d / "config.json").write_text("{}")
     (d / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
-    p = run_cli("train", QWEN, f"--set=model.pretrained={d}", "--run-dir", str(tmp_path / "run"), timeout=60)
+    from make_demo_data import write_demo   # a clean checkout has no data/demo
+    paths = write_demo(str(tmp_path / "d"), 8, seed=1)
+    data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
+    p = run_cli("train", QWEN, *data, f"--set=model.pretrained={d}", "--run-dir", str(tmp_path / "run"), timeout=60)
     _refused(p, "model.pretrained:", "shard model-00001-of-00002.safetensors is missing")
-    p = run_cli("train", QWEN, "--resume-from", str(d), "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_cli("train", QWEN, *data, "--resume-from", str(d), "--run-dir", str(tmp_path / "run"), timeout=60)
     _refused(p, "--resume-from:", "shard model-00001-of-00002.safetensors is missing")
 
 

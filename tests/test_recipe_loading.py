@@ -267,4 +267,4 @@ def test_train_accepts_a_mindformers_recipe(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     assert "schedule transpose(owners=min)" in r.stdout
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in rows] == [0, 1] and all(x["schedule"] == "transpose(owners=min)" for x in rows)
+    assert [x["step"] for x in rows] == [1, 2] and all(x["schedule"] == "transpose(owners=min)" for x in rows)

@@ -97,12 +97,17 @@ def full_run(tmp_path_factory):
 def test_tiny_recipe_trains_with_transpose(full_run):
     p, d = full_run
     m = metrics(d / "run")
-    assert [r["step"] for r in m] == list(range(len(m))) and len(m) >= 10
-    assert all(set(r) >= {"step", "loss", "step_time_s", "schedule"} for r in m)
+    assert [r["step"] for r in m] == list(range(1, len(m) + 1)) and len(m) >= 10   # 1-based, as on the console
+    assert all(set(r) >= {"step", "loss", "lr", "grad_norm", "step_time_s", "samples_per_s", "tokens_per_s", "eta_s",
+                          "schedule"} for r in m)
+    assert all(r["lr"] == 0.01 and r["grad_norm"] > 0 and r["samples_per_s"] > 0 for r in m)   # train: lr 0.01
+    assert m[-1]["eta_s"] == 0
     assert all(r["schedule"] == "transpose" for r in m)
     losses = [r["loss"] for r in m]
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses  # it learns
     assert " step 1/" in p.stdout and "loss" in p.stdout  # per-step progress shown
+    assert f"saved {d / 'ckpt' / 'step_10'} (" in p.stdout   # each save on the console, not only in worker_0.log
+    assert "[ERROR]" not in p.stdout + p.stderr
     steps = len(m)  # train.save_every=10: complete step directories at 10, 20, ... and at the end
     assert sorted(os.listdir(d / "ckpt")) == sorted(f"step_{s}" for s in range(10, steps + 1, 10))
     assert sorted(os.listdir(d / "ckpt" / f"step_{steps}")) == ["COMPLETE", "meta.json", "rank_0.safetensors",

@@ -146,6 +146,13 @@ def format_memory(rows: List[dict]) -> str:
             lines.append(f"| `{r['schedule']}` | {d['rank']} | {d['peak_rss_mb']:.0f} | {d['base_rss_mb']:.0f} | "
                          f"{d['peak_rss_mb'] - d['base_rss_mb']:.1f} | "
                          f"{'-' if pred is None else f'{pred:.2f}'} |")
+    ranks = [d for r in rows for d in r["ranks"]]
+    if any(d["peak_rss_mb"] is None for d in ranks):
+        lines.append("\n'-' under RSS: the schedules shared one process per launch (--rotate steps), so no "
+                     "schedule has its own peak; --rotate launches measures each schedule's own memory")
+    if ranks and all(not d.get("predicted_peak_mb") for d in ranks):
+        lines.append("\npredicted peak 0: the profile gives no memory sizes (activation_mb, output_mb, "
+                     "param_mb); hyperparallel profile --out measures them")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ Exit status: 0 clean, 1 problems found, 2 bad arguments (recipe or ``data:`` sec
 """
 from __future__ import annotations
 
+import shlex
 import sys
 
 from ..data.conversations import LATE_KINDS, ConversationsConfig, layout_for, scan, summary
@@ -21,13 +22,14 @@ def _data_format(rc) -> dict:
         raise SpecError("model", str(e)) from None
 
 
-def precheck(rc, recipe_path: str) -> str:
-    """Before launch: SpecError if the data has problems the run would stop on; else a summary line
-    ('' for generated data)."""
+def precheck(rc, recipe_path: str, overrides=()):
+    """Before launch: SpecError if the data has problems the run would stop on; else (a summary line, the
+    usable samples) (``('', None)`` for generated data)."""
     if not isinstance(rc.data, ConversationsConfig):
-        return ""
+        return "", None
     n, samples, problems = scan(rc.data, _data_format(rc))
-    hint = f"list all: hyperparallel data check {recipe_path}"
+    sets = "".join(f" --set {shlex.quote(o)}" for o in overrides)   # the hint repeats the user's --set flags
+    hint = f"list all: hyperparallel data check {recipe_path}{sets}"
     if problems and rc.data.on_bad_sample == "error":
         raise SpecError("data", f"{len(problems)} bad sample(s) in {rc.data.path} ({summary(problems)}); "
                                 f"first: {problems[0]} ({hint}; or set data.on_bad_sample=skip)")
@@ -39,7 +41,7 @@ def precheck(rc, recipe_path: str) -> str:
     line = f"data: {rc.data.path}: {len(samples)} usable samples"
     if problems:
         line += f", skipping {len(problems)} bad sample(s) ({summary(problems)}; {hint})"
-    return line
+    return line, len(samples)
 
 
 def run(args) -> int:

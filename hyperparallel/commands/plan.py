@@ -16,6 +16,8 @@ def cmd_plan(args) -> int:
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
           f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
     print(cut_lines(plan))
+    if recipe.estimated:
+        print(f"note: {recipe.costs}")
     print(program_table(plan))
     if args.export:
         with open(args.export, "w") as f:

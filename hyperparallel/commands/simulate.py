@@ -36,11 +36,15 @@ def run_simulate(args) -> int:
             draw.write_trace(results, args.trace)
         if args.png:
             draw.write_png(results, args.png)
+    for o in objs:
+        o["costs"] = recipe.costs   # "mpipe.profile", or how they were estimated
     if args.json:
         print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=1))
         return 0
     P, M = results[0][0].num_devices, results[0][0].num_micro
     print(f"recipe {args.recipe}: P={P} M={M} V={recipe.pp_interleave_num} D={recipe.data_parallel}")
+    if recipe.estimated:
+        print(f"note: {recipe.costs}")
     rows = []
     for o in objs:
         rows.append([o["schedule"], f"{o['makespan_ms']:.2f}", f"{o['bubble_ratio']:.3f}",

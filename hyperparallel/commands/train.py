@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
 from ..mpipe.errors import PlanError, SpecError
+from ..recipe import schema
 from ..util import error as _error, slug
 
 
@@ -32,10 +34,47 @@ def _prepare(args):
         raise SpecError("--save-every", f"must be >= 0, got {args.save_every}")
     args.source = _source(args)
     from .data import precheck
-    line = precheck(rc, args.recipe)   # the whole data set scanned: bad samples stop here, named
+    line, usable = precheck(rc, args.recipe, args.overrides)   # the whole data set scanned: bad samples stop here, named
     if line:
         print(line, flush=True)
+    args.total_steps, args.steps_from = run_steps(args.steps, recipe.raw, rc.train, usable,
+                                                  plan.num_micro * plan.data_parallel * rc.data.micro_batch_size)
     return recipe, rc, plan
+
+
+def run_steps(flag, raw: dict, train, usable, samples_per_step: int):
+    """(steps of the run, the key that set them): ``--steps``, else ``train.steps``, else MindFormers'
+    ``runner_config.epochs`` over the data set (``epochs x (usable samples // samples per step)``, the
+    last partial step dropped as MindFormers' datasets do) capped by ``runner_config.stop_step``, else
+    the default (``train.steps``' 20)."""
+    if flag is not None:
+        return flag, "--steps"
+    if train.steps_given:
+        return train.steps, "train.steps"
+    rcfg = raw.get("runner_config") if isinstance(raw.get("runner_config"), dict) else {}
+    stop = rcfg.get("stop_step") or 0
+    if not isinstance(stop, int) or isinstance(stop, bool) or stop < 0:
+        raise SpecError("runner_config.stop_step", f"must be a whole number >= 0, got {stop!r}")
+    if "epochs" in rcfg:
+        ep = rcfg["epochs"]
+        if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+            raise SpecError("runner_config.epochs", f"must be a whole number >= 1, got {ep!r}")
+        if usable is None:
+            if stop:
+                return stop, "runner_config.stop_step"
+            raise SpecError("runner_config.epochs", "generated (synthetic) data has no epochs; give train.steps or "
+                                                    "--steps")
+        per_epoch = usable // samples_per_step
+        if per_epoch < 1:
+            raise SpecError("runner_config.epochs", f"the data set's {usable} usable samples make no full step of "
+                                                    f"{samples_per_step} samples; give train.steps or --steps")
+        steps = ep * per_epoch
+        if stop and stop < steps:
+            return stop, "runner_config.stop_step"
+        return steps, f"runner_config.epochs: {ep} x {per_epoch} steps"
+    if stop:
+        return stop, "runner_config.stop_step"
+    return train.steps, "default"
 
 
 def _source(args):
@@ -61,7 +100,7 @@ def run(args) -> int:
         recipe, rc, plan = _prepare(args)
     except (SpecError, PlanError) as e:
         return _error(str(e).splitlines()[0])
-    steps = args.steps or rc.train.steps
+    steps = args.total_steps
     sched_name = str(plan.meta.get("schedule_name", args.schedule or recipe.schedule))
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
     run_dir = args.run_dir or os.path.join("runs", slug(f"{stem}_{'reference' if args.reference else sched_name}"))
@@ -81,7 +120,13 @@ def run(args) -> int:
             print(f"ignoring incomplete checkpoint {path} (not every rank finished writing it)", flush=True)
         print(f"resuming from {src.path} at step {src.step}" + _position_note(src, plan), flush=True)
     print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
-          f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps; run dir {run_dir}", flush=True)
+          f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps ({args.steps_from}); run dir {run_dir}",
+          flush=True)
+    notes = schema.unused_keys(recipe.raw)
+    if notes:
+        print(f"not used by hyperparallel's runtime (no effect on this run): {', '.join(notes)}", flush=True)
+    if recipe.estimated:
+        print(f"note: {recipe.costs}", flush=True)
     from ..launch import launch
     res = launch({"device": rc.device, "cases": [case]}, world, os.path.join(run_dir, "logs"),
                  timeout_s=args.timeout)
@@ -128,14 +173,20 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
     from ..mindspore.reference import Reference
     compat.setup_device(rc.device)
     ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
-                    {r.name: r.trainable for r in recipe.profile.regions})
+                    {r.name: r.trainable for r in recipe.profile.regions}, total_steps=steps)
+    from ..mindspore.worker import StepLog
+    from ..mindspore.rank import StepResult
+    log = StepLog("reference", "reference", steps, 0,
+                  recipe.micro_batch_num * recipe.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
+    print(f"[reference] {rc.train.describe(steps)}", flush=True)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
         for step in range(steps):
             t0 = time.perf_counter()
             loss, _ = ref.step(step)
             dt = time.perf_counter() - t0
-            print(f"[reference] step {step + 1}/{steps} loss {loss:.6f} step_time {dt:.3f}s", flush=True)
-            f.write(json.dumps({"step": step, "loss": loss, "step_time_s": dt, "schedule": "reference"}) + "\n")
+            rec = log.record(StepResult(step, loss, {}, dt, 0.0, 0.0, ref.grad_norm, ref.lr), 0)
+            print(log.line(rec), flush=True)
+            f.write(json.dumps(rec) + "\n")
     return 0
 
 
@@ -179,7 +230,14 @@ def run_ckpt(args) -> int:
         n = merge(src, args.merge, args.with_optimizer)
         print(f"wrote {args.merge}: {n} names from {src.path}")
         return 0
-    complete, incomplete = list_steps(args.path)
+    path = os.path.normpath(args.path)
+    only = None
+    if os.path.isdir(path) and re.fullmatch(r"step_\d+", os.path.basename(path)):
+        path, only = os.path.dirname(path) or ".", os.path.basename(path)   # one step directory: list that step
+    complete, incomplete = list_steps(path)
+    if only is not None:
+        complete = [(s, p) for s, p in complete if os.path.basename(p) == only]
+        incomplete = [(s, p) for s, p in incomplete if os.path.basename(p) == only]
     if not complete and not incomplete:
         return _error(f"ckpt: no step directories in {args.path}")
     for step, path in sorted(complete + incomplete):

@@ -15,7 +15,7 @@ from .batch import PatchGeometry
 from .formats import QWEN_VL, resolve_format
 from .qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, check_geometry, read_preprocessor_config
 from .text import IMAGE, VIDEO, Tok
-from ..mpipe.errors import SpecError
+from ..mpipe.errors import SpecError, unknown_key
 
 DEMO_HINT = "for the demo set run: python tools/make_demo_data.py data/demo"
 POLICIES = ("error", "skip")
@@ -73,8 +73,7 @@ class ConversationsConfig(PatchGeometry):
         sec = dict(sec or {})
         bad = sorted(set(sec) - set(ConversationsConfig.RECIPE_KEYS))
         if bad:
-            raise SpecError(f"data.{bad[0]}", f"unknown key for data.type conversations "
-                             f"(known: {', '.join(ConversationsConfig.RECIPE_KEYS)})")
+            raise unknown_key("data", sec, ConversationsConfig.RECIPE_KEYS, "for data.type conversations")
         sec.pop("type", None)
         given = tuple(sec)   # in the recipe's order
         if sec.get("preprocessor_config") is not None:

@@ -24,7 +24,8 @@ import numpy as np
 
 from .batch import MicroBatch, PatchGeometry, patchify
 from .source import DataSource
-from ..mpipe.errors import SpecError
+from ..mpipe.errors import SpecError, unknown_key
+from ..recipe.schema import SYNTHETIC_IMAGES
 
 
 @dataclass(frozen=True)
@@ -39,16 +40,16 @@ class DataConfig(PatchGeometry):
     patch: int = 4
     num_classes: int = 4
     noise: float = 0.3
-    images_per_sample: List[float] = field(default_factory=lambda: [0.2, 0.4, 0.3, 0.1])
-    video_prob: float = 0.1
-    video_frames: int = 6
+    images_per_sample: List[float] = field(default_factory=lambda: list(SYNTHETIC_IMAGES["images_per_sample"]))
+    video_prob: float = SYNTHETIC_IMAGES["video_prob"]
+    video_frames: int = SYNTHETIC_IMAGES["video_frames"]
 
     @staticmethod
     def from_section(sec: dict) -> "DataConfig":
         known = set(DataConfig.__dataclass_fields__)
         bad = sorted(set(sec or {}) - known)
         if bad:
-            raise SpecError(f"data.{bad[0]}", f"unknown key (known: {', '.join(sorted(known))})")
+            raise unknown_key("data", sec, known)
         cfg = DataConfig(**(sec or {}))
         cfg.validate()
         return cfg

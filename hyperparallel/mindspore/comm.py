@@ -88,9 +88,14 @@ class Comm:
 
     def all_reduce_scalar(self, value: float) -> float:
         """Sum of one float over all ranks (metrics only, after every program has ended)."""
-        t = Tensor(np.array([value], np.float32))
+        return self.all_reduce_values([value])[0]
+
+    def all_reduce_values(self, values) -> list:
+        """Sums of a few floats over all ranks, in one all-reduce (float32, as the step loss always was; the gradient
+        norm's square)."""
+        t = Tensor(np.array(values, np.float32))
         dist.all_reduce(t)
-        return float(t.asnumpy()[0])
+        return [float(v) for v in t.asnumpy()]
 
     def all_gather_object(self, obj) -> list:
         """[obj of every rank] (picklable objects; checkpoint name checks)."""
@@ -101,7 +106,7 @@ class Comm:
         return out
 
     def barrier(self) -> None:
-        dist.barrier()
+        compat.barrier()
 
 
 class LocalComm:
@@ -124,6 +129,9 @@ class LocalComm:
 
     def all_reduce_scalar(self, value: float) -> float:
         return float(value)
+
+    def all_reduce_values(self, values) -> list:
+        return [float(v) for v in values]
 
     def all_gather_object(self, obj) -> list:
         return [obj]

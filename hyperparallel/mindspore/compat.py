@@ -21,6 +21,11 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   ``_pynative_executor.set_grad_flag(True)`` while running a stage forward, and
   ``mindspore._c_expression.run_backward(...)`` later, in any order, with the
   input grad (B) and weight grad (W) as separate calls (:class:`Tape`).
+* ``mint.distributed.barrier`` ends with ``mindspore.runtime.synchronize()``, which on CPU logs
+  ``[ERROR] ... CPU device is not supported`` (``mindspore/runtime/device.py``, ``_is_supported``)
+  and does nothing else: harmless, but it alarms every user at the end of every job. On CPU
+  :func:`barrier` is a one-element blocking all-reduce instead (every rank must join it, so it is a
+  barrier); on Ascend it is MindSpore's own.
 """
 from __future__ import annotations
 
@@ -41,6 +46,17 @@ def setup_device(target: str = "CPU") -> None:
     """Select the device and switch to blocking launch (see module docstring)."""
     ms.set_device(target)
     ms.runtime.launch_blocking()
+
+
+def barrier(group=None) -> None:
+    """Wait for every rank of ``group`` (default: the world), without MindSpore's CPU ``[ERROR]`` line."""
+    import numpy as np
+    import mindspore.mint.distributed as dist
+    kw = {} if group is None else {"group": group}
+    if ms.get_context("device_target") == "CPU":
+        dist.all_reduce(ms.Tensor(np.zeros(1, np.float32)), **kw)
+        return
+    dist.barrier(**kw)
 
 
 def fix_default_comm_group() -> None:

@@ -32,4 +32,5 @@ def case_runtime(case: dict, comm, hooks=None):
     from .rank import RankRuntime
 
     rc = RunConfig.from_raw(case["raw"])
-    return rc, RankRuntime(ir.Plan.from_json(case["plan"]), rc.model, rc.source(), rc.train, comm, hooks)
+    return rc, RankRuntime(ir.Plan.from_json(case["plan"]), rc.model, rc.source(), rc.train, comm, hooks,
+                           total_steps=int(case.get("steps") or rc.train.steps))

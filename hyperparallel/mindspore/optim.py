@@ -1,9 +1,19 @@
-"""Optimizer shared by the pipeline ranks and the reference (same update rule)."""
+"""The optimizer every pipeline rank and the reference build from the same settings (same update rule).
+
+MindFormers' sections (``optimizer``, ``lr_schedule``) are built with MindFormers' own ``build_optim`` /
+``build_lr`` and its weight-decay grouping (``get_optimizer_grouped_parameters``: no decay for 1-D
+parameters and biases), exactly as MindFormers' trainer does; the ``train:`` section builds ``nn.Adam`` /
+``nn.SGD`` at a constant rate. Gradient clipping is MindFormers' ``ClipGradNorm`` rule over the *global*
+norm: gradients are scaled by ``max_norm / max(norm, max_norm)``; in a pipeline the norm's square is a sum
+over every rank's parameters, each counted once (:func:`counted_params`).
+"""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import math
+from typing import Dict, List, Sequence, Tuple
 
-from mindspore import nn, Parameter, Tensor
+from mindspore import Parameter, Tensor, nn, ops
+import mindspore as ms
 
 from hyperparallel.recipe.train import TrainConfig
 
@@ -11,27 +21,61 @@ from hyperparallel.recipe.train import TrainConfig
 HYPER_PARAMS = ("learning_rate", "momentum")
 
 
-class Optimizer:
-    """Wraps ``nn.Adam``/``nn.SGD`` over a fixed list of parameters, applied to a grads dict."""
+class _Params(nn.Cell):
+    """A parameter list as the ``Cell`` MindFormers' grouping function reads (``trainable_params()``)."""
 
-    def __init__(self, params: List[Parameter], cfg: TrainConfig):
+    def __init__(self, params: List[Parameter]):
+        super().__init__()
+        self._plist = list(params)
+
+    def trainable_params(self, recurse=True):
+        return list(self._plist)
+
+
+def _build(params: List[Parameter], cfg: TrainConfig, total_steps: int):
+    """(MindSpore optimizer, learning-rate schedule Cell or None) for ``params``."""
+    sched = cfg.schedule
+    if not cfg.opt.grouped:   # train: section
+        cls = {"Adam": nn.Adam, "SGD": nn.SGD}[cfg.opt.type]
+        return cls(params, learning_rate=sched.learning_rate, **dict(cfg.opt.kwargs)), None
+    from mindformers.core.lr import build_lr
+    from mindformers.core.optim import build_optim
+    from mindformers.trainer.optimizer_grouped_parameters import get_optimizer_grouped_parameters
+    lr = build_lr(dict(type=sched.type, **sched.fields_for(total_steps))) if sched.type else sched.learning_rate
+    groups = get_optimizer_grouped_parameters(_Params(params), weight_decay=cfg.opt.get("weight_decay", 0.0),
+                                              optimizer_type=cfg.opt.type)
+    kw = {k: v for k, v in cfg.opt.kwargs if k != "weight_decay"}
+    if cfg.opt.type == "AdamW":
+        kw["weight_decay"] = cfg.opt.get("weight_decay", 0.0)
+    opt = build_optim(dict(type=cfg.opt.type, **kw), default_args={"params": groups, "learning_rate": lr})
+    return opt, (lr if sched.type else None)
+
+
+class Optimizer:
+    """The run's optimizer over a fixed list of parameters, applied to a grads dict."""
+
+    def __init__(self, params: List[Parameter], cfg: TrainConfig, total_steps: int = 0):
         self.params = list(params)
-        if not self.params:
-            self.opt = None
-        elif cfg.optimizer == "adam":
-            self.opt = nn.Adam(self.params, learning_rate=cfg.lr)
-        else:
-            self.opt = nn.SGD(self.params, learning_rate=cfg.lr, momentum=0.9)
+        self.cfg = cfg
+        self.opt, self.schedule = (None, None) if not self.params else _build(self.params, cfg, total_steps or cfg.steps)
+        # the order MindSpore's optimizer takes gradients in (its parameter groups' order)
+        self._order = [p.name for p in self.opt.parameters] if self.opt is not None else []
 
     def step(self, grads: Dict[str, Tensor]) -> None:
         if self.opt is not None:
-            self.opt(tuple(grads[p.name] for p in self.params))
+            self.opt(tuple(grads[n] for n in self._order))
+
+    def lr(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based: the update after ``step`` earlier ones)."""
+        if self.schedule is None:
+            return float(self.cfg.schedule.learning_rate)
+        return float(self.schedule(Tensor(int(step), ms.int32)).asnumpy())
 
     def state(self) -> Dict[str, Parameter]:
         """Optimizer state by MindSpore's own names (what checkpointing a single-process
         ``TrainOneStepCell`` writes): ``moment1.<param>``, ``moment2.<param>``, ``beta1_power``,
-        ``beta2_power``, ``global_step``, ``learning_rate`` (Adam); ``accum.<param>``,
-        ``stat.<param>``, ``momentum``, ... (SGD)."""
+        ``beta2_power``, ``global_step``, ``learning_rate`` (Adam); ``adam_m.<param>``, ``adam_v.<param>``
+        (MindFormers' AdamW); ``accum.<param>``, ``stat.<param>``, ``momentum``, ... (SGD)."""
         if self.opt is None:
             return {}
         names = {p.name for p in self.params}
@@ -50,3 +94,25 @@ class Optimizer:
             else:
                 glob.append(n)
         return per, glob
+
+
+def square_sum(grads: Sequence[Tensor]) -> float:
+    """Sum of the squares of every element of ``grads`` (float32, as MindFormers' ``get_square_sum``)."""
+    if not grads:
+        return 0.0
+    return float(ops.addn([ops.sum(ops.square(g.astype(ms.float32))) for g in grads]).asnumpy())
+
+
+def clip_scale(norm: float, max_norm) -> float:
+    """MindFormers' ``ClipGradNorm``: gradients times ``max_norm / max(norm, max_norm)`` (1: no clipping)."""
+    if not max_norm or not math.isfinite(norm):
+        return 1.0
+    return float(max_norm) / max(norm, float(max_norm))
+
+
+def scaled(grads: Dict[str, Tensor], scale: float) -> Dict[str, Tensor]:
+    """The gradients times ``scale`` (out of place: in-place ops do nothing on CPU)."""
+    if scale == 1.0:
+        return grads
+    s = Tensor(scale, ms.float32)
+    return {k: (g * s.astype(g.dtype)) for k, g in grads.items()}

@@ -20,7 +20,7 @@ from hyperparallel.runconfig import check_regions
 from . import checkpoint
 from .hooks import Hooks
 from .interpreter import Interpreter
-from .optim import Optimizer
+from .optim import Optimizer, clip_scale, scaled, square_sum
 
 
 def plan_groups(plan: ir.Plan):
@@ -35,6 +35,16 @@ def plan_groups(plan: ir.Plan):
     for d in range(plan.num_devices):
         groups.add(tuple(d * plan.data_parallel + j for j in range(plan.data_parallel)))
     return groups
+
+
+def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int) -> set:
+    """Names of the parameters this rank counts in the global gradient norm: those of the chunks whose
+    first holder is this device, on data-parallel index 0 (a replicated encoder and every data-parallel
+    copy hold the same gradients once all-reduced: each is counted once)."""
+    first = {(c.region, c.index): min(c.devices) for c in plan.chunks}
+    if dp_index != 0:
+        return set()
+    return {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()}
 
 
 def plan_depths(plan: ir.Plan):
@@ -55,6 +65,8 @@ class StepResult:
     program_s: float
     optimizer_s: float
     loss_reduce_s: float
+    grad_norm: float = 0.0   # global gradient norm before clipping (every parameter counted once)
+    lr: float = 0.0          # the learning rate of this update
 
     @property
     def step_s(self) -> float:
@@ -68,7 +80,7 @@ class RankRuntime:
     one process; ``chunks``: prebuilt chunk Cells to share (default: built here by the adapter)."""
 
     def __init__(self, plan: ir.Plan, model: ModelAdapter, source: DataSource, train: TrainConfig, comm,
-                 hooks: Optional[Hooks] = None, chunks: Optional[dict] = None):
+                 hooks: Optional[Hooks] = None, chunks: Optional[dict] = None, total_steps: Optional[int] = None):
         check_regions(model, plan_depths(plan), where="plan")
         if comm.world != plan.num_devices * plan.data_parallel:
             raise RuntimeError(f"the plan needs {plan.num_devices * plan.data_parallel} ranks "
@@ -78,7 +90,8 @@ class RankRuntime:
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
         self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks)
-        self.optimizer = Optimizer(self.interp.updated, train)
+        self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
+        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index) & {p.name for p in self.interp.updated}
         self.next_step = 0
         self._started = False
 
@@ -100,12 +113,16 @@ class RankRuntime:
         part = self.interp.run_step(s)
         grads = self.interp.step_grads()
         t1 = time.perf_counter()
-        self.optimizer.step(grads)
+        # one all-reduce: the step loss and the global gradient norm's square (clipping needs it before
+        # the update)
+        loss, sq = self.comm.all_reduce_values([part, square_sum([g for n, g in grads.items() if n in self.counted])])
         t2 = time.perf_counter()
-        loss = self.comm.all_reduce_scalar(part)
+        norm = max(sq, 0.0) ** 0.5
+        lr = self.optimizer.lr(s)
+        self.optimizer.step(scaled(grads, clip_scale(norm, self.train.max_grad_norm)))
         t3 = time.perf_counter()
         self.next_step = s + 1
-        return StepResult(s, loss, grads, t1 - t0, t2 - t1, t3 - t2)
+        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr)
 
     # -- checkpoints --------------------------------------------------------------------------
     def saver(self, save_dir: str, fmt: str = "safetensors", meta: Optional[dict] = None) -> checkpoint.Saver:

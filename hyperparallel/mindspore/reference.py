@@ -13,7 +13,7 @@ from typing import Dict
 import mindspore as ms
 
 from hyperparallel.runconfig import RunConfig
-from .optim import Optimizer
+from .optim import Optimizer, clip_scale, scaled, square_sum
 
 
 class ChunkChain:
@@ -38,13 +38,14 @@ class ChunkChain:
 class Reference:
     """Holds the full model and optimizer; ``step(s)`` runs one optimizer step."""
 
-    def __init__(self, rc: RunConfig, num_micro: int, trainable: Dict[str, bool]):
+    def __init__(self, rc: RunConfig, num_micro: int, trainable: Dict[str, bool], total_steps: int = 0):
         self.rc, self.num_micro = rc, num_micro
         self.model, self.source = rc.model, rc.source()
         self.whole = self.model.reference() or ChunkChain(self.model)
         self.cells = list(self.whole.cells.values())   # the model's Cells (load a checkpoint into these)
         self.params = [p for r in self.model.region_names() if trainable.get(r, True) for p in self.whole.params(r)]
-        self.opt = Optimizer(self.params, rc.train)
+        self.opt = Optimizer(self.params, rc.train, total_steps or rc.train.steps)
+        self.grad_norm, self.lr = 0.0, 0.0   # of the last step
 
     def all_params(self) -> list:
         """Every parameter of the model (trained or frozen), e.g. to save it as one checkpoint file."""
@@ -61,5 +62,7 @@ class Reference:
             return loss
         loss, grads = ms.value_and_grad(total, None, weights=self.params)(ms.Tensor(0.0))
         named = {p.name: g for p, g in zip(self.params, grads)}
-        self.opt.step(named)
+        self.grad_norm = square_sum(list(named.values())) ** 0.5
+        self.lr = self.opt.lr(step)
+        self.opt.step(scaled(named, clip_scale(self.grad_norm, self.rc.train.max_grad_norm)))
         return float(loss.asnumpy()), {k: v.asnumpy() for k, v in named.items()}

@@ -4,8 +4,8 @@ The job file (written by :mod:`hyperparallel.launch`) holds one or more cases,
 each a recipe (raw dict, overrides applied), its derived plan (JSON), the step
 range and output folders. Several cases per launch keep test suites fast
 (msrun start-up costs ~10 s). Every case runs on a :class:`~.rank.RankRuntime`.
-Rank 0 prints progress and writes ``RUN_DIR/metrics.jsonl``; with ``dump_dir``
-every rank dumps its losses and the step-0 gradients it holds, for equivalence tests.
+Rank 0 prints progress and writes ``RUN_DIR/metrics.jsonl`` (one line per step, :func:`step_record`);
+with ``dump_dir`` every rank dumps its losses and the step-0 gradients it holds, for equivalence tests.
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ import numpy as np
 
 
 def open_metrics(path: str, start: int):
-    """metrics.jsonl for appending, keeping only the lines of steps before ``start`` (a resumed
-    run replaces what a failed run logged after its checkpoint)."""
+    """metrics.jsonl for appending, keeping only the lines of the ``start`` steps done before (a resumed
+    run replaces what a failed run logged after its checkpoint; steps count from 1, as ``step_<N>``)."""
     kept = []
     if start > 0 and os.path.exists(path):
         with open(path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) < start]
+            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start]
     f = open(path, "w")
     f.writelines(kept)
     return f
@@ -58,6 +58,39 @@ def _resume(case: dict, rt, name: str) -> int:
     return step
 
 
+class StepLog:
+    """The per-step log of a run: the console line and the ``metrics.jsonl`` record.
+
+    ``step`` counts optimizer steps done (1 after the first update), as checkpoints ``step_<N>`` do;
+    ``samples_per_s`` counts sequences, ``tokens_per_s`` every position of them (padding included);
+    ``eta_s`` is the remaining steps at the mean step time of this run so far."""
+
+    def __init__(self, name: str, schedule: str, steps: int, start: int, samples: int, seq_len: int):
+        self.name, self.schedule, self.steps, self.start = name, schedule, steps, start
+        self.samples, self.tokens = samples, samples * seq_len
+        self.total_s = 0.0
+
+    def record(self, res, skipped: int) -> dict:
+        self.total_s += res.step_s
+        done = res.step + 1
+        mean = self.total_s / (done - self.start)
+        return {"step": done, "loss": res.loss, "lr": res.lr, "grad_norm": res.grad_norm, "step_time_s": res.step_s,
+                "samples_per_s": self.samples / res.step_s if res.step_s > 0 else None,
+                "tokens_per_s": self.tokens / res.step_s if res.step_s > 0 else None,
+                "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped}
+
+    def line(self, r: dict) -> str:
+        return (f"[{self.name}] step {r['step']}/{self.steps} loss {r['loss']:.6f} lr {r['lr']:.3e} "
+                f"grad_norm {r['grad_norm']:.4f} step_time {r['step_time_s']:.3f}s "
+                f"{r['samples_per_s'] or 0:.1f} samples/s {r['tokens_per_s'] or 0:.0f} tokens/s "
+                f"eta {_clock(r['eta_s'])}")
+
+
+def _clock(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
 def run_case(case: dict, comm) -> None:
     from hyperparallel.mindspore.checkpoint import recipe_hash
     from hyperparallel.mindspore.hooks import FaultInjection
@@ -83,8 +116,13 @@ def run_case(case: dict, comm) -> None:
         metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
     losses = []
     skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
-    if skipped and comm.rank == 0:
-        print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
+    if comm.rank == 0:
+        print(f"[{name}] {rc.train.describe(steps)}", flush=True)
+        if skipped:
+            print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
+    plan = rt.plan
+    log = StepLog(name, case.get("schedule", name), steps, start,
+                  plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
     for step in range(start, steps):
         res = rt.step(step)
         losses.append(res.loss)
@@ -93,11 +131,10 @@ def run_case(case: dict, comm) -> None:
             np.savez(os.path.join(dump_dir, f"grads_rank{comm.rank}.npz"),
                      **{k: v.asnumpy() for k, v in res.grads.items()})
         if comm.rank == 0:
-            print(f"[{name}] step {step + 1}/{steps} loss {res.loss:.6f} step_time {res.step_s:.3f}s", flush=True)
+            rec = log.record(res, skipped)
+            print(log.line(rec), flush=True)
             if metrics:
-                metrics.write(json.dumps({"step": step, "loss": res.loss, "step_time_s": res.step_s,
-                                          "schedule": case.get("schedule", name),
-                                          "data_skipped": skipped}) + "\n")
+                metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
         if save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps):
             saver.save(step + 1)

@@ -32,7 +32,7 @@ from typing import List
 
 from .base import Region
 from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
-from ..mpipe.errors import SpecError
+from ..mpipe.errors import SpecError, unknown_key
 
 MODEL_KEYS = ("arch", "model_config", "vision")
 VISION_KEYS = ("type", "num_layers", "hidden_size", "num_heads", "mlp_ratio", "init_std")
@@ -75,8 +75,7 @@ class MFLlamaMLLM(VitLLMAdapter):
         sec = dict(section or {})
         bad = sorted(set(sec) - set(MODEL_KEYS))
         if bad:
-            raise SpecError(f"model.{bad[0]}", f"unknown key for a MindFormers model section "
-                             f"(known: {', '.join(MODEL_KEYS)})")
+            raise unknown_key("model", sec, MODEL_KEYS, "for a MindFormers model section")
         mc = sec.get("model_config")
         if not isinstance(mc, dict):
             raise SpecError("model.model_config", "missing; give {type: LlamaConfig, num_layers: ..., ...}")
@@ -109,7 +108,7 @@ class MFLlamaMLLM(VitLLMAdapter):
                              "hidden_size: D, num_heads: H, mlp_ratio: R}")
         bad = sorted(set(vs) - set(VISION_KEYS))
         if bad:
-            raise SpecError(f"model.vision.{bad[0]}", f"unknown key (known: {', '.join(VISION_KEYS)})")
+            raise unknown_key("model.vision", vs, VISION_KEYS)
         if vs.get("type", "hp_vit") not in VISION_TYPES:
             raise SpecError("model.vision.type", f"{vs.get('type')!r} unknown (known: {', '.join(VISION_TYPES)})")
         self.vision = VisionConfig(**{k: v for k, v in vs.items() if k != "type"})

@@ -30,7 +30,7 @@ import json
 import os
 from typing import List, Optional
 
-from ..mpipe.errors import SpecError
+from ..mpipe.errors import SpecError, unknown_key
 from ..recipe.mindformers import model_config
 from .base import ModelAdapter, Region, TensorSpec
 
@@ -72,7 +72,7 @@ class QwenVL(ModelAdapter):
         sec = dict(section or {})
         bad = sorted(set(sec) - set(MODEL_KEYS))
         if bad:
-            raise SpecError(f"model.{bad[0]}", f"unknown key for a mindone VLM section (known: {', '.join(MODEL_KEYS)})")
+            raise unknown_key("model", sec, MODEL_KEYS, "for a mindone VLM section")
         self.arch = (sec.get("arch") or {}).get("type")
         self.family = f"mindone {self.arch}"
         self.kind = ARCHS[self.arch][0]

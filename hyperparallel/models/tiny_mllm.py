@@ -12,7 +12,7 @@ from typing import List
 
 from .base import Region
 from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
-from ..mpipe.errors import SpecError
+from ..mpipe.errors import SpecError, unknown_key
 
 
 
@@ -46,7 +46,7 @@ class TinyMLLM(VitLLMAdapter):
         sec = dict(section or {})
         bad = sorted(set(sec) - set(RECIPE_KEYS))
         if bad:
-            raise SpecError(f"model.{bad[0]}", f"unknown key for the tiny MLLM (known: {', '.join(RECIPE_KEYS)})")
+            raise unknown_key("model", sec, RECIPE_KEYS, "for the tiny MLLM")
         sec.pop("type", None)
         known = {f.name for f in fields(ModelConfig)}
         self.cfg = ModelConfig(**{k: v for k, v in data_shapes.items() if k in known}, **sec)

@@ -11,3 +11,22 @@ class SpecError(ValueError):
 
 class PlanError(ValueError):
     """A derived or loaded plan that breaks a rule (checker finding)."""
+
+
+def nearest(key: str, known) -> str:
+    """The known key closest to a misspelt one ('' when none is close): ``pipline_stage`` -> ``pipeline_stage``."""
+    import difflib
+    found = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.6)
+    return found[0] if found else ""
+
+
+def unknown_key(prefix: str, given, known, what: str = "") -> SpecError:
+    """The refusal of the first unknown key of ``given`` (sorted) under ``prefix`` (``parallel_config``;
+    empty for top-level keys): names it, the known keys, and the nearest one (``did you mean``)."""
+    known = list(dict.fromkeys(str(k) for k in known))
+    bad = sorted(str(k) for k in set(map(str, given)) - set(known))[0]
+    near = nearest(bad, known)
+    listed = ", ".join(known) if len(known) <= 24 else f"{len(known)} keys, listed in docs/mindformers.md ('Recipe keys')"
+    hint = f"; did you mean {near!r}?" if near else ""
+    return SpecError(f"{prefix}.{bad}" if prefix else bad,
+                     f"unknown key{' ' + what if what else ''}; allowed: {listed}{hint}")

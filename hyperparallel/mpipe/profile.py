@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from .errors import SpecError
+from .errors import SpecError, unknown_key
 
 COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
              "head_forward_ms", "head_backward_ms", "head_weight_ms")
@@ -106,7 +106,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
            "step_overhead_ms")
     unknown = set(obj) - set(top)
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown key; allowed: " + ", ".join(top))
+        raise unknown_key(where, obj, top)
     regions_obj = obj.get("regions")
     if not isinstance(regions_obj, list) or not regions_obj:
         raise SpecError(f"{where}.regions", "missing or empty; give a list of regions in data-flow order")
@@ -117,7 +117,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
             raise SpecError(w, "must be a mapping with keys " + ", ".join(REGION_KEYS))
         unknown = set(r) - set(REGION_KEYS)
         if unknown:
-            raise SpecError(f"{w}.{sorted(unknown)[0]}", "unknown key; allowed: " + ", ".join(REGION_KEYS))
+            raise unknown_key(w, r, REGION_KEYS)
         for k in ("name", "layers"):
             if k not in r:
                 raise SpecError(f"{w}.{k}", "missing")
@@ -137,7 +137,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         raise SpecError(f"{where}.link", "must be a mapping with latency_ms, bandwidth_gb_s")
     unknown = set(link_obj) - {"latency_ms", "bandwidth_gb_s"}
     if unknown:
-        raise SpecError(f"{where}.link.{sorted(unknown)[0]}", "unknown key; allowed: latency_ms, bandwidth_gb_s")
+        raise unknown_key(f"{where}.link", link_obj, ("latency_ms", "bandwidth_gb_s"))
     link = LinkProfile(**{k: _number(f"{where}.link.{k}", v) for k, v in link_obj.items()})
     opt = _number(f"{where}.optimizer_factor", obj.get("optimizer_factor", 2.0))
     scale = obj.get("device_scale", []) or []
@@ -164,7 +164,7 @@ def _measured_on(obj, where: str):
         raise SpecError(where, "must be a mapping with keys " + ", ".join(MACHINE_KEYS))
     unknown = set(obj) - set(MACHINE_KEYS)
     if unknown:
-        raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown key; allowed: " + ", ".join(MACHINE_KEYS))
+        raise unknown_key(where, obj, MACHINE_KEYS)
     for k, v in obj.items():
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             raise SpecError(f"{where}.{k}", f"must be a string or a whole number, got {v!r}")

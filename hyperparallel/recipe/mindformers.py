@@ -324,6 +324,32 @@ def towers(mc: dict) -> List[Tower]:
     return enc + [llm] if llm is not None else []
 
 
+#: ``model:`` keys that are not towers
+MODEL_SECTION_KEYS = ("arch", "model_config", "config", "pretrained", "type", "adapter")
+
+
+def model_towers(raw: dict) -> List[Tower]:
+    """The towers of a recipe's whole ``model:`` section: encoders given beside the MindFormers model
+    (``model.vision: {type: hp_vit, num_layers: N}``, hyperparallel's ViT in front of MindFormers' Llama),
+    then :func:`towers` of the model config. Empty when there is no language-model layer count."""
+    ts = towers(model_config(raw))
+    model = raw.get("model")
+    if not ts or not isinstance(model, dict):
+        return ts
+    front = []
+    for k, v in model.items():
+        if k in MODEL_SECTION_KEYS or not isinstance(v, dict):
+            continue
+        c = _count(v, f"model.{k}")
+        if c is None:
+            continue
+        t = Tower((region_name(k), c[0], c[1], c[2]))
+        if t.name == "llm" or any(e.name == t.name for e in front + ts):
+            raise SpecError(f"model.{k}", f"a second {t.name!r} tower; give mpipe.profile")
+        front.append(t)
+    return front + ts
+
+
 def freeze_flags(mc: dict) -> Dict[str, Tuple[bool, str]]:
     """``freeze_vision: true`` and the like: {region name: (frozen, key)}."""
     out = {}

@@ -29,10 +29,12 @@ from ..mpipe import orders
 from ..mpipe.check import assert_valid
 from ..mpipe.derive import derive
 from ..mpipe.ir import Plan
-from ..mpipe.errors import SpecError
+from ..mpipe.errors import SpecError, unknown_key
 from ..mpipe.profile import ModelProfile, parse_profile
 from ..mpipe.schedule import Schedule, parse_schedule
 from . import mindformers as mf
+from . import estimate, schema
+from .train import TrainConfig
 from .files import apply_override, load_raw
 
 MPIPE_KEYS = ("schedule", "profile", "encoder")
@@ -56,6 +58,12 @@ class Recipe:
     encoder: dict = field(default_factory=dict)   # mpipe.encoder options
     v_key: str = "parallel_config.pp_interleave_num"  # the key that set V (named in errors)
     layout: Optional[dict] = None  # MindFormers layer layout of the pipelined region: num_layers, offset, key
+    costs: str = "mpipe.profile"   # where the profile's costs come from (an estimate is said so)
+
+    @property
+    def estimated(self) -> bool:
+        """The costs are not the recipe's own ``mpipe.profile`` (estimated from the model config)."""
+        return self.costs != "mpipe.profile"
 
     @property
     def transpose_defaults(self) -> dict:
@@ -132,31 +140,50 @@ def _parallel(raw: dict) -> Tuple[int, int, int, int, str]:
 UNIT = dict(forward_ms=1.0, backward_ms=1.0, weight_ms=1.0, activation_mb=1.0, output_mb=1.0, param_mb=1.0)
 
 
-def _profile_from_model_config(raw: dict) -> Optional[dict]:
-    """Unit-cost profile from the layer counts of ``model.model_config`` and its towers, or None."""
-    ts = mf.towers(_model_config(raw))
+def _batch(raw: dict) -> int:
+    """Sequences per micro-batch: ``data.micro_batch_size``, else MindFormers' batch-size keys, else 1."""
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    if isinstance(data.get("micro_batch_size"), int):
+        return data["micro_batch_size"]
+    for _, v in schema.batch_size_keys(raw):
+        if isinstance(v, int) and v >= 1:
+            return v
+    return 1
+
+
+def _profile_from_model_config(raw: dict) -> Tuple[Optional[dict], str]:
+    """(profile, where its costs come from) built from the model section's towers, or (None, '').
+
+    Costs are estimated from the towers' sizes (:mod:`.estimate`); a tower without sizes (only a layer
+    count) gives every layer one unit of cost, said so."""
+    ts = mf.model_towers(raw)
     if not ts:
-        return None
-    return {"regions": [dict(name=t.name, layers=t.layers, trainable=True, **UNIT) for t in ts]}
+        return None, ""
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    prof, note = estimate.estimated_profile(ts, _model_config(raw), data, device_of(raw), _batch(raw))
+    if prof is not None:
+        return prof, note
+    return ({"regions": [dict(name=t.name, layers=t.layers, trainable=True, **UNIT) for t in ts]},
+            f"unit costs: every layer costs 1 ({note}, so no FLOPs to estimate); give mpipe.profile")
 
 
 def _mpipe(raw: dict) -> Tuple[dict, dict]:
     """The ``mpipe`` section and its ``encoder`` options, keys checked."""
     mp = raw.get("mpipe")
-    if mp is None and mf.is_mindformers_config(raw) and _profile_from_model_config(raw) is not None:
+    if mp is None and mf.is_mindformers_config(raw) and mf.model_towers(raw):
         mp = {}
     if not isinstance(mp, dict):
         raise SpecError("mpipe", "missing; add an mpipe: section (schedule, and profile unless "
                                  "model.model_config gives the layer counts)")
     unknown = sorted(set(mp) - set(MPIPE_KEYS))
     if unknown:
-        raise SpecError(f"mpipe.{unknown[0]}", f"unknown key; allowed: {', '.join(MPIPE_KEYS)}")
+        raise unknown_key("mpipe", mp, MPIPE_KEYS)
     enc = mp.get("encoder") or {}
     if not isinstance(enc, dict):
         raise SpecError("mpipe.encoder", f"must be a mapping with keys {', '.join(ENCODER_KEYS)}")
     bad = sorted(set(enc) - set(ENCODER_KEYS))
     if bad:
-        raise SpecError(f"mpipe.encoder.{bad[0]}", f"unknown key; allowed: {', '.join(ENCODER_KEYS)}")
+        raise unknown_key("mpipe.encoder", enc, ENCODER_KEYS)
     if "trainable" in enc and not isinstance(enc["trainable"], bool):
         raise SpecError("mpipe.encoder.trainable", f"must be true or false, got {enc['trainable']!r}")
     for opt in TRANSPOSE_KEYS:
@@ -223,7 +250,10 @@ def _layout(raw: dict, profile: ModelProfile, P: int, V: int) -> Optional[dict]:
 
 
 def device_of(raw: dict) -> str:
-    """The recipe's ``device`` (default CPU), checked."""
+    """The recipe's ``device``, else MindFormers' ``context.device_target``, else CPU; checked."""
+    ctx = raw.get("context") if isinstance(raw.get("context"), dict) else {}
+    if "device" not in raw and ctx.get("device_target") in DEVICES:
+        return ctx["device_target"]
     device = raw.get("device", "CPU")
     if device not in DEVICES:
         raise SpecError("device", f"{device!r} unknown; allowed: {', '.join(DEVICES)}")
@@ -235,12 +265,15 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     overrides = list(overrides or ())
     for item in overrides:
         apply_override(raw, item)
+    schema.check_keys(raw)   # an unknown key (in the file or through --set): refused, the nearest named
+    TrainConfig.from_raw(raw)   # optimizer / lr_schedule / train: keys checked by plan too (pure Python)
     P, M, V, D, v_key = _parallel(raw)
     mp, enc = _mpipe(raw)
     prof = mp.get("profile")
     hand_written = prof is not None
+    costs = "mpipe.profile"
     if prof is None:
-        prof = _profile_from_model_config(raw)
+        prof, costs = _profile_from_model_config(raw)
         if prof is None:
             raise SpecError("mpipe.profile", "missing; give the regions with their per-layer costs (or "
                                              "model.model_config.num_hidden_layers for a unit-cost profile)")
@@ -249,7 +282,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     device = device_of(raw)
     recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
                     data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
-                    encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V))
+                    encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs)
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
         recipe.chunk_layers(spec if spec == "zbv" else "")

@@ -1,38 +1,273 @@
-"""The recipe's ``train:`` section: optimizer and loop settings (pure Python)."""
+"""What a step trains with: optimizer, learning-rate schedule, gradient clipping, seed, steps (pure Python).
+
+Two spellings, one meaning each:
+
+* **MindFormers' sections** (a MindFormers user's YAML as it is): ``optimizer: {type: AdamW|Adam|SGD, ...}``,
+  ``lr_schedule: {type: CosineWithWarmUpLR, learning_rate, warmup_ratio, total_steps: -1, ...}``,
+  ``runner_wrapper: {use_clip_grad, max_grad_norm}``, the top-level ``seed``. The ranks build the optimizer
+  and schedule with MindFormers' own ``build_optim`` / ``build_lr`` and its weight-decay grouping (no decay
+  for 1-D parameters and biases), as MindFormers' trainer does; ``total_steps: -1`` is the run's steps.
+* **the** ``train:`` **section** of recipes without MindFormers sections: ``optimizer: adam|sgd`` and a
+  constant ``lr``.
+
+Giving a setting in both places is refused (``give it in one place``), and so is every field MindFormers'
+class would not take (its learning-rate classes swallow unknown keyword arguments silently). The field
+lists are MindFormers 1.9.0's / MindSpore 2.9.0's signatures (``tests/test_recipe_schema.py`` checks them).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Optional
+from dataclasses import dataclass, field, fields
+from typing import Optional, Tuple
 
-from ..mpipe.errors import SpecError
+from ..mpipe.errors import SpecError, unknown_key
 
 OPTIMIZERS = ("adam", "sgd")
+
+#: MindFormers optimizer types hyperparallel trains with, and the fields each class takes
+#: (``mindformers.core.optim.AdamW``, ``mindspore.nn.Adam``, ``mindspore.nn.SGD``); all run on CPU
+OPTIMIZER_FIELDS = {
+    "AdamW": ("learning_rate", "betas", "eps", "weight_decay", "use_fused", "amsgrad", "maximize", "swap"),
+    "Adam": ("learning_rate", "beta1", "beta2", "eps", "use_locking", "use_nesterov", "weight_decay", "loss_scale",
+             "use_amsgrad"),
+    "SGD": ("learning_rate", "momentum", "dampening", "weight_decay", "nesterov", "loss_scale"),
+}
+#: MindFormers' default ``optimizer.learning_rate`` (its config template), used when neither it nor
+#: ``lr_schedule`` is given
+MF_DEFAULT_LR = 5.0e-5
+
+#: MindFormers learning-rate classes (``mindformers.core.lr``) and their fields
+LR_FIELDS = {
+    "ConstantWarmUpLR": ("learning_rate", "warmup_steps", "warmup_lr_init", "warmup_ratio", "total_steps"),
+    "LinearWithWarmUpLR": ("learning_rate", "total_steps", "warmup_steps", "warmup_lr_init", "warmup_ratio"),
+    "CosineWithWarmUpLR": ("learning_rate", "warmup_steps", "total_steps", "num_cycles", "lr_end", "warmup_lr_init",
+                           "warmup_ratio", "decay_steps", "decay_ratio"),
+    "PolynomialWithWarmUpLR": ("learning_rate", "total_steps", "warmup_steps", "lr_end", "power", "warmup_lr_init",
+                               "warmup_ratio", "decay_steps"),
+    "WarmUpStableDecayLR": ("learning_rate", "lr_end", "warmup_steps", "warmup_lr_init", "warmup_ratio",
+                            "total_steps", "decay_start_steps", "decay_start_ratio"),
+}
+
+
+def _number(key: str, v, least: float = 0.0, strict: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (v <= least if strict else v < least):
+        raise SpecError(key, f"must be a number {'>' if strict else '>='} {least:g}, got {v!r}")
+    return float(v)
+
+
+def _whole(key: str, v, least: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise SpecError(key, f"must be a whole number >= {least}, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer as MindFormers' ``build_optim`` takes it: ``type`` and the class's keyword arguments
+    (``learning_rate`` left out: the schedule gives it). ``grouped``: MindFormers' weight-decay grouping."""
+
+    type: str
+    kwargs: Tuple[Tuple[str, object], ...] = ()
+    grouped: bool = False
+
+    def get(self, key: str, default=None):
+        return dict(self.kwargs).get(key, default)
+
+
+@dataclass(frozen=True)
+class LRSpec:
+    """A learning-rate schedule: a MindFormers class and its fields (``total_steps`` resolved to the run's
+    steps at build time when -1 or absent), or ``type`` None for a constant ``learning_rate``."""
+
+    type: Optional[str]
+    learning_rate: float
+    kwargs: Tuple[Tuple[str, object], ...] = ()
+
+    def fields_for(self, total_steps: int) -> dict:
+        """The class's keyword arguments for a run of ``total_steps`` steps."""
+        kw = dict(self.kwargs, learning_rate=self.learning_rate)
+        if kw.get("total_steps") in (None, -1):
+            kw["total_steps"] = int(total_steps)
+        return kw
+
+    def describe(self, total_steps: int) -> str:
+        if self.type is None:
+            return f"constant lr {self.learning_rate:g}"
+        kw = self.fields_for(total_steps)
+        warm = kw.get("warmup_steps")
+        if warm is None and kw.get("warmup_ratio") is not None:
+            warm = int(kw["total_steps"] * kw["warmup_ratio"])   # MindFormers' _get_lr_steps
+        extra = f", {warm} warm-up steps" if warm else ""
+        return f"{self.type} (MindFormers) lr {self.learning_rate:g}{extra}, total_steps {kw['total_steps']}"
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimizer and loop knobs (recipe ``train:`` section)."""
+    """Optimizer, schedule, clipping and loop knobs of a run (see the module docstring)."""
 
     seed: int = 0
     steps: int = 20
     lr: float = 0.01
-    optimizer: str = "adam"       # adam | sgd
+    optimizer: str = "adam"       # train: section: adam | sgd
     save_every: int = 0           # checkpoint every N steps with --save-dir (0: only at the end)
+    # resolved (from_raw): the optimizer and schedule every rank builds, and gradient clipping
+    opt: OptimizerSpec = field(default=None, compare=False)
+    schedule: LRSpec = field(default=None, compare=False)
+    max_grad_norm: Optional[float] = None   # clip the global gradient norm to this (MindFormers' ClipGradNorm)
+    steps_given: bool = False               # train.steps was written (else the default, or runner_config.epochs)
+    keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
+
+    TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every")
 
     @staticmethod
     def from_section(sec: Optional[dict]) -> "TrainConfig":
-        sec = dict(sec or {})
-        known = [f.name for f in fields(TrainConfig)]
-        bad = sorted(set(sec) - set(known))
-        if bad:
-            raise SpecError(f"train.{bad[0]}", f"unknown key (known: {', '.join(sorted(known))})")
-        cfg = TrainConfig(**sec)
-        if cfg.optimizer not in OPTIMIZERS:
-            raise SpecError("train.optimizer", f"{cfg.optimizer!r} unknown ({', '.join(OPTIMIZERS)})")
+        """The ``train:`` section alone (recipes without MindFormers sections)."""
+        return TrainConfig.from_raw({"train": sec} if sec is not None else {})
+
+    @staticmethod
+    def from_raw(raw: dict) -> "TrainConfig":
+        """The run's training settings from the recipe: MindFormers' sections where given, else ``train:``."""
+        sec = raw.get("train")
+        if sec is None:
+            sec = {}
+        if not isinstance(sec, dict):
+            raise SpecError("train", f"must be a mapping (keys: {', '.join(TrainConfig.TRAIN_KEYS)}), got {sec!r}")
+        if set(sec) - set(TrainConfig.TRAIN_KEYS):
+            raise unknown_key("train", sec, TrainConfig.TRAIN_KEYS)
         for key, least in (("seed", 0), ("steps", 1), ("save_every", 0)):
-            v = getattr(cfg, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < least:
-                raise SpecError(f"train.{key}", f"must be a whole number >= {least}, got {v!r}")
-        if isinstance(cfg.lr, bool) or not isinstance(cfg.lr, (int, float)) or not cfg.lr > 0:
-            raise SpecError("train.lr", f"must be a number > 0, got {cfg.lr!r}")
-        return cfg
+            if key in sec:
+                _whole(f"train.{key}", sec[key], least)
+        if "lr" in sec:
+            _number("train.lr", sec["lr"], 0.0, strict=True)
+        if "optimizer" in sec and sec["optimizer"] not in OPTIMIZERS:
+            raise SpecError("train.optimizer", f"{sec['optimizer']!r} unknown; allowed: {', '.join(OPTIMIZERS)} "
+                                               "(or MindFormers' optimizer: section)")
+        keys = {}
+        seed = sec.get("seed", 0)
+        keys["seed"] = "train.seed" if "seed" in sec else "default"
+        if "seed" in raw:
+            if "seed" in sec and sec["seed"] != raw["seed"]:
+                raise SpecError("train.seed", f"{sec['seed']!r} contradicts the top-level seed {raw['seed']!r}; give "
+                                              "it in one place")
+            seed = _whole("seed", raw["seed"], 0)
+            keys["seed"] = "seed"
+        mf_opt, mf_lr = raw.get("optimizer"), raw.get("lr_schedule")
+        for k in ("optimizer", "lr"):
+            if k in sec and (mf_opt is not None or mf_lr is not None):
+                mf = "optimizer" if mf_opt is not None else "lr_schedule"
+                raise SpecError(f"train.{k}", f"given with MindFormers' {mf}: section; give the optimizer and learning "
+                                              "rate in one place")
+        if mf_opt is not None or mf_lr is not None:
+            opt, sched = _mindformers_optimizer(mf_opt, mf_lr)
+            keys["optimizer"] = "optimizer" if mf_opt is not None else "default"
+            keys["lr"] = "lr_schedule" if mf_lr is not None else "optimizer.learning_rate"
+        else:
+            name = sec.get("optimizer", "adam")
+            lr = float(sec.get("lr", 0.01))
+            # the train: section's update rules: Adam with MindSpore's defaults, SGD with momentum 0.9
+            opt = OptimizerSpec("Adam") if name == "adam" else OptimizerSpec("SGD", (("momentum", 0.9),))
+            sched = LRSpec(None, lr)
+            keys["optimizer"] = "train.optimizer" if "optimizer" in sec else "default"
+            keys["lr"] = "train.lr" if "lr" in sec else "default"
+        # MindFormers' template fills a missing runner_wrapper with use_clip_grad: true (max_grad_norm 1.0)
+        mf_training = any(raw.get(k) is not None for k in ("optimizer", "lr_schedule", "runner_config"))
+        rw = raw.get("runner_wrapper")
+        clip = _clipping({} if rw is None and mf_training else rw)
+        keys["clip"] = "runner_wrapper" if rw is not None else ("MindFormers' default" if mf_training else "none")
+        return TrainConfig(seed=seed, steps=sec.get("steps", 20), lr=sched.learning_rate,
+                           optimizer=opt.type.lower() if opt.type in ("Adam", "SGD") and not opt.grouped else opt.type,
+                           save_every=sec.get("save_every", 0), opt=opt, schedule=sched, max_grad_norm=clip,
+                           steps_given="steps" in sec, keys=tuple(sorted(keys.items())))
+
+    def describe(self, total_steps: int) -> str:
+        """One line for the start of a run: optimizer, schedule, clipping, seed."""
+        kw = ", ".join(f"{k}={v}" for k, v in self.opt.kwargs)
+        keys = dict(self.keys)
+        clip = (f"clip grad norm {self.max_grad_norm:g} ({keys.get('clip', 'runner_wrapper')})" if self.max_grad_norm
+                else "no clipping")
+        return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}, {self.schedule.describe(total_steps)}, "
+                f"{clip}, seed {self.seed} ({keys['seed']})")
+
+
+def _typed(name: str, sec, classes: dict) -> str:
+    """The ``type`` of a MindFormers ``{type: Class, ...}`` section, its fields checked against the class's."""
+    if not isinstance(sec, dict):
+        raise SpecError(name, f"must be a mapping with type ({', '.join(classes)}), got {sec!r}")
+    t = sec.get("type")
+    if t not in classes:
+        raise SpecError(f"{name}.type", f"{t!r} is not supported; allowed: {', '.join(classes)}")
+    known = ("type",) + classes[t]
+    if set(sec) - set(known):
+        raise unknown_key(name, sec, known, f"for {t}")
+    return t
+
+
+def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
+    """MindFormers' ``optimizer`` and ``lr_schedule`` sections, checked field by field."""
+    if opt is None:
+        opt = {"type": "AdamW"}   # MindFormers' template default
+    t = _typed("optimizer", opt, OPTIMIZER_FIELDS)
+    kw = {k: v for k, v in opt.items() if k not in ("type", "learning_rate")}
+    if "weight_decay" in kw:
+        _number("optimizer.weight_decay", kw["weight_decay"])
+    if "eps" in kw:
+        _number("optimizer.eps", kw["eps"], 0.0, strict=True)
+    if "betas" in kw:
+        b = kw["betas"]
+        if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(
+                not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x < 1 for x in b)):
+            raise SpecError("optimizer.betas", f"must be two numbers in [0, 1), got {b!r}")
+        kw["betas"] = tuple(float(x) for x in b)
+    for k in ("beta1", "beta2", "momentum", "dampening"):
+        if k in kw:
+            _number(f"optimizer.{k}", kw[k])
+    for k in ("use_fused", "amsgrad", "maximize"):   # MindFormers' AdamW needs use_fused for the other two
+        if kw.get(k):
+            raise SpecError(f"optimizer.{k}", f"{kw[k]!r} is not supported (hyperparallel builds MindFormers' "
+                                              "BasicAdamW); give false")
+    if kw.get("swap"):
+        raise SpecError("optimizer.swap", "true (optimizer state offload) is not supported; give false")
+    if kw.get("loss_scale", 1.0) != 1.0:
+        raise SpecError("optimizer.loss_scale", f"{kw['loss_scale']!r}: loss scaling is not supported; give 1.0")
+    if sched is None:
+        lr = opt.get("learning_rate", MF_DEFAULT_LR)
+        lr_spec = LRSpec(None, _number("optimizer.learning_rate", lr, 0.0, strict=True))
+    else:
+        st = _typed("lr_schedule", sched, LR_FIELDS)
+        if "learning_rate" not in sched:
+            raise SpecError("lr_schedule.learning_rate", "missing")
+        lr = _number("lr_schedule.learning_rate", sched["learning_rate"], 0.0, strict=True)
+        if "learning_rate" in opt and opt["learning_rate"] != sched["learning_rate"]:
+            raise SpecError("optimizer.learning_rate", f"{opt['learning_rate']!r} contradicts lr_schedule.learning_rate "
+                                                       f"{sched['learning_rate']!r}; MindFormers uses the schedule's: give "
+                                                       "it in one place")
+        ts = sched.get("total_steps")
+        if ts is not None and ts != -1:
+            _whole("lr_schedule.total_steps", ts, 1)
+        if sched.get("warmup_ratio") is not None and not 0 <= _number("lr_schedule.warmup_ratio",
+                                                                      sched["warmup_ratio"]) <= 1:
+            raise SpecError("lr_schedule.warmup_ratio", f"must be in [0, 1], got {sched['warmup_ratio']!r}")
+        if sched.get("warmup_steps") is not None:
+            _whole("lr_schedule.warmup_steps", sched["warmup_steps"], 0)
+        lr_spec = LRSpec(st, lr, tuple(sorted((k, v) for k, v in sched.items() if k not in ("type", "learning_rate"))))
+    return OptimizerSpec(t, tuple(sorted(kw.items())), grouped=True), lr_spec
+
+
+def _clipping(rw) -> Optional[float]:
+    """``runner_wrapper.use_clip_grad`` / ``max_grad_norm`` (MindFormers' defaults: clipping on, norm 1.0,
+    when a ``runner_wrapper`` is given); None: no clipping."""
+    if rw is None:
+        return None
+    if not isinstance(rw, dict):
+        raise SpecError("runner_wrapper", f"must be a mapping, got {rw!r}")
+    use = rw.get("use_clip_grad", True)   # MindFormers' WrapperConfig default
+    if not isinstance(use, bool):
+        raise SpecError("runner_wrapper.use_clip_grad", f"must be true or false, got {use!r}")
+    if not use:
+        if "max_grad_norm" in rw:
+            _number("runner_wrapper.max_grad_norm", rw["max_grad_norm"], 0.0, strict=True)
+        return None
+    return _number("runner_wrapper.max_grad_norm", rw.get("max_grad_norm", 1.0), 0.0, strict=True)
+
+
+# keep dataclass field introspection for the README table (``train:`` keys and defaults)
+TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TrainConfig.TRAIN_KEYS}

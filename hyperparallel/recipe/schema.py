@@ -1,0 +1,260 @@
+"""Every key a recipe may hold, and what hyperparallel does with each (pure Python, no MindFormers import).
+
+A recipe is a MindFormers config plus hyperparallel's sections. Its keys fall in four kinds:
+
+* **unknown**: not a MindFormers 1.9.0 key nor one of ours: refused everywhere (``plan`` too, and
+  through ``--set``), naming the nearest known key (:func:`check_keys`);
+* **honoured**: read and applied with MindFormers' meaning (``seed``, ``parallel_config``'s pipeline
+  keys, ``optimizer``, ``lr_schedule``, ``runner_wrapper``'s clipping, ``runner_config.batch_size``...);
+* **refused for training**: read, but the runtime cannot do what the value asks (tensor parallelism,
+  recompute, loss scaling, ...): ``train``/``profile``/``bench`` refuse them before launch naming the
+  key and the value it can run (:func:`train_refusals`); ``plan`` and ``simulate`` still work;
+* **not used**: MindFormers keys that change nothing in a hyperparallel run (graph-mode, logging,
+  evaluation and prediction settings): ``train`` names them once (:func:`unused_keys`).
+
+The key lists are MindFormers 1.9.0's own config template (``mindformers/tools/register/template.py``:
+``GeneralConfig``, ``ParallelConfig``, ``RunnerConfig``, ...); ``tests/test_recipe_schema.py`` checks
+them against the installed MindFormers.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from ..mpipe.errors import SpecError, unknown_key
+
+#: top-level scalar keys of MindFormers' ``GeneralConfig``
+GENERAL = ("seed", "output_dir", "run_mode", "use_parallel", "resume_training", "print_separate_loss",
+           "load_checkpoint", "load_ckpt_format", "auto_trans_ckpt", "transform_process_num",
+           "src_strategy_path_or_dir", "only_save_strategy", "load_ckpt_async", "use_legacy", "use_legacy_format",
+           "pretrained_model_dir", "balanced_load", "reshard_worker_num", "do_eval", "eval_step_interval",
+           "eval_epoch_interval", "ignore_data_skip", "data_skip_steps", "profile", "profile_communication",
+           "profile_memory", "init_start_profile", "profile_start_step", "profile_stop_step", "profile_rank_ids",
+           "profile_pipeline", "profile_level", "mstx", "layer_scale", "layer_decay", "lr_scale",
+           "lr_scale_factor", "micro_batch_interleave_num", "remote_save_url", "save_file", "input_data",
+           "predict_batch_size", "adapter_id", "exclude_cann_cpu", "train_precision_sync", "infer_precision_sync",
+           "postprocess_use_numpy",
+           # read by MindFormers' trainer from the top level, outside the template
+           "calculate_per_token_loss", "use_skip_data_by_global_norm", "grouped_lr_schedule")
+#: MindFormers' sections (``CONFIG_NAME_TO_CLASS`` of the template)
+SECTIONS = ("parallel_config", "recompute_config", "swap_config", "moe_config", "runner_config", "parallel",
+            "context", "train_dataset", "train_dataset_task", "processor", "eval_dataset", "eval_dataset_task",
+            "trainer", "model", "runner_wrapper", "optimizer", "lr_schedule", "metric", "callbacks",
+            "monitor_config", "eval_callbacks")
+#: hyperparallel's own top-level keys
+OURS = ("base_config", "device", "mpipe", "data", "train")
+TOP = GENERAL + SECTIONS + OURS
+
+#: sections whose keys MindFormers' template fixes (it refuses others); hyperparallel adds
+#: ``parallel_config.pp_interleave_num`` (its older spelling of MindFormers 1.9's
+#: ``model.model_config.pp_interleave_num``)
+STRICT: Dict[str, Tuple[str, ...]] = {
+    "parallel_config": ("data_parallel", "model_parallel", "context_parallel", "expert_parallel", "pipeline_stage",
+                        "micro_batch_num", "seq_split_num", "use_seq_parallel", "optimizer_shard",
+                        "gradient_aggregation_group", "vocab_emb_dp", "context_parallel_algo", "ulysses_degree_in_cp",
+                        "mem_coeff", "pp_interleave_num"),
+    "recompute_config": ("recompute", "select_recompute", "parallel_optimizer_comm_recompute",
+                         "select_comm_recompute", "mp_comm_recompute", "recompute_slice_activation",
+                         "select_recompute_exclude", "select_comm_recompute_exclude"),
+    "swap_config": ("swap", "layer_swap", "op_swap", "default_prefetch"),
+    "runner_config": ("batch_size", "epochs", "sink_mode", "sink_size", "gradient_accumulation_steps", "num_classes",
+                      "stop_step"),
+    "monitor_config": ("monitor_on", "dump_path", "target", "invert", "step_interval", "local_loss_format",
+                       "local_norm_format", "device_local_norm_format", "device_local_loss_format",
+                       "optimizer_state_format", "weight_state_format", "max_attention_logit_format",
+                       "throughput_baseline", "print_struct", "check_for_global_norm", "global_norm_spike_threshold",
+                       "global_norm_spike_count_threshold", "stable_rank_config", "health_checkpoint"),
+    # the keys of MindFormers' train-one-step wrappers (MFTrainOneStepCell, MFPipelineWithLossScaleCell)
+    "runner_wrapper": ("type", "scale_sense", "use_clip_grad", "max_grad_norm", "local_norm",
+                       "calculate_per_token_loss", "use_skip_data_by_global_norm", "global_norm_spike_threshold"),
+}
+
+#: the generated data's image mix when ``data:`` does not give it (``data/synthetic.py`` defaults; the cost
+#: estimate reads them too)
+SYNTHETIC_IMAGES = {"images_per_sample": (0.2, 0.4, 0.3, 0.1), "video_prob": 0.1, "video_frames": 6}
+
+#: MindFormers' train-step wrappers; hyperparallel's step does what they do (update, clipping)
+WRAPPERS = ("MFTrainOneStepCell", "MFPipelineWithLossScaleCell", "TrainOneStepCell", "TrainOneStepWithLossScaleCell",
+            "PipelineCellWithTwoOutput")
+
+
+def _section(raw: dict, name: str):
+    v = raw.get(name)
+    return v if isinstance(v, dict) else {}
+
+
+def check_keys(raw: dict) -> None:
+    """Refuse an unknown key at the top level or in a section MindFormers' template fixes (the nearest
+    known key suggested). ``model``, ``data``, ``train`` and ``mpipe`` are checked by their own readers."""
+    if set(raw) - set(TOP):
+        raise unknown_key("", raw, TOP, "at the top level of the recipe")
+    for sec, known in STRICT.items():
+        v = raw.get(sec)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise SpecError(sec, f"must be a mapping (keys: {', '.join(known)}), got {v!r}")
+        if set(v) - set(known):
+            raise unknown_key(sec, v, known)
+
+
+# -- what the runtime cannot do -----------------------------------------------------------------
+
+def _flag(raw, path: str):
+    node = raw
+    for p in path.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return None
+        node = node[p]
+    return node
+
+
+def _true(v) -> bool:
+    return v is True or (isinstance(v, str) and v.lower() == "true")
+
+
+def _more_than_one(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1
+
+
+#: (key, refused when, what to give instead)
+_REFUSED = (
+    ("parallel_config.model_parallel", _more_than_one, "1: hyperparallel's runtime has no tensor parallelism"),
+    ("parallel_config.context_parallel", _more_than_one, "1: no context parallelism"),
+    ("parallel_config.expert_parallel", _more_than_one, "1: no expert parallelism"),
+    ("parallel_config.use_seq_parallel", _true, "false: no sequence parallelism"),
+    ("parallel_config.optimizer_shard", _true, "false or absent: no optimizer sharding"),
+    ("parallel.enable_parallel_optimizer", _true, "false: the runtime does not shard the optimizer state"),
+    ("micro_batch_interleave_num", _more_than_one, "1: no micro-batch interleaving"),
+    ("recompute_config.recompute", _true, "false: the runtime keeps every forward's activations (no recompute)"),
+    ("recompute_config.select_recompute", _true, "false: no selective recompute"),
+    ("recompute_config.select_comm_recompute", _true, "false: no selective recompute"),
+    ("swap_config.swap", _true, "false: no activation swapping"),
+    ("runner_config.gradient_accumulation_steps", _more_than_one,
+     "1: raise parallel_config.micro_batch_num instead (a pipeline step already accumulates its micro-batches)"),
+    ("runner_wrapper.calculate_per_token_loss", _true, "false: the loss is the mean of the micro-batch losses"),
+    ("runner_wrapper.use_skip_data_by_global_norm", _true, "false: steps are never skipped"),
+    ("calculate_per_token_loss", _true, "false: the loss is the mean of the micro-batch losses"),
+    ("use_skip_data_by_global_norm", _true, "false: steps are never skipped"),
+    ("resume_training", _true, "false: resume with hyperparallel train --resume / --resume-from"),
+    ("do_eval", _true, "false: no evaluation during training"),
+    ("layer_scale", _true, "false: no layer-wise learning-rate scale"),
+    ("lr_scale", _true, "false: no batch-size learning-rate scale"),
+    ("profile", _true, "false: measure with hyperparallel profile / bench"),
+    ("moe_config.expert_num", _more_than_one, "1: no mixture-of-experts models"),
+)
+
+
+def _scale_sense_ok(v) -> bool:
+    """A loss scale of 1 (none) is what the runtime does; any other scale is refused."""
+    if v is None:
+        return True
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v) == 1.0
+    if isinstance(v, dict) and v.get("type") == "FixedLossScaleUpdateCell":
+        return float(v.get("loss_scale_value", 1)) == 1.0
+    return False
+
+
+def train_refusals(raw: dict, device: str) -> List[Tuple[str, str]]:
+    """(key, why) of every value the runtime cannot train with, in a stable order."""
+    out = []
+    for key, bad, instead in _REFUSED:
+        v = _flag(raw, key)
+        if v is not None and bad(v):
+            out.append((key, f"{v!r} is not supported; give {instead}"))
+    rm = raw.get("run_mode")
+    if rm is not None and rm not in ("train", "finetune"):
+        out.append(("run_mode", f"{rm!r}: hyperparallel trains (allowed: train, finetune)"))
+    if raw.get("grouped_lr_schedule") is not None:
+        out.append(("grouped_lr_schedule", "per-group learning rates are not supported; give one lr_schedule"))
+    for key in ("load_checkpoint", "pretrained_model_dir", "remote_save_url", "data_skip_steps"):
+        v = raw.get(key)
+        if v not in (None, "", False):
+            instead = {"load_checkpoint": "model.pretrained (a Hugging Face directory) or train --resume-from",
+                       "pretrained_model_dir": "model.pretrained",
+                       "remote_save_url": "train --save-dir",
+                       "data_skip_steps": "train --resume-from (the data continue at the checkpoint)"}[key]
+            out.append((key, f"{v!r} is not read by hyperparallel's runtime; use {instead}"))
+    rw = _section(raw, "runner_wrapper")
+    if rw.get("type") is not None and rw["type"] not in WRAPPERS:
+        out.append(("runner_wrapper.type", f"{rw['type']!r} unknown; allowed: {', '.join(WRAPPERS)}"))
+    if not _scale_sense_ok(rw.get("scale_sense")):
+        out.append(("runner_wrapper.scale_sense", f"{rw['scale_sense']!r}: loss scaling is not supported; give 1.0 "
+                                                  "(float32 and bfloat16 training need none)"))
+    ctx = _section(raw, "context")
+    if "mode" in ctx and ctx["mode"] not in (1, "PYNATIVE_MODE"):
+        out.append(("context.mode", f"{ctx['mode']!r}: hyperparallel's runtime runs PyNative; give 1 (PYNATIVE_MODE)"))
+    if "device_target" in ctx and ctx["device_target"] != device:
+        out.append(("context.device_target", f"{ctx['device_target']!r} differs from device: {device}; give the same"))
+    for sec in ("train_dataset", "train_dataset_task"):
+        if raw.get(sec) is not None:
+            out.append((sec, "hyperparallel reads its data from the data: section (README, 'data: keys'); move the "
+                             "data set there"))
+    return out
+
+
+def check_trainable(raw: dict, device: str) -> None:
+    """Refuse, before launch, the first value the runtime cannot train with (one line naming the key)."""
+    found = train_refusals(raw, device)
+    if found:
+        key, why = found[0]
+        more = f" ({len(found) - 1} more: {', '.join(k for k, _ in found[1:])})" if len(found) > 1 else ""
+        raise SpecError(key, why + more)
+
+
+#: MindFormers keys that change nothing in a hyperparallel run
+_UNUSED_SECTIONS = ("callbacks", "eval_callbacks", "eval_dataset", "eval_dataset_task", "metric", "processor",
+                    "trainer", "monitor_config")
+_UNUSED_KEYS = ("output_dir", "use_parallel", "print_separate_loss", "load_ckpt_format", "auto_trans_ckpt",
+                "transform_process_num", "src_strategy_path_or_dir", "only_save_strategy", "load_ckpt_async",
+                "use_legacy_format", "balanced_load", "reshard_worker_num", "eval_step_interval",
+                "eval_epoch_interval", "ignore_data_skip", "profile_communication", "profile_memory",
+                "init_start_profile", "profile_start_step", "profile_stop_step", "profile_rank_ids",
+                "profile_pipeline", "profile_level", "mstx", "layer_decay", "lr_scale_factor", "save_file",
+                "input_data", "predict_batch_size", "adapter_id", "exclude_cann_cpu", "train_precision_sync",
+                "infer_precision_sync", "postprocess_use_numpy", "runner_config.sink_mode", "runner_config.sink_size",
+                "runner_config.num_classes", "runner_wrapper.local_norm", "parallel_config.vocab_emb_dp",
+                "parallel_config.gradient_aggregation_group", "parallel_config.mem_coeff",
+                "parallel_config.context_parallel_algo", "parallel_config.ulysses_degree_in_cp",
+                "parallel.parallel_mode", "parallel.full_batch", "parallel.search_mode", "parallel.gradients_mean",
+                "parallel.enable_alltoall", "parallel.strategy_ckpt_save_file", "parallel.strategy_ckpt_config",
+                "parallel.parallel_optimizer_config", "parallel.dataset_strategy", "context.device_id",
+                "context.max_device_memory", "context.max_call_depth", "context.jit_config",
+                "context.memory_optimize_level", "context.save_graphs", "context.save_graphs_path",
+                "context.runtime_num_threads", "context.ascend_config", "context.affinity_cpu_list")
+
+
+def unused_keys(raw: dict) -> List[str]:
+    """The MindFormers keys of this recipe that change nothing in a hyperparallel run (graph-mode,
+    logging, evaluation, prediction), for the one line ``train`` prints."""
+    out = [s for s in _UNUSED_SECTIONS if raw.get(s) is not None]
+    out += [k for k in _UNUSED_KEYS if _flag(raw, k) is not None]
+    return out
+
+
+def batch_size_keys(raw: dict) -> List[Tuple[str, object]]:
+    """(key, value) of the MindFormers batch-size keys the recipe gives: sequences per micro-batch."""
+    out = []
+    for key in ("runner_config.batch_size", "model.model_config.batch_size"):
+        v = _flag(raw, key)
+        if v is not None:
+            out.append((key, v))
+    return out
+
+
+def check_batch_size(raw: dict, micro_batch_size: int, data_key: str = "data.micro_batch_size") -> None:
+    """MindFormers' per-micro-batch batch size keys must equal the data's ``micro_batch_size``."""
+    for key, v in batch_size_keys(raw):
+        if v != micro_batch_size:
+            raise SpecError(key, f"{v!r} but {data_key} is {micro_batch_size}; a micro-batch has one size "
+                                 "(give the same value)")
+
+
+def optional_section(raw: dict, name: str) -> Optional[dict]:
+    """``raw[name]`` when it is a mapping, None when absent; SpecError when it is something else."""
+    v = raw.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise SpecError(name, f"must be a mapping, got {v!r}")
+    return v

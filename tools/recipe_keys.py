@@ -1,0 +1,179 @@
+"""The recipe-key tables of README.md and docs/mindformers.md, from the code that reads the keys.
+
+    python tools/recipe_keys.py train      # train: keys and defaults (TrainConfig)
+    python tools/recipe_keys.py data       # data: keys and defaults (generated data and conversations)
+    python tools/recipe_keys.py refused    # MindFormers values train refuses, and what to give instead
+    python tools/recipe_keys.py keys       # every key a recipe may hold at the top level and in strict sections
+    python tools/recipe_keys.py metrics    # the keys of a metrics.jsonl line
+
+Defaults and key lists are read from the dataclasses and schema (``tools/doc_numbers.py`` renders
+these tables into the docs); only the one-line meanings are written here, and a key without one
+fails the tool, so a new key cannot go undocumented.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from hyperparallel.data.conversations_config import ConversationsConfig  # noqa: E402
+from hyperparallel.data.synthetic import DataConfig  # noqa: E402
+from hyperparallel.recipe import schema  # noqa: E402
+from hyperparallel.recipe.train import TRAIN_DEFAULTS, TrainConfig  # noqa: E402
+
+TRAIN = {
+    "seed": "initialisation and data seed (the top-level MindFormers `seed` is the same setting; give one)",
+    "steps": "optimizer steps (`--steps` overrides; without both: `runner_config.epochs` over the data)",
+    "lr": "constant learning rate (MindFormers' `lr_schedule:` instead for a schedule)",
+    "optimizer": "`adam` (MindSpore nn.Adam) or `sgd` (nn.SGD, momentum 0.9); MindFormers' `optimizer:` instead "
+                 "for AdamW and its fields",
+    "save_every": "with `--save-dir`: a checkpoint every N steps (0: only after the last step)",
+}
+
+SYNTHETIC = {
+    "type": "`synthetic` (default) or `conversations`",
+    "micro_batch_size": "samples per micro-batch (MindFormers' `runner_config.batch_size` fills it when absent)",
+    "text_len": "text tokens per sample",
+    "vocab": "vocabulary size of the generated tokens",
+    "image_size": "square image side in pixels",
+    "channels": "image channels",
+    "patch": "patch side in pixels",
+    "num_classes": "classes the generated images show",
+    "noise": "pixel noise of the generated images",
+    "images_per_sample": "probabilities of 0, 1, 2, ... images per sample",
+    "video_prob": "probability that a sample is a video",
+    "video_frames": "frames of a video",
+}
+CONVERSATIONS = {
+    "type": "`conversations`",
+    "path": "JSON Lines of LLaVA-style conversations (required)",
+    "tokenizer": "a Hugging Face `tokenizer.json` (required)",
+    "image_root": "folder image paths are relative to (default: the data file's folder)",
+    "seq_len": "tokens per sample after padding/truncation",
+    "micro_batch_size": "samples per micro-batch (MindFormers' `runner_config.batch_size` fills it when absent)",
+    "image_size": "tiny-MLLM / MindFormers Llama layout: square side images are resized to",
+    "patch": "patch side in pixels",
+    "mean": "per-channel mean (tiny layout)",
+    "std": "per-channel std (tiny layout)",
+    "min_pixels": "Qwen layout: smallest image area after resizing (Qwen's image processor)",
+    "max_pixels": "Qwen layout: largest image area after resizing",
+    "image_mean": "Qwen layout: per-channel mean",
+    "image_std": "Qwen layout: per-channel std",
+    "preprocessor_config": "Qwen layout: a Hugging Face `preprocessor_config.json` to read the four above from",
+    "system_prompt": "Qwen layout: the chat template's system message",
+    "shuffle": "shuffle the samples each epoch (mindspore.dataset)",
+    "seed": "shuffle seed (default: the run's seed)",
+    "num_parallel_workers": "mindspore.dataset workers",
+    "prefetch": "mindspore.dataset prefetch size",
+    "on_bad_sample": "`error` (stop before launch, naming them) or `skip` (leave bad samples out, counted)",
+    "vocab": "vocabulary size the model must cover (default: the tokenizer's)",
+}
+
+METRICS = {
+    "step": "optimizer step, 1-based (as on the console)",
+    "loss": "mean loss of the step's micro-batches",
+    "lr": "learning rate of the step's update",
+    "grad_norm": "global gradient norm before clipping (every parameter counted once over the ranks)",
+    "step_time_s": "wall time of the step",
+    "samples_per_s": "samples (sequences) per second: micro-batches x micro_batch_size / step_time_s",
+    "tokens_per_s": "tokens per second, padding included: samples_per_s x sequence length",
+    "eta_s": "remaining steps x the mean step time of this run so far",
+    "schedule": "the schedule that ran the step",
+    "data_skipped": "bad samples left out so far (`data.on_bad_sample: skip`)",
+}
+
+
+def _default(v):
+    if v is None:
+        return "-"
+    if v == "":
+        return "(required)"
+    return f"`{v}`"
+
+
+def _fields(cls):
+    return {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            for f in dataclasses.fields(cls)}
+
+
+def _meanings(table: dict, keys, what: str) -> dict:
+    missing = [k for k in keys if k not in table]
+    if missing:
+        raise SystemExit(f"tools/recipe_keys.py: no meaning for {what} keys {missing}")
+    return table
+
+
+def train() -> str:
+    _meanings(TRAIN, TrainConfig.TRAIN_KEYS, "train:")
+    rows = ["| `train:` key | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k}` | {_default(TRAIN_DEFAULTS[k])} | {TRAIN[k]} |" for k in TrainConfig.TRAIN_KEYS]
+    return "\n".join(rows)
+
+
+def data() -> str:
+    syn = _fields(DataConfig)
+    conv = _fields(ConversationsConfig)
+    syn_keys = ["type"] + list(syn)
+    _meanings(SYNTHETIC, syn_keys, "synthetic data:")
+    _meanings(CONVERSATIONS, ConversationsConfig.RECIPE_KEYS, "conversations data:")
+    rows = ["| `data:` key | generated data (`type: synthetic`) | conversations (`type: conversations`) | meaning |",
+            "|---|---|---|---|"]
+    keys = syn_keys + [k for k in ConversationsConfig.RECIPE_KEYS if k not in syn_keys]
+    for k in keys:
+        s = "`synthetic`" if k == "type" else (_default(syn[k]) if k in syn else "not a key")
+        c = "`conversations`" if k == "type" else (
+            _default(conv[k]) if k in ConversationsConfig.RECIPE_KEYS else "not a key")
+        a = SYNTHETIC.get(k) if k in syn_keys else None
+        b = CONVERSATIONS.get(k) if k in ConversationsConfig.RECIPE_KEYS else None
+        meaning = "the data source" if k == "type" else (
+            a if b in (None, a) else b if a is None else f"{a}; conversations: {b}")
+        rows.append(f"| `{k}` | {s} | {c} | {meaning} |")
+    return "\n".join(rows)
+
+
+def refused() -> str:
+    rows = ["| key | refused when | give instead |", "|---|---|---|"]
+    when = {"_more_than_one": "> 1", "_true": "true"}
+    for key, bad, instead in schema._REFUSED:
+        rows.append(f"| `{key}` | {when[bad.__name__]} | {instead} |")
+    rows += ["| `run_mode` | not `train`/`finetune` | `train` |",
+             "| `grouped_lr_schedule` | given | one `lr_schedule` |",
+             "| `load_checkpoint`, `pretrained_model_dir` | given | `model.pretrained` (Hugging Face directory) or "
+             "`train --resume-from` |",
+             "| `remote_save_url` | given | `train --save-dir` |",
+             "| `data_skip_steps` | given | `train --resume-from` (the data continue at the checkpoint) |",
+             f"| `runner_wrapper.type` | not one of {', '.join(f'`{w}`' for w in schema.WRAPPERS)} | one of them |",
+             "| `runner_wrapper.scale_sense` | not 1 | 1.0 (no loss scaling) |",
+             "| `context.mode` | not 1 | 1 (PYNATIVE_MODE: the runtime is PyNative) |",
+             "| `context.device_target` | differs from `device` | the same device |",
+             "| `train_dataset`, `train_dataset_task` | given | the `data:` section |",
+             "| `optimizer.use_fused`, `.amsgrad`, `.maximize`, `.swap` | true | false |",
+             "| `optimizer.loss_scale` | not 1 | 1.0 |"]
+    return "\n".join(rows)
+
+
+def keys() -> str:
+    rows = ["| where | keys |", "|---|---|"]
+    rows.append(f"| top level: MindFormers' `GeneralConfig` | {', '.join(f'`{k}`' for k in schema.GENERAL)} |")
+    rows.append(f"| top level: MindFormers' sections | {', '.join(f'`{k}`' for k in schema.SECTIONS)} |")
+    rows.append(f"| top level: hyperparallel's | {', '.join(f'`{k}`' for k in schema.OURS)} |")
+    for sec, ks in schema.STRICT.items():
+        rows.append(f"| `{sec}` | {', '.join(f'`{k}`' for k in ks)} |")
+    return "\n".join(rows)
+
+
+def metrics() -> str:
+    rows = ["| key | meaning |", "|---|---|"]
+    rows += [f"| `{k}` | {v} |" for k, v in METRICS.items()]
+    return "\n".join(rows)
+
+
+TABLES = {"train": train, "data": data, "refused": refused, "keys": keys, "metrics": metrics}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in TABLES:
+        raise SystemExit(f"usage: tools/recipe_keys.py {{{'|'.join(TABLES)}}}")
+    print(TABLES[sys.argv[1]]())
