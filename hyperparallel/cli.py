@@ -12,7 +12,7 @@ import sys
 from typing import List, Optional
 
 from .bench import bench, profile
-from .commands import data, plan, simulate, train
+from .commands import data, plan, simulate, train, tune
 from .mpipe.errors import PlanError, SpecError
 from .util import error
 
@@ -169,12 +169,36 @@ def _measure_parsers(sub) -> None:
     p.set_defaults(func=bench.run)
 
 
+def _tune_parser(sub) -> None:
+    p = sub.add_parser("tune", help="search the schedule algebra for the recipe's best plan under a memory limit")
+    _recipe(p)
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
+                   help="drop candidates whose predicted peak memory on some device exceeds this (GB = 1000 MB)")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="candidates in the table (default 5)")
+    p.add_argument("--out", default=None, metavar="FILE.yaml",
+                   help="write the first candidate as a recipe overlay (base_config + the chosen keys)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _overrides(p)
+    p.add_argument("--profile", action="append", default=[], metavar="FILE.yaml",
+                   help="a profile measured at another micro-batch size (mpipe.profile.micro_batch_size, as "
+                        "hyperparallel profile/bench write it); repeat for several sizes")
+    p.add_argument("--verify", type=int, default=0, metavar="N",
+                   help="run the top N, the recipe's own schedule and 1f1b in one bench run on the recipe's ranks "
+                        "(msrun) and report measured against predicted order")
+    p.add_argument("--steps", type=int, default=6, help="--verify: measured steps per repeat (default 6)")
+    p.add_argument("--repeats", type=int, default=3, help="--verify: bench repeats (default 3)")
+    _run_dir(p, "runs/tune_<recipe>")
+    _timeout(p, 900, "one verify launch")
+    p.set_defaults(func=tune.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hyperparallel", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     _plan_parsers(sub)
     _train_parsers(sub)
     _measure_parsers(sub)
+    _tune_parser(sub)
     return ap
 
 

@@ -105,6 +105,9 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
                      "bandwidth_gb_s": round(link.get("bandwidth_gb_s", 0.0), 4)},
             "optimizer_factor": 2.0 if opt == "adam" else 1.0,
             "regions": regions}
+    mbs = (recipe.raw.get("data") or {}).get("micro_batch_size") if isinstance(recipe.raw.get("data"), dict) else None
+    if isinstance(mbs, int) and not isinstance(mbs, bool):
+        block["micro_batch_size"] = mbs   # the size these per-micro-batch costs belong to (read by tune)
     if ranks and ranks[0].get("machine"):
         block["measured_on"] = dict(ranks[0]["machine"])
     scale = device_scale(ranks, P, plan.data_parallel)

@@ -74,6 +74,8 @@ class ModelProfile:
     # graph cuts, reading the loss) and per step (optimizer update, loss all-reduce)
     action_overhead_ms: float = 0.0
     step_overhead_ms: float = 0.0
+    # the micro-batch size (samples) the per-micro-batch costs were measured at; None: not recorded
+    micro_batch_size: Optional[int] = None
 
     def region(self, name: str) -> RegionProfile:
         for r in self.regions:
@@ -103,7 +105,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     if not isinstance(obj, dict):
         raise SpecError(where, "must be a mapping with 'regions' (and optional 'link')")
     top = ("regions", "link", "optimizer_factor", "measured_on", "device_scale", "action_overhead_ms",
-           "step_overhead_ms")
+           "step_overhead_ms", "micro_batch_size")
     unknown = set(obj) - set(top)
     if unknown:
         raise unknown_key(where, obj, top)
@@ -150,7 +152,9 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
                         measured_on=_measured_on(obj.get("measured_on"), f"{where}.measured_on"),
                         device_scale=tuple(float(v) for v in scale),
                         action_overhead_ms=_number(f"{where}.action_overhead_ms", obj.get("action_overhead_ms", 0.0)),
-                        step_overhead_ms=_number(f"{where}.step_overhead_ms", obj.get("step_overhead_ms", 0.0)))
+                        step_overhead_ms=_number(f"{where}.step_overhead_ms", obj.get("step_overhead_ms", 0.0)),
+                        micro_batch_size=(None if obj.get("micro_batch_size") is None else
+                                          _number(f"{where}.micro_batch_size", obj["micro_batch_size"], True, 1)))
 
 
 MACHINE_KEYS = ("cpu", "cores", "device", "mindspore")

@@ -43,6 +43,29 @@ def apply_override(raw: dict, item: str) -> None:
             node = node[p]
 
 
+def check_override_key(raw: dict, item: str, known=(), open_prefixes=()) -> None:
+    """Refuse a ``--set`` whose key neither is in the recipe ``raw`` nor is one of ``known`` (keys the
+    reader of the recipe looks for) nor lies under one of ``open_prefixes`` (sections whose own parser
+    refuses unknown keys). The message names the key and the keys that exist where it points."""
+    if "=" not in item or not item.split("=", 1)[0].strip():
+        raise SpecError("--set", f"expected key.path=value, got {item!r}")
+    key = item.split("=", 1)[0].strip()
+    if key in known or any(key.startswith(p + ".") for p in open_prefixes):
+        return
+    node, parts = raw, key.split(".")
+    for i, p in enumerate(parts):
+        if isinstance(node, list) and p.isdigit() and int(p) < len(node):
+            node = node[int(p)]
+            continue
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+            continue
+        where = ".".join(parts[:i]) or "the recipe"
+        have = ", ".join(map(str, node)) if isinstance(node, dict) else (f"a list of {len(node)}" if
+                                                                        isinstance(node, list) else "a value")
+        raise SpecError(f"--set {key}", f"unknown key: {where} has no {p!r} (it has: {have})")
+
+
 def _load_yaml(path: str, chain: Tuple[str, ...] = ()) -> dict:
     """One file with its ``base_config`` parents merged as MindFormers' ``MindFormerConfig`` does.
 

@@ -162,10 +162,12 @@ def layer_layout(num_layers: int, offset, P: int, V: int, key: str = "model.mode
     return tuple(out)
 
 
-def offset_of(layers: Sequence[int], P: int, V: int):
-    """The ``model.model_config.offset`` that makes MindFormers lay out ``layers`` (no ``zero_bubble_v``).
+def offset_of(layers: Sequence[int], P: int, V: int, zbv: bool = False):
+    """The ``model.model_config.offset`` that makes MindFormers lay out ``layers`` (chunk ``v*P + p``,
+    data-flow order; the inverse of :func:`layer_layout`).
 
-    0 when every chunk has ``num_layers // (P*V)`` layers, a flat list for V = 1, else V lists of P.
+    0 when every chunk has ``num_layers // (P*V)`` layers, a flat list for V = 1, else V lists of P;
+    with ``zbv`` the second row is reversed, as :func:`layer_layout` reverses it back.
     """
     base = sum(layers) // (P * V)
     off = [n - base for n in layers]
@@ -173,7 +175,10 @@ def offset_of(layers: Sequence[int], P: int, V: int):
         return 0
     if V == 1:
         return off
-    return [off[v * P:(v + 1) * P] for v in range(V)]
+    rows = [off[v * P:(v + 1) * P] for v in range(V)]
+    if zbv:
+        rows[1] = rows[1][::-1]
+    return rows
 
 
 # -- pipeline scheduler keys --------------------------------------------------------------------

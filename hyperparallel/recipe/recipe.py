@@ -41,6 +41,10 @@ MPIPE_KEYS = ("schedule", "profile", "encoder")
 ENCODER_KEYS = ("owners", "backward", "spill", "trainable")
 TRANSPOSE_KEYS = ("owners", "backward", "spill")   # the encoder keys that are transpose options
 DEVICES = ("CPU", "Ascend")
+#: Keys the recipe front end reads that a recipe may leave out (a ``--set`` may add them).
+READ_KEYS = (("device", "parallel_config.data_parallel", "parallel_config.pp_interleave_num",
+              "parallel_config.seq_split_num", "mpipe.schedule", "mpipe.profile", "mpipe.encoder")
+             + tuple(f"mpipe.encoder.{k}" for k in ENCODER_KEYS))
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""Lower bounds of a candidate's step time and peak memory, from its cut and placement alone (no
+derivation): the search derives a candidate only when its bound can still beat what it has found.
+
+Both are bounds on what :func:`hyperparallel.mpipe.cost.simulate` reports for the derived plan, built
+from the same per-task durations (:func:`~hyperparallel.mpipe.profile.task_ms` plus the runtime's time
+per action, times ``device_scale``), the same chunk placement (:func:`~hyperparallel.mpipe.orders.device_of`)
+and the same static memory rule. They are never reported as predictions.
+
+Time, one step (every schedule without next-step spill), for each device d:
+
+* ``busy_d``: the compute it must do (its LLM chunks' tasks for every micro-batch, a placed encoder's
+  tasks, a transposed encoder's tasks where the owner policy fixes them (round_robin, min); balanced
+  owners' encoder work only counts in the mean over devices);
+* ``head_d + llm_d (+ tail_d)``: its LLM tasks cannot start before the first micro-batch has been
+  through the encoder and the chunks before its first one (``head_d``); with a fused backward (BW), its
+  last task is a BW whose micro-batch still needs the BW of every chunk before, on other devices
+  (``tail_d``).
+
+The bound is the largest of these over devices and the mean busy time, plus the step overhead. With
+next-step spill the reported step is the steady state, the difference of two step ends, which is at
+least the busy time of the least-loaded device (its next step's compute starts after the step's last
+event reaches it), so that is the bound there.
+
+Memory, device d: the parameters, grads and optimizer state it holds (exactly the cost model's static
+memory) plus the largest one-micro-batch activation of a trained LLM chunk it holds.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from ..mpipe import orders
+from ..mpipe.owners import owner_map
+from ..mpipe.profile import ModelProfile, task_ms
+from .space import Candidate, Space
+
+
+def _needs_bwd(profile: ModelProfile) -> List[bool]:
+    out, seen = [], False
+    for r in profile.regions:
+        seen = seen or r.trainable
+        out.append(seen)
+    return out
+
+
+def time_bound(space: Space, c: Candidate) -> float:
+    prof = space.profile_at(c.M)
+    P, M, n = space.P, c.M, space.P * c.V
+    scale = [prof.device_scale[d] if prof.device_scale else 1.0 for d in range(P)]
+    ovh = prof.action_overhead_ms
+    needs = _needs_bwd(prof)
+    body = prof.regions[-1]
+    split = orders.ORDERS[c.order].split
+    if not needs[-1]:
+        bkinds: Tuple[str, ...] = ()
+    elif body.trainable:
+        bkinds = ("B", "W") if split else ("BW",)
+    else:
+        bkinds = ("B",)
+    dev = [orders.device_of(c.order, k, P) for k in range(n)]
+    fwd = [task_ms(body, "F", c.layers[k], k == n - 1) + ovh for k in range(n)]
+    bwd = [sum(task_ms(body, kind, c.layers[k], k == n - 1) + ovh for kind in bkinds) for k in range(n)]
+    llm = [0.0] * P
+    for k in range(n):
+        llm[dev[k]] += M * (fwd[k] + bwd[k]) * scale[dev[k]]
+    busy = list(llm)
+    free = 0.0          # encoder work whose device the bound does not fix (balanced owners)
+    enc_head = 0.0      # the first micro-batch's encoder forwards, before LLM chunk 0 can start
+    for i, r in enumerate(prof.regions[:-1]):
+        f = task_ms(r, "F", r.layers, True) + ovh
+        b = (task_ms(r, "BW" if r.trainable else "B", r.layers, True) + ovh) if needs[i] else 0.0
+        rec = (task_ms(r, "R", r.layers, True) + ovh) if needs[i] else 0.0
+        enc = c.encoder
+        if enc.skeleton == "place":
+            busy[0] += M * (f + b) * scale[0]
+            enc_head += f * scale[0]
+            continue
+        if enc.spill != "next_step":
+            enc_head += f * min(scale)
+        central = enc.backward == "central" and needs[i]
+        if central:
+            busy[dev[0]] += M * (rec + b) * scale[dev[0]]
+        own = f if central else f + b
+        if enc.owners == "balanced" and P > 1:
+            free += M * own * min(scale)
+            continue
+        for d in owner_map(enc.owners, P, M):
+            busy[d] += own * scale[d]
+    if c.spill:
+        return min(busy) + prof.step_overhead_ms
+    lb = (sum(busy) + free) / P
+    for d in range(P):
+        first = min(k for k in range(n) if dev[k] == d)
+        head = enc_head + sum(fwd[k] * scale[dev[k]] for k in range(first))
+        tail = sum(bwd[k] * scale[dev[k]] for k in range(first)) if bkinds and not split else 0.0
+        lb = max(lb, busy[d], head + llm[d] + tail)
+    return lb + prof.step_overhead_ms
+
+
+def memory_bound(space: Space, c: Candidate) -> List[float]:
+    """Per device, a lower bound of its peak memory (MB)."""
+    prof = space.profile_at(c.M)
+    P, n = space.P, space.P * c.V
+    needs = _needs_bwd(prof)
+    body = prof.regions[-1]
+    opt = prof.optimizer_factor
+    out = [0.0] * P
+    act = [0.0] * P
+    for k in range(n):
+        d = orders.device_of(c.order, k, P)
+        p = body.param_mb * c.layers[k]
+        out[d] += p * (1 + (1 + opt if body.trainable else 0))
+        if needs[-1]:
+            act[d] = max(act[d], body.activation_mb * c.layers[k])
+    for i, r in enumerate(prof.regions[:-1]):
+        p = r.param_mb * r.layers
+        if c.encoder.skeleton == "place":
+            out[0] += p * (1 + (1 + opt if r.trainable else 0))
+            continue
+        central = c.encoder.backward == "central"
+        for d in range(P):
+            holds = r.trainable and not (central and d != 0)
+            out[d] += p * (1 + (1 + opt if holds else 0))
+    return [s + a for s, a in zip(out, act)]

@@ -1,0 +1,218 @@
+"""``hyperparallel tune``: the search space, the bounds, the pruned search against the exhaustive one,
+the ranked table, the overlay that plan/simulate read as is, bad input."""
+import json
+import os
+
+import pytest
+import yaml
+
+from conftest import recipe
+from hyperparallel.mpipe.profile import parse_profile
+from hyperparallel.recipe import load_recipe
+from hyperparallel.recipe.mindformers import layer_layout, offset_of
+from hyperparallel.tune.bound import memory_bound, time_bound
+from hyperparallel.tune.search import evaluate, search
+from hyperparallel.tune.space import Candidate, Encoder, Space, profile_at_size
+
+
+# -- the space ----------------------------------------------------------------------------------
+
+def test_space_of_a_frozen_encoder_recipe_and_its_batch_keys():
+    # bench_encoder_heavy: P=2, M=4 x data.micro_batch_size 4 = 16 samples, 2 LLM layers (V=1 only)
+    sp = Space(load_recipe(recipe("bench_encoder_heavy.yaml")))
+    d = sp.describe()
+    assert d["V"] == [1] and d["M"] == [1, 2, 4, 8, 16]
+    assert d["orders_by_V"] == {"1": ["gpipe", "1f1b", "zb_h1", "interleaved_zb"]}
+    # frozen encoder: place on device 0 (the 1F1B-style baseline) + 3 owner policies x 2 spills
+    assert d["encoders"][0] == "place(device=0)" and len(d["encoders"]) == 7
+    assert all("backward=owner" in e for e in d["encoders"][1:])
+    assert d["families"] == 4 * 5 * 7 == d["base_candidates"]   # one split (1, 1) per family
+    assert sp.batch.samples == 16 and sp.batch.sizes(8) == {"data.micro_batch_size": 2}
+    assert sp.batch.sizes(3) is None
+
+
+def test_mindformers_batch_keys_and_trained_encoder_options():
+    sp = Space(load_recipe(recipe("mf_llama_mllm_bench.yaml")))
+    assert sp.batch.sizes(16) == {"data.micro_batch_size": 1, "model.model_config.batch_size": 1}
+    tr = Space(load_recipe(recipe("mllm_frozen_vit.yaml"), ["mpipe.profile.regions.0.trainable=true"]))
+    # trained encoder: backward owner / central instead of spill
+    assert [e for e in tr.describe()["encoders"] if "central" in e] == [
+        f"transpose(owners={o}, backward=central, spill=none)" for o in ("round_robin", "min", "balanced")]
+
+
+def test_offset_round_trips_mindformers_layout_including_zbv():
+    for layers, P, V, zbv in (((3, 1), 2, 1, False), ((2, 1, 1, 3), 2, 2, False), ((2, 1, 1, 3), 2, 2, True),
+                              ((2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1), 8, 2, False)):
+        off = offset_of(layers, P, V, zbv=zbv)
+        assert layer_layout(sum(layers), off, P, V, zbv=zbv) == layers
+    assert offset_of((2, 1, 1, 3), 2, 2, zbv=True) == [[1, 0], [2, 0]]   # base 7 // 4 = 1; second row reversed
+    assert offset_of((2, 2), 2, 1) == 0
+
+
+def test_profile_at_another_micro_batch_size():
+    def prof(size, f):
+        return parse_profile({"micro_batch_size": size, "regions": [
+            {"name": "llm", "layers": 2, "trainable": True, "forward_ms": f, "backward_ms": 2 * f, "weight_ms": f,
+             "activation_mb": f, "output_mb": 1.0, "param_mb": 5.0}]})
+    one = {4: prof(4, 8.0)}
+    assert profile_at_size(one, 1).regions[0].forward_ms == 2.0          # one size: proportional
+    assert profile_at_size(one, 1).regions[0].param_mb == 5.0            # parameters do not scale
+    two = {1: prof(1, 3.0), 4: prof(4, 9.0)}
+    assert profile_at_size(two, 4).regions[0].forward_ms == 9.0          # exact at a measured size
+    assert profile_at_size(two, 2).regions[0].forward_ms == 5.0          # linear between: 3 + (9 - 3) / 3
+    assert profile_at_size(two, 8).regions[0].forward_ms == 17.0         # along the nearest segment beyond
+    assert profile_at_size(two, 2).micro_batch_size == 2
+
+
+# -- bounds and search --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,sets", [("mllm_frozen_vit.yaml", []),
+                                       ("mllm_frozen_vit.yaml", ["mpipe.profile.regions.0.trainable=true"]),
+                                       ("bench_encoder_heavy.profile.yaml", []), ("llm_pipeline.yaml", [])])
+def test_bounds_never_exceed_what_the_cost_model_reports(name, sets):
+    sp = Space(load_recipe(recipe(name), sets))
+    n = 0
+    for c in sp.candidates():
+        s = evaluate(sp, c)
+        assert time_bound(sp, c) <= s.step_ms + 1e-6, c
+        assert all(b <= p + 1e-6 for b, p in zip(memory_bound(sp, c), s.peaks_mb)), c
+        n += 1
+    assert n == sp.size()
+
+
+def test_pruned_search_finds_the_exhaustive_table_deriving_less():
+    sp = Space(load_recipe(recipe("mllm_frozen_vit.yaml")))
+    full = search(sp, top=5, prune=False, refine=0)
+    fast = search(sp, top=5, prune=True, refine=0)
+    assert full.counts["derived"] == sp.size() == 182
+    assert fast.counts["derived"] < 100
+    assert fast.counts["searched"] == fast.counts["derived"] + fast.counts["time_bound"] == 182
+    assert [(s.name, s.cand.V, s.cand.M, s.step_ms) for s in fast.table] == \
+        [(s.name, s.cand.V, s.cand.M, s.step_ms) for s in full.table]
+    # one row per family (everything but the layer split)
+    assert len({s.cand.family for s in fast.table}) == 5
+
+
+def test_memory_limit_drops_candidates_and_every_kept_one_fits():
+    sp = Space(load_recipe(recipe("paper_8dev_qwen_vit.yaml")))
+    out = search(sp, limit_mb=100_000, top=3, refine=0)
+    assert out.counts["memory_bound"] + out.counts["memory"] > 0
+    assert all(s.peak_mb <= 100_000 for s in out.ranked)
+
+
+def test_uneven_split_becomes_mindformers_offset_and_the_recipe_keys():
+    sp = Space(load_recipe(recipe("mf_llama_mllm.yaml")))
+    c = Candidate("zbv", 2, sp.M0, Encoder("transpose"), (1, 1, 1, 1), "even")
+    # mf_llama_mllm: 4 LLM layers, P=2; one layer per chunk at V=2
+    assert sp.offset(c) == 0
+    assert sp.recipe_for(c).chunk_layers("zbv") == (1, 1, 1, 1)
+    assert sp.keys(c)["parallel"]["pipeline_config"] == {"pipeline_interleave": True,
+                                                         "pipeline_scheduler": "zero_bubble_v"}
+    c = Candidate("1f1b", 1, sp.M0, Encoder("transpose"), (3, 1), "moved")
+    keys = sp.keys(c)
+    assert keys["model"]["model_config"]["offset"] == [1, -1]
+    assert sp.recipe_for(c).chunk_layers("1f1b") == (3, 1)
+
+
+# -- the command --------------------------------------------------------------------------------
+
+def _json(cli, *args):
+    r = cli("tune", *args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_json_ranks_candidates_at_least_as_fast_as_every_named_schedule(cli):
+    d = _json(cli, recipe("mllm_frozen_vit.yaml"), "--top", "3")
+    c = d["counts"]
+    assert c["searched"] == 182 and c["searched"] == c["derived"] + c["time_bound"] + c["memory_bound"]
+    assert c["kept"] == c["derived"] and c["refused"] == 0
+    steps = [x["step_ms"] for x in d["candidates"]]
+    assert len(steps) == 3 and steps == sorted(steps)
+    first = d["candidates"][0]
+    assert first["schedule"] == "transpose(owners=balanced, order=dualpipev)"
+    assert (first["V"], first["M"], first["micro_batch_size"], first["offset"]) == (2, 8, 1, 0)
+    assert first["step_ms"] == pytest.approx(57.264375)
+    assert first["peak_memory_mb"] == [418.0] * 4 and first["peak_device"] == 0
+    sim = json.loads(cli("simulate", recipe("mllm_frozen_vit.yaml"), "--schedule", "1f1b", "--schedule", "transpose",
+                         "--schedule", "transpose(owners=balanced)", "--schedule", "transpose(spill=next_step)",
+                         "--json").stdout)
+    assert all(first["step_ms"] <= s["makespan_ms"] for s in sim)
+    assert d["recipe_schedule"]["schedule"] == "transpose(owners=balanced, spill=next_step)"
+    assert d["recipe_schedule"]["step_ms"] == pytest.approx(67.41)
+
+
+def test_table_counts_offset_and_overlay_that_simulate_and_plan_read_as_is(cli, tmp_path):
+    out = str(tmp_path / "tuned.yaml")
+    r = cli("tune", recipe("bench_encoder_heavy.profile.yaml"), "--top", "2", "--out", out)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("tune ") and "= micro_batch_num 4 x micro-batch size 4" in lines[0]
+    assert "data.micro_batch_size=4; at M the keys become 16 / M" in lines[0]
+    assert lines[2].startswith("searched 140: derived ")
+    row = next(ln for ln in lines if ln.startswith("1 "))
+    assert row.split()[1] == "transpose(spill=next_step," and "368.59" in row
+    assert "rank 1's layer split as MindFormers' offset: model.model_config.offset: 0" in lines
+    assert lines[-1] == f"wrote {out}"
+    with open(out) as f:
+        text = f.read()
+    over = yaml.safe_load(text)
+    assert over["base_config"] == os.path.relpath(recipe("bench_encoder_heavy.profile.yaml"), str(tmp_path))
+    assert over["mpipe"]["schedule"] == "transpose(spill=next_step, order=interleaved_zb)"
+    assert over["parallel_config"] == {"micro_batch_num": 4, "pp_interleave_num": 1}
+    assert over["data"] == {"micro_batch_size": 4}
+    assert "# predicted step 368.59 ms" in text
+    sim = cli("simulate", out, "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["makespan_ms"] == pytest.approx(368.59, abs=0.005)
+    assert cli("plan", out).returncode == 0
+
+
+def test_overlay_at_another_micro_batch_count_keeps_the_global_batch(cli, tmp_path):
+    out = str(tmp_path / "tuned.yaml")
+    d = _json(cli, recipe("bench_encoder_heavy.yaml"), "--top", "1", "--out", out)
+    first = d["candidates"][0]
+    assert (first["M"], first["micro_batch_size"]) == (16, 1)
+    assert first["batch_keys"] == {"data.micro_batch_size": 1}
+    rec = load_recipe(out)
+    assert rec.micro_batch_num * rec.raw["data"]["micro_batch_size"] == 16
+    assert rec.profile.micro_batch_size == 1
+    assert rec.profile.regions[0].forward_ms == pytest.approx(13.6741 / 4)   # one size known: proportional
+    sim = json.loads(cli("simulate", out, "--json").stdout)
+    assert sim["makespan_ms"] == pytest.approx(first["step_ms"], abs=1e-6)
+
+
+def test_unknown_set_key_is_refused_and_nothing_is_written(cli, tmp_path):
+    out = tmp_path / "tuned.yaml"
+    r = cli("tune", recipe("mllm_frozen_vit.yaml"), "--set", "parallel_config.micro_batch_nmu=3", "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: --set parallel_config.micro_batch_nmu: unknown key: parallel_config has no "
+                                "'micro_batch_nmu' (it has: data_parallel, model_parallel, pipeline_stage, "
+                                "micro_batch_num, pp_interleave_num)")
+    assert not out.exists()
+
+
+def test_a_memory_limit_no_candidate_meets_names_the_smallest_peak(cli, tmp_path):
+    out = tmp_path / "tuned.yaml"
+    r = cli("tune", recipe("mllm_frozen_vit.yaml"), "--memory-limit", "0.1", "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1
+    assert r.stderr.startswith("error: --memory-limit: no candidate fits 0.1 GB; the smallest predicted peak is "
+                               "416.00 MB on device 0 (")
+    assert not out.exists()
+
+
+def test_a_model_that_cannot_be_planned_is_refused(cli):
+    r = cli("tune", recipe("mllm_frozen_vit.yaml"), "--set", "parallel_config.pipeline_stage=16")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: mpipe.profile.regions[1].layers: 'llm' has 8 layers, cannot cut into "
+                                "pipeline_stage = 16 chunks: the model cannot be planned on these devices")
+
+
+@pytest.mark.parametrize("flag,value,msg", [("--top", "0", "error: --top: must be >= 1, got 0"),
+                                            ("--memory-limit", "-1", "error: --memory-limit: must be a number of GB "
+                                                                     "> 0, got -1.0"),
+                                            ("--out", "x.json", "error: --out: must name a .yaml file, got 'x.json'")])
+def test_bad_flags(cli, flag, value, msg):
+    r = cli("tune", recipe("mllm_frozen_vit.yaml"), flag, value)
+    assert r.returncode == 2 and r.stderr.strip() == msg
