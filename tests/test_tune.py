@@ -10,7 +10,7 @@ from conftest import recipe
 from hyperparallel.mpipe.profile import parse_profile
 from hyperparallel.recipe import load_recipe
 from hyperparallel.recipe.mindformers import layer_layout, offset_of
-from hyperparallel.tune.bound import memory_bound, time_bound
+from hyperparallel.tune.bound import body_bound, memory_bound, time_bound
 from hyperparallel.tune.search import evaluate, search
 from hyperparallel.tune.space import Candidate, Encoder, Space, profile_at_size
 
@@ -71,10 +71,12 @@ def test_profile_at_another_micro_batch_size():
                                        ("bench_encoder_heavy.profile.yaml", []), ("llm_pipeline.yaml", [])])
 def test_bounds_never_exceed_what_the_cost_model_reports(name, sets):
     sp = Space(load_recipe(recipe(name), sets))
-    n = 0
+    n, bodies = 0, {}
     for c in sp.candidates():
         s = evaluate(sp, c)
         assert time_bound(sp, c) <= s.step_ms + 1e-6, c
+        if not c.spill:   # the LLM alone, free communication: never slower than the whole plan
+            assert body_bound(sp, c, bodies) <= s.step_ms + 1e-6, c
         assert all(b <= p + 1e-6 for b, p in zip(memory_bound(sp, c), s.peaks_mb)), c
         n += 1
     assert n == sp.size()
@@ -216,3 +218,10 @@ def test_a_model_that_cannot_be_planned_is_refused(cli):
 def test_bad_flags(cli, flag, value, msg):
     r = cli("tune", recipe("mllm_frozen_vit.yaml"), flag, value)
     assert r.returncode == 2 and r.stderr.strip() == msg
+
+
+def test_llm_alone_bound_is_the_closed_form_for_a_plain_llm():
+    # llm_pipeline: P=4, 8 layers of 1+1+1 ms, free communication: 1F1B at M=8 takes (M + P - 1) x 6 ms
+    sp = Space(load_recipe(recipe("llm_pipeline.yaml")))
+    c = Candidate("1f1b", 1, 8, None, (2, 2, 2, 2))
+    assert body_bound(sp, c, {}) == pytest.approx(66.0) == evaluate(sp, c).step_ms

@@ -99,13 +99,14 @@ def candidate_json(space: Space, rank: int, s: Scored) -> dict:
 
 def result_json(args, space: Space, out: Outcome, own: dict) -> dict:
     counts = {k: out.counts.get(k, 0) for k in ("searched", "derived", "kept", "time_bound", "memory_bound",
-                                               "memory", "refused")}
+                                               "memory", "refused", "body_bounds")}
     return {"recipe": args.recipe, "overrides": list(args.overrides), "profiles": {
                 str(p.micro_batch_size or space.batch.size0): f for f, p in
                 ([("recipe", space.recipe.profile)] + list(space.profile_files.items()))},
             "memory_limit_gb": args.memory_limit,
             "top": args.top, "batch": space.batch.to_json(), "space": space.describe(), "counts": counts,
             "refused": dict(out.refused), "seconds": round(out.seconds, 3),
+            "cpu_seconds": round(out.cpu_seconds, 3),
             "candidates": [candidate_json(space, i + 1, s) for i, s in enumerate(out.table)],
             "recipe_schedule": own, "out": args.out}
 
@@ -146,8 +147,9 @@ def _space_lines(space: Space, out: Outcome) -> list:
     return [f"space: orders ({by_v}) x M in {{{', '.join(map(str, d['M']))}}} x {len(d['encoders'])} encoder "
             f"placement(s) x layer splits = {d['families']} families, {d['base_candidates']} base candidates; "
             f"refinement moves add the rest",
-            f"searched {c.get('searched', 0)}: {derived}; not derived: {', '.join(dropped)}; "
-            f"{out.seconds:.1f} s"]
+            f"searched {c.get('searched', 0)}: {derived}; not derived: {', '.join(dropped)} "
+            f"({c.get('body_bounds', 0)} LLM-alone bounds derived); {out.seconds:.1f} s "
+            f"({out.cpu_seconds:.1f} s CPU)"]
 
 
 def _table(space: Space, out: Outcome) -> str:

@@ -21,16 +21,29 @@ next-step spill the reported step is the steady state, the difference of two ste
 least the busy time of the least-loaded device (its next step's compute starts after the step's last
 event reaches it), so that is the bound there.
 
+A second, tighter time bound (:func:`body_bound`) runs the project's own derivation and cost model on
+the LLM alone (the candidate's order, V, M and layer split; no encoder, free communication): the
+executor is monotone (every action starts at the max of its device's previous end and its inputs'
+arrival, in a fixed per-lane order), the candidate's programs hold the same LLM actions in the same
+order (body invariance) plus encoder work, messages and collectives, so its step cannot be shorter.
+It costs one derivation shared by every encoder option of a (order, V, M, split), so the search
+computes it only for a candidate the cheap bound lets through (not for next-step spill, whose step
+is a difference of two step ends).
+
 Memory, device d: the parameters, grads and optimizer state it holds (exactly the cost model's static
 memory) plus the largest one-micro-batch activation of a trained LLM chunk it holds.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from dataclasses import replace
+from typing import Dict, List, Tuple
 
 from ..mpipe import orders
+from ..mpipe.cost import simulate
+from ..mpipe.derive import derive
 from ..mpipe.owners import owner_map
-from ..mpipe.profile import ModelProfile, task_ms
+from ..mpipe.profile import LinkProfile, ModelProfile, task_ms
+from ..mpipe.schedule import Pipe, Schedule
 from .space import Candidate, Space
 
 
@@ -121,3 +134,16 @@ def memory_bound(space: Space, c: Candidate) -> List[float]:
             holds = r.trainable and not (central and d != 0)
             out[d] += p * (1 + (1 + opt if holds else 0))
     return [s + a for s, a in zip(out, act)]
+
+
+def body_bound(space: Space, c: Candidate, cache: Dict[tuple, float]) -> float:
+    """The step of the LLM alone with ``c``'s order, V, M and split and free communication (see the
+    module docstring); cached per (order, V, M, split) in ``cache``."""
+    key = (c.order, c.V, c.M, c.layers)
+    if key not in cache:
+        prof = space.profile_at(c.M)
+        body = replace(prof, regions=(prof.regions[-1],), link=LinkProfile(0.0, 0.0))
+        sched = Schedule(((space.body.name, Pipe(order=c.order, layers=c.layers)),))
+        plan = derive(body, sched, space.P, c.M, c.V, space.D)
+        cache[key] = simulate(plan, body).step_ms
+    return cache[key]

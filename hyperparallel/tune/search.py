@@ -2,7 +2,10 @@
 
 1. Every base candidate gets its bounds (:mod:`.bound`). One whose memory bound exceeds the limit on
    some device is dropped without derivation.
-2. The rest are taken in order of their time bound. Each is derived, checked and costed by the same
+2. The rest are taken in order of their time bound (best first, a heap). A candidate taken with only
+   its cheap bound (:func:`~.bound.time_bound`) first gets its LLM-alone bound
+   (:func:`~.bound.body_bound`, one derivation shared by every encoder option) and goes back in line;
+   one taken with both is derived, checked and costed by the same
    chain as ``plan`` and ``simulate`` (:func:`~hyperparallel.recipe.checked_plan`,
    :func:`~hyperparallel.mpipe.cost.simulate`; next-step spill runs 3 steps and reports the last, as
    ``simulate`` does); one whose predicted peak exceeds the limit is dropped. Once ``top`` candidates
@@ -15,6 +18,7 @@
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 from ..mpipe.cost import simulate
 from ..mpipe.errors import PlanError, SpecError
 from ..recipe.recipe import checked_plan
-from .bound import memory_bound, time_bound
+from .bound import body_bound, memory_bound, time_bound
 from .space import Candidate, Space
 
 
@@ -54,7 +58,8 @@ class Outcome:
     refused: Counter = field(default_factory=Counter)
     lowest_peak: Optional[Scored] = None                 # the smallest predicted peak among the derived
     first_refusal: Optional[str] = None                  # the first derivation the algebra refused
-    seconds: float = 0.0
+    seconds: float = 0.0       # wall time of the search
+    cpu_seconds: float = 0.0   # its CPU time (the wall time on a machine shared with other jobs is longer)
 
     @property
     def table(self) -> List[Scored]:
@@ -91,6 +96,7 @@ class _Run:
         self.kept: List[Scored] = []
         self.best: Dict[tuple, float] = {}   # family -> its best step so far
         self.seen = set()
+        self.bodies: Dict[tuple, float] = {}   # body_bound's cache
 
     def threshold(self) -> float:
         """The ``top``-th best step over families (the table holds one row per family)."""
@@ -105,6 +111,15 @@ class _Run:
             self.out.counts["memory_bound"] += 1
             return None
         return time_bound(self.space, c) if self.prune else 0.0
+
+    def beaten(self, c: Candidate, limit: float) -> bool:
+        """Does the LLM-alone bound already exceed ``limit``? (only asked once the cheap bound has not)"""
+        if not self.prune or c.spill or limit == float("inf"):
+            return False
+        if body_bound(self.space, c, self.bodies) > limit:
+            self.out.counts["time_bound"] += 1
+            return True
+        return False
 
     def derive(self, c: Candidate) -> Optional[Scored]:
         self.out.counts["derived"] += 1
@@ -127,17 +142,23 @@ class _Run:
         return s
 
     def base(self) -> None:
-        queue = []
+        """Best-first by bound: a candidate taken with only its cheap bound gets its LLM-alone bound
+        (:func:`~.bound.body_bound`) and goes back in line; one taken with both is derived."""
+        heap = []
         for c in self.space.candidates():
             self.seen.add((c.family, c.layers))
             lb = self.admit(c)
             if lb is not None:
-                queue.append((lb, len(queue), c))
-        queue.sort(key=lambda x: (x[0], x[1]))
-        for i, (lb, _, c) in enumerate(queue):
+                heap.append((lb, len(heap), not self.prune or c.spill, c))
+        heapq.heapify(heap)
+        while heap:
+            lb, i, tight, c = heapq.heappop(heap)
             if lb > self.threshold():
-                self.out.counts["time_bound"] += len(queue) - i
+                self.out.counts["time_bound"] += len(heap) + 1
                 break
+            if not tight:
+                heapq.heappush(heap, (max(lb, body_bound(self.space, c, self.bodies)), i, True, c))
+                continue
             self.derive(c)
 
     def refine(self, families: int, budget: int) -> None:
@@ -157,6 +178,8 @@ class _Run:
                     if lb > min(self.threshold(), cur.step_ms) or spent >= budget:
                         self.out.counts["time_bound"] += len(moves) - k
                         break
+                    if self.beaten(c, min(self.threshold(), cur.step_ms)):
+                        continue
                     spent += 1
                     s = self.derive(c)
                     if s is not None and s.step_ms < cur.step_ms - 1e-9:
@@ -205,7 +228,7 @@ def lowest_peak(space: Space) -> Optional[Scored]:
 def search(space: Space, limit_mb: Optional[float] = None, top: int = 5, prune: bool = True,
            refine: int = 2, refine_budget: int = 12) -> Outcome:
     """Search ``space``; ``prune=False`` derives every base candidate (the exhaustive reference)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     run = _Run(space, limit_mb, max(1, top), prune)
     run.base()
     if refine and run.kept:
@@ -213,6 +236,8 @@ def search(space: Space, limit_mb: Optional[float] = None, top: int = 5, prune: 
     out = run.out
     out.ranked = sorted(run.kept, key=lambda s: rank_key(space, s))
     out.counts["kept"] = len(run.kept)
+    out.counts["body_bounds"] = len(run.bodies)
     out.counts["refused"] = sum(out.refused.values())
     out.seconds = time.perf_counter() - t0
+    out.cpu_seconds = time.process_time() - c0
     return out
