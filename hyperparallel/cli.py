@@ -183,10 +183,10 @@ def _tune_parser(sub) -> None:
                    help="a profile measured at another micro-batch size (mpipe.profile.micro_batch_size, as "
                         "hyperparallel profile/bench write it); repeat for several sizes")
     p.add_argument("--verify", type=int, default=0, metavar="N",
-                   help="run the top N, the recipe's own schedule and 1f1b in one bench run on the recipe's ranks "
-                        "(msrun) and report measured against predicted order")
-    p.add_argument("--steps", type=int, default=6, help="--verify: measured steps per repeat (default 6)")
-    p.add_argument("--repeats", type=int, default=3, help="--verify: bench repeats (default 3)")
+                   help="run the top N, the recipe's own schedule and 1f1b in one bench launch on the recipe's ranks "
+                        "(msrun), in rotation, and report measured against predicted order")
+    p.add_argument("--steps", type=int, default=8, help="--verify: measured steps per case (default 8)")
+    p.add_argument("--warmup", type=int, default=2, help="--verify: steps discarded per case (default 2)")
     _run_dir(p, "runs/tune_<recipe>")
     _timeout(p, 900, "one verify launch")
     p.set_defaults(func=tune.run)

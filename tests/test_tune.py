@@ -225,3 +225,42 @@ def test_llm_alone_bound_is_the_closed_form_for_a_plain_llm():
     sp = Space(load_recipe(recipe("llm_pipeline.yaml")))
     c = Candidate("1f1b", 1, 8, None, (2, 2, 2, 2))
     assert body_bound(sp, c, {}) == pytest.approx(66.0) == evaluate(sp, c).step_ms
+
+
+def test_verify_runs_the_cases_in_one_launch_and_compares_the_orders(tmp_path):
+    """--verify with a stand-in launcher: one rotation job (top N, the recipe's own schedule, 1F1B, each its
+    own recipe and plan); the summary sets measured against predicted order."""
+    from types import SimpleNamespace
+
+    from hyperparallel.bench.verify import format_verify, verify
+    from hyperparallel.launch import LaunchResult
+    sp = Space(load_recipe(recipe("bench_encoder_heavy.profile.yaml")))
+    out = search(sp, top=2)
+    measured = iter([400.0, 390.0, 420.0, 600.0])   # ms per case, in case order
+    seen = {}
+
+    def launcher(job, world, log_dir, timeout_s, echo, script):
+        seen.update(job=job, world=world)
+        for case in job["cases"]:
+            os.makedirs(case["out_dir"])
+            t = next(measured) / 1e3
+            for r in range(world):
+                steps = [{"step": k, "step_s": t, "foreign_cpu_s": 0.0} for k in range(case["steps"])]
+                with open(os.path.join(case["out_dir"], f"rank_{r}.json"), "w") as f:
+                    json.dump({"rank": r, "steps": steps}, f)
+        return LaunchResult(0, log_dir)
+
+    args = SimpleNamespace(recipe=recipe("bench_encoder_heavy.profile.yaml"), run_dir=str(tmp_path), warmup=1,
+                           steps=3, timeout=60)
+    code, v = verify(args, sp, out, 2, launcher=launcher)
+    assert code == 0 and seen["world"] == 2 and seen["job"]["mode"] == "rotation"
+    cases = seen["job"]["cases"]
+    assert [c["schedule"] for c in cases] == [out.table[0].name, out.table[1].name, "transpose", "1f1b"]
+    assert [c["raw"]["parallel_config"]["micro_batch_num"] for c in cases] == [4, 4, 4, 4]
+    assert all(c["steps"] == 4 for c in cases)
+    assert [r["measured_order"] for r in v["cases"]] == [2, 1, 3, 4]
+    assert [r["predicted_order"] for r in v["cases"]] == [1, 2, 3, 4]
+    assert v["first_vs_fastest"] == pytest.approx(400 / 390 - 1)
+    assert v["first_within_5pct"] and v["first_faster_than_1f1b"]
+    assert v["first_vs_1f1b"] == pytest.approx(1.5)
+    assert "within 5%; 1.50x over 1F1B" in format_verify(v)

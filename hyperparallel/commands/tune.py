@@ -41,6 +41,9 @@ def _check_args(args) -> None:
         raise SpecError("--memory-limit", f"must be a number of GB > 0, got {args.memory_limit}")
     if args.verify < 0:
         raise SpecError("--verify", f"must be >= 0 (candidates to run), got {args.verify}")
+    if args.verify and (args.steps < 1 or args.warmup < 0):
+        raise SpecError("--steps" if args.steps < 1 else "--warmup",
+                        f"must be >= {1 if args.steps < 1 else 0}, got {args.steps if args.steps < 1 else args.warmup}")
     if args.out is not None:
         if not args.out.endswith((".yaml", ".yml")):
             raise SpecError("--out", f"must name a .yaml file, got {args.out!r}")
@@ -100,7 +103,8 @@ def candidate_json(space: Space, rank: int, s: Scored) -> dict:
 def result_json(args, space: Space, out: Outcome, own: dict) -> dict:
     counts = {k: out.counts.get(k, 0) for k in ("searched", "derived", "kept", "time_bound", "memory_bound",
                                                "memory", "refused", "body_bounds")}
-    return {"recipe": args.recipe, "overrides": list(args.overrides), "profiles": {
+    return {"recipe": args.recipe, "command": "hyperparallel " + " ".join(sys.argv[1:]),
+            "overrides": list(args.overrides), "profiles": {
                 str(p.micro_batch_size or space.batch.size0): f for f, p in
                 ([("recipe", space.recipe.profile)] + list(space.profile_files.items()))},
             "memory_limit_gb": args.memory_limit,
