@@ -264,3 +264,19 @@ def test_verify_runs_the_cases_in_one_launch_and_compares_the_orders(tmp_path):
     assert v["first_within_5pct"] and v["first_faster_than_1f1b"]
     assert v["first_vs_1f1b"] == pytest.approx(1.5)
     assert "within 5%; 1.50x over 1F1B" in format_verify(v)
+
+
+def test_the_stored_8_device_search_is_what_the_search_finds_today():
+    """README's table is rendered from docs/tune_paper_8dev.json (tools/tune_paper.py --write): it must be
+    what the code finds now; rank 1 is faster than every schedule README names for the recipe."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "tune_paper_8dev.json")) as f:
+        stored = json.load(f)
+    sp = Space(load_recipe(recipe("paper_8dev_qwen_vit.yaml")))
+    out = search(sp, top=stored["top"])
+    assert [(s.name, s.cand.V, s.cand.M, list(s.cand.layers), round(s.step_ms, 6)) for s in out.table] == \
+        [(c["schedule"], c["V"], c["M"], c["layers"], c["step_ms"]) for c in stored["candidates"]]
+    from hyperparallel.mpipe.cost import simulate
+    from hyperparallel.recipe import checked_plan
+    for name in ("1f1b", "transpose", "transpose(owners=balanced)"):
+        assert out.table[0].step_ms <= simulate(checked_plan(sp.recipe, name), sp.recipe.profile).step_ms

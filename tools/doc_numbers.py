@@ -363,6 +363,78 @@ def bench_overhead_14() -> str:
             f"on the worst rank of a schedule.\n")
 
 
+# -- issue 25: hyperparallel tune (rendered from its --json output, kept in docs/) ---------------------
+TUNE_PAPER = (("docs/tune_paper_8dev.json", "recipes/paper_8dev_qwen_vit.yaml",
+               ("1f1b", "transpose", "transpose(owners=balanced)")),
+              ("docs/tune_paper_512dev.json", "recipes/paper_512dev_deepseek_vit.yaml",
+               ("1f1b", "transpose", "transpose(owners=balanced)", "transpose(order=zb_h1)")))
+
+
+def _peak(c: dict) -> str:
+    mb = c["peak_mb"]
+    return (f"{mb / 1000:.1f} GB" if mb >= 1000 else f"{mb:.2f} MB") + f" (device {c['peak_device']})"
+
+
+def tune_paper() -> str:
+    """The 8-device table, then per paper recipe: the space, the counts, the time, and rank 1 against
+    the schedules named in "Paper-scale predictions" (simulated here)."""
+    d8 = bench(os.path.basename(TUNE_PAPER[0][0]))
+    out = [f"`{d8['command']}`:", "",
+           "| rank | schedule | V | M | micro-batch size | offset | step (ms) | bubble | peak memory |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for c in d8["candidates"]:
+        out.append(f"| {c['rank']} | `{c['schedule']}` | {c['V']} | {c['M']} | {c['micro_batch_size']} | "
+                   f"`{json.dumps(c['offset'])}` | {c['step_ms']:.0f} | {c['bubble_ratio']:.3f} | {_peak(c)} |")
+    out.append("")
+    for path, rec, names in TUNE_PAPER:
+        d = bench(os.path.basename(path))
+        sp, c, first = d["space"], d["counts"], d["candidates"][0]
+        sim = simulate(rec, *names)
+        best = min(sim, key=lambda r: r["makespan_ms"])
+        by_v = "; ".join(f"V={v}: {len(o)}" for v, o in sp["orders_by_V"].items())
+        out.append(
+            f"* `{os.path.basename(rec)}`: orders per V ({by_v}) x M in {{{', '.join(map(str, sp['M']))}}} x "
+            f"{len(sp['encoders'])} encoder placements = {sp['families']} families, {sp['base_candidates']} base "
+            f"candidates with their layer splits; searched {c['searched']} (refinement moves included), derived "
+            f"{c['derived']} (+ {c['body_bounds']} LLM-alone bounds), {c['time_bound']} cut by the time bound, "
+            f"{c['memory_bound'] + c['memory']} by memory; {d['seconds']:.1f} s ({d['cpu_seconds']:.1f} s CPU, "
+            f"load average {d['os_load_avg']:.1f} on 2 cores). Rank 1 `{first['schedule']}` (V={first['V']}, "
+            f"M={first['M']}) {first['step_ms']:.0f} ms against the best schedule named above, `{best['schedule']}`, "
+            f"{best['makespan_ms']:.0f} ms ({best['makespan_ms'] / first['step_ms']:.2f}x), and the recipe's own "
+            f"`{d['recipe_schedule']['schedule']}` {d['recipe_schedule']['step_ms']:.0f} ms; peak "
+            f"{_peak(first)} (no `--memory-limit`).")
+    return "\n".join(out) + "\n"
+
+
+TUNE_VERIFY = ("tune_verify_encoder_heavy.json",)
+
+
+def tune_verify() -> str:
+    out = []
+    for name in TUNE_VERIFY:
+        d = bench(name)
+        v = d["verify"]
+        n = sum(1 for r in v["cases"] if r["rank"] is not None)
+        load = v.get("os_load_avg")
+        out += [f"`hyperparallel tune {d['recipe']} --top {d['top']} --verify {n} --json` (one launch, {v['ranks']} "
+                f"{v['device']} ranks, {v['warmup']} warm-up + {v['steps']} measured steps per case in rotation, "
+                f"{v['wall_s']:.0f} s" + (f", load average {load[0]:.1f} to {load[1]:.1f} on 2 cores" if load else "")
+                + "):", "",
+                "| case | predicted (ms) | measured (ms) | error | predicted order | measured order |",
+                "|---|---|---|---|---|---|"]
+        for r in v["cases"]:
+            out.append(f"| `{r['name']}` | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {pct(r['error'])} | "
+                       f"{r['predicted_order']} | {r['measured_order']} |")
+        out += ["", f"Rank 1 measured {pct(v['first_vs_fastest'])} against the fastest measured case "
+                    f"(target within 5%: **{'met' if v['first_within_5pct'] else 'missed'}**), "
+                    f"{v['first_vs_1f1b']:.2f}x faster than 1F1B "
+                    f"(**{'met' if v['first_faster_than_1f1b'] else 'missed'}**), {v['first_vs_recipe']:.2f}x "
+                    f"against the recipe's own schedule. Step times of the first and last measured step per "
+                    f"case: " + "; ".join(f"{r['step_ms_all'][0]:.0f} to {r['step_ms_all'][-1]:.0f} ms"
+                                          for r in v["cases"]) + ".", ""]
+    return "\n".join(out)
+
+
 GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-four": lambda: two_runs_table(FOUR),
     "bench-trained-two": lambda: two_runs_table(TRAINED),
@@ -385,6 +457,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-mf-llama": bench_mf_llama,
     "bench-qwen-vl": bench_qwen_vl,
     "checkpoint-cost": checkpoint_cost,
+    "tune-paper": tune_paper,
+    "tune-verify": tune_verify,
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
 SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "schedule-orders")
