@@ -8,6 +8,7 @@ import pytest
 
 from hyperparallel.mindspore.annotate import GraphModeUnsupported, graph_pipeline
 from hyperparallel.recipe import derive_recipe, load_recipe
+from conftest import recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -229,3 +230,17 @@ def test_layer_of_override(tiny):
     gp = annotate(model, plan_of("1f1b"), layer_of=lambda name, cell: ("llm", 0) if name == "1.head.norm" else None)
     assert model[1].head.norm.pipeline_stage == 0 and gp.cell_stages["1.head.norm"] == 0
     assert model[1].head.pipeline_stage == 1
+
+
+def test_zbv_offset_lays_out_the_plan_cut_as_mindformers_reads_it():
+    """An uneven zbv cut: the offset annotate writes, read back with MindFormers' rule (second row
+    reversed for zero_bubble_v), gives the plan's layers per chunk."""
+    from hyperparallel.recipe.mindformers import layer_layout
+    sets = ["model.model_config.num_layers=8", "model.model_config.pp_interleave_num=2",
+            "parallel.pipeline_config={pipeline_interleave: true, pipeline_scheduler: zero_bubble_v}",
+            "model.model_config.offset=[[0, -1], [0, 1]]", "mpipe.schedule=zbv"]
+    plan = derive_recipe(load_recipe(recipe("mf_llama_adamw.yaml"), sets))
+    gp = graph_pipeline(plan)
+    layers = [c.layers for c in sorted((c for c in plan.chunks if c.region == "llm"), key=lambda c: c.index)]
+    assert layers == list(layer_layout(8, [[0, -1], [0, 1]], 2, 2, zbv=True)) and len(set(layers)) > 1
+    assert gp.offset == [[0, -1], [0, 1]]   # what the recipe gave: the same cut

@@ -103,7 +103,8 @@ def graph_pipeline(plan) -> GraphPipeline:
     frozen = [r for r, t in (plan.trainable or {}).items() if not t]
     body_chunks = sorted((c for c in plan.chunks if c.region == body.get("region")), key=lambda c: c.index)
     layers = [c.layers for c in body_chunks]
-    offset = offset_of(layers, plan.num_devices, V) if len(layers) == plan.num_devices * V else 0
+    offset = (offset_of(layers, plan.num_devices, V, zbv=order == "zbv")   # zbv: MindFormers reverses row 2
+              if len(layers) == plan.num_devices * V else 0)
     return GraphPipeline(stages=plan.num_devices, micro_batches=plan.num_micro, interleave=interleave,
                          virtual_stages=V, scheduler=sched, data_parallel=int(plan.data_parallel or 1),
                          frozen_regions=frozen, offset=offset)
