@@ -49,7 +49,7 @@ def test_check_recipe_ok(cli):
 
 
 BAD = [
-    (["--schedule", "fastest"], "schedule: 'fastest' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev, transpose"),
+    (["--schedule", "fastest"], "schedule: 'fastest' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev, interleaved_zb_fast, zbv_fast, transpose"),
     (["--schedule", "transpose(owners=lucky)"], "schedule.owners: 'lucky' unknown; allowed: round_robin, min, balanced"),
     (["--schedule", "[{region: vision, skeleton: fold}, {region: llm, skeleton: pipe}]"],
      "schedule[0].skeleton: 'fold' unknown; allowed: pipe, place, transpose"),
@@ -73,9 +73,9 @@ BAD = [
     (["--schedule", "zbv", "--set", "parallel_config.pp_interleave_num=2", "--set", "parallel_config.micro_batch_num=6"],
      "parallel_config.micro_batch_num: must be >= 2 x pipeline_stage - 1 (7) for order 'zbv', got 6"),
     (["--schedule", "transpose(order=wave)"],
-     "schedule.order: 'wave' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev"),
+     "schedule.order: 'wave' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev, interleaved_zb_fast, zbv_fast"),
     (["--schedule", "[{region: vision, skeleton: transpose}, {region: llm, skeleton: pipe, order: zbw}]"],
-     "schedule[1].order: 'zbw' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev"),
+     "schedule[1].order: 'zbw' unknown; allowed: gpipe, 1f1b, interleaved, zb_h1, interleaved_zb, zbv, dualpipev, interleaved_zb_fast, zbv_fast"),
     (["--set", "nonsense"], "--set: expected key.path=value"),
 ]
 

@@ -454,6 +454,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "keys-refused": lambda: tool_table("recipe_keys.py", "refused"),
     "keys-recipe": lambda: tool_table("recipe_keys.py", "keys"),
     "keys-metrics": lambda: tool_table("recipe_keys.py", "metrics"),
+    "schedule-torch": lambda: tool_table("schedule_table.py", "--torch"),
     "bench-mf-llama": bench_mf_llama,
     "bench-qwen-vl": bench_qwen_vl,
     "checkpoint-cost": checkpoint_cost,
@@ -461,7 +462,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "tune-verify": tune_verify,
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
-SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "schedule-orders")
+SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "schedule-orders", "schedule-torch")
 
 
 def render(text: str, cache: Dict[str, str], only=None) -> str:

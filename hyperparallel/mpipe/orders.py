@@ -11,9 +11,13 @@ Each rule returns ``[(kind, chunk, micro), ...]`` with kind ``F`` and either ``B
 backward) or ``B``/``W`` (split, zero-bubble). The closed-form rules (gpipe, 1f1b,
 interleaved) are a few lines over :func:`_one_f_one_b`; DualPipeV is its published phase
 list (:func:`dualpipev_template`); zb_h1, interleaved_zb and zbv take the F/B order of 1f1b,
-interleaved and DualPipeV and place each W where the device would otherwise wait
-(:func:`_fill_w`, played with the body's per-chunk costs and free communication). Every rule
-is a pure function; no other module writes a schedule loop.
+interleaved (one warmup forward per hop) and DualPipeV (input grad first in each overlap pair)
+and place each W where the device would otherwise wait or hold more than its cap
+(:func:`_fill_w`, played with the body's per-chunk costs and free communication). The caps
+(chunk activations, each held from its forward to its W) are torch's: (V-1) x first round + P
+for interleaved_zb, 2P for zbv. ``interleaved_zb_fast`` and ``zbv_fast`` keep Megatron's warmup
+and DualPipeV's pair order with looser caps: a shorter step for more memory. Every rule is a
+pure function; no other module writes a schedule loop.
 """
 from __future__ import annotations
 
@@ -80,12 +84,9 @@ def rounds(P: int, M: int) -> List[int]:
     return [base + (1 if i < extra else 0) for i in range(n)]
 
 
-def interleaved(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
-    """Interleaved 1F1B: micro-batches in rounds (each >= P) cycle over the V local chunks.
-
-    Any M >= P: the rounds are ``M // P`` groups as even as possible. Warmup forwards
-    ``(V-1) * first round + 2(P-1-d)`` (Megatron's count), so device d holds at most one more.
-    """
+def _interleaved(P: int, V: int, M: int, d: int, hop: int) -> List[Task]:
+    """Interleaved F/BW order: micro-batches in rounds (each >= P) cycle over the V local chunks;
+    warmup forwards ``(V-1) * first round + hop * (P-1-d)``."""
     if V == 1:
         return one_f_one_b(P, V, M, d)
     fwd: List[Task] = []
@@ -95,8 +96,16 @@ def interleaved(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Tas
             fwd += [(F, v * P + d, m) for m in range(start, start + size)]
         start += size
     bwd = [(BW, (V - 1 - c // P) * P + d, m) for _, c, m in fwd]
-    warmup = (V - 1) * rounds(P, M)[0] + 2 * (P - 1 - d)
-    return _one_f_one_b(fwd, bwd, warmup)
+    return _one_f_one_b(fwd, bwd, (V - 1) * rounds(P, M)[0] + hop * (P - 1 - d))
+
+
+def interleaved(P: int, V: int, M: int, d: int, costs: Costs = UNIT) -> List[Task]:
+    """Interleaved 1F1B: micro-batches in rounds (each >= P) cycle over the V local chunks.
+
+    Any M >= P: the rounds are ``M // P`` groups as even as possible. Warmup forwards
+    ``(V-1) * first round + 2(P-1-d)`` (Megatron's count), so device d holds at most one more.
+    """
+    return _interleaved(P, V, M, d, 2)
 
 
 # -- zero-bubble family ----------------------------------------------------------------------
@@ -226,16 +235,38 @@ def dualpipev_template(P: int, M: int, d: int) -> List[Tuple[str, int, int, int]
     return seq + wq
 
 
+def _b_first(seq: List[Tuple[str, int, int, int]]) -> List[Task]:
+    """DualPipeV's phases without its W's, each overlap pair run input-grad first (frees before it holds)."""
+    out: List[Task] = []
+    for i, (k, c, m, p) in enumerate(seq):
+        if k == W:
+            continue
+        if p and k == F and i + 1 < len(seq) and seq[i + 1][3] == p:
+            out.append(seq[i + 1][:3])
+        if not (p and k == B and i > 0 and seq[i - 1][3] == p):
+            out.append((k, c, m))
+    return out
+
+
 @lru_cache(maxsize=64)
 def _zero_bubble(order: str, P: int, V: int, M: int, costs: Costs) -> Dict[int, List[Task]]:
+    """Per-device sequences of a zero-bubble order (activation caps count chunks held from F to W)."""
     if order == "zb_h1":
         # 1F1B's F/B order; W fills the bubbles; at most P micro-batches held (1F1B's device 0)
         return _fill_w(P, M, costs, {d: _split(one_f_one_b(P, V, M, d)) for d in range(P)}, [P] * P)
     if order == "interleaved_zb":
+        # warmup one forward per hop (not Megatron's two); at most (V-1) * first round + P chunks held
+        cap = [min(V * M, (V - 1) * rounds(P, M)[0] + P)] * P
+        return _fill_w(P, M, costs, {d: _split(_interleaved(P, V, M, d, 1)) for d in range(P)}, cap)
+    if order == "interleaved_zb_fast":
         # interleaved 1F1B's F/B order; W fills the bubbles within P more chunk activations
         cap = [min(V * M, (V - 1) * rounds(P, M)[0] + 2 * (P - 1 - d) + 1 + P) for d in range(P)]
         return _fill_w(P, M, costs, {d: _split(interleaved(P, V, M, d)) for d in range(P)}, cap)
     if order == "zbv":
+        # DualPipeV's F/B order, each pair input-grad first; W fills the bubbles within 2P chunk activations
+        tpl = {d: _b_first(dualpipev_template(P, M, d)) for d in range(P)}
+        return _fill_w(P, M, costs, tpl, [2 * P] * P)
+    if order == "zbv_fast":
         # DualPipeV's F/B order on the V-shape, no overlap; W fills the bubbles within 2P+1 chunk activations
         tpl = {d: [(k, c, m) for k, c, m, _ in dualpipev_template(P, M, d) if k != W] for d in range(P)}
         return _fill_w(P, M, costs, tpl, [2 * P + 1] * P)
@@ -294,31 +325,38 @@ def _interleaved_form(P, V, M, f, b, w):
     return V * M * (f + b + w) + (P - 1) * (f + b + w) if M >= P else None
 
 
-def _zb_h1_form(P, V, M, f, b, w):
-    # the zero-bubble paper's ZB-H1 bubble (P-1)(f+b-w) for w <= f; with w > f device 0 still waits
-    # (P-1)b for its first input grad (it holds at most P micro-batches)
-    return M * (f + b + w) + (P - 1) * (f + b - min(f, w)) if M >= P else None
+def _zb_form(P, V, M, f, b, w):
+    # the zero-bubble paper's ZB-H1 bubble (P-1)(f+b-w) for w <= f, at any V (interleaved_zb); with
+    # w > f device 0 still waits (P-1)b for its first input grad (it holds at most (V-1)M/rounds + P chunks)
+    return V * M * (f + b + w) + (P - 1) * (f + b - min(f, w)) if M >= P else None
 
 
 def _zbv_form(P, V, M, f, b, w):
-    # ZB-V on DualPipeV's F/B order with W in the bubbles (checked for f = b >= 2w)
-    return 2 * M * (f + b + w) + (P - 1) * (f + b - 2 * w) if f == b and 2 * w <= f else None
+    # ZB-V on DualPipeV's F/B order with W in the bubbles (checked for f = b = 2w and w = 0; for
+    # 0 < 2w < f both zbv orders beat it, so it is no form there)
+    return 2 * M * (f + b + w) + (P - 1) * (f + b - 2 * w) if f == b and w in (0, f / 2) else None
 
 
 _NO_ZB = ("has no MindSpore scheduler: 'zero_bubble_v' is the V-shape ZB-V schedule (order zbv)")
+_NO_FAST_V = ("has no MindSpore scheduler: MindSpore's 'zero_bubble_v' runs order zbv (at most 2P chunk "
+              "activations per device)")
 ORDERS: Dict[str, Order] = {o.name: o for o in (
     Order("gpipe", gpipe, mindspore=("gpipe", True), closed_form=_pipe_form),
     Order("1f1b", one_f_one_b, V=1, mindspore=("1f1b", False), closed_form=_pipe_form),
     Order("interleaved", interleaved, min_micro=lambda P, V: P if V > 1 else 1, mindspore=("1f1b", True),
           closed_form=_interleaved_form),
-    Order("zb_h1", _zb_rule("zb_h1"), V=1, split=True, no_graph=_NO_ZB, closed_form=_zb_h1_form),
+    Order("zb_h1", _zb_rule("zb_h1"), V=1, split=True, no_graph=_NO_ZB, closed_form=_zb_form),
     Order("interleaved_zb", _zb_rule("interleaved_zb"), split=True, min_micro=lambda P, V: P if V > 1 else 1,
-          no_graph=_NO_ZB),
+          no_graph=_NO_ZB, closed_form=_zb_form),
     Order("zbv", _zb_rule("zbv"), placement=VSHAPE, V=2, split=True, min_micro=lambda P, V: 2 * P - 1,
           mindspore=("zero_bubble_v", True), closed_form=_zbv_form),
     Order("dualpipev", dualpipev, placement=VSHAPE, V=2, split=True, paired=True, min_micro=lambda P, V: 2 * P - 1,
           no_graph="overlaps the forward and backward of two micro-batches, which no MindSpore scheduler "
                    "does; " + _NO_ZB),
+    Order("interleaved_zb_fast", _zb_rule("interleaved_zb_fast"), split=True,
+          min_micro=lambda P, V: P if V > 1 else 1, no_graph=_NO_ZB),
+    Order("zbv_fast", _zb_rule("zbv_fast"), placement=VSHAPE, V=2, split=True, min_micro=lambda P, V: 2 * P - 1,
+          no_graph=_NO_FAST_V, closed_form=_zbv_form),
 )}
 ORDER_NAMES = tuple(ORDERS)
 
