@@ -8,7 +8,7 @@ from ..mpipe.check import check
 from ..mpipe.errors import SpecError
 from ..mpipe.ir import Plan
 from ..mpipe.table import program_table
-from ..recipe import derive_recipe, load_recipe, planned
+from ..recipe import derive_recipe, load_recipe, memory_warning, planned
 
 
 def cmd_plan(args) -> int:
@@ -23,6 +23,9 @@ def cmd_plan(args) -> int:
         with open(args.export, "w") as f:
             f.write(plan.dumps())
         print(f"wrote {args.export}")
+    warning = memory_warning(recipe, plan)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

@@ -2,16 +2,19 @@
 
 One schedule with ``--json`` prints one object (``makespan_ms``, ``bubble_ratio``, ``devices``:
 ``[{device, busy_ms, peak_activation_mb, peak_memory_mb}]``, ...); several print a table, or with
-``--json`` a list of such objects, each with its ``speedup`` against the first.
+``--json`` a list of such objects, each with its ``speedup`` against the first. With
+``mpipe.memory_limit_gb`` each object has ``memory_limit_exceeded`` (the devices over it, worst
+first, with their predicted peak and its parts) and a warning line goes to stderr per plan over it.
 """
 from __future__ import annotations
 
 import json
+import sys
 
 from ..mpipe.cost import simulate
 from ..mpipe.errors import SpecError
 from ..mpipe.table import text_table
-from ..recipe import checked_plan, load_recipe
+from ..recipe import checked_plan, load_recipe, memory_excess, memory_warning, steady_steps
 
 
 def run_simulate(args) -> int:
@@ -21,14 +24,18 @@ def run_simulate(args) -> int:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
     plans = [checked_plan(recipe, s) for s in schedules]
     # next-step spill only shows in the steady state: then every schedule runs the same steps
-    spill = any(x.get("spill") == "next_step" for plan in plans for x in plan.schedule)
-    steps = args.steps or (3 if spill else 1)
+    steps = args.steps or steady_steps(plans)
     results = [(plan, simulate(plan, recipe.profile, steps=steps)) for plan in plans]
     base = results[0][1].makespan_ms
     objs = []
     for plan, rep in results:
         o = {"schedule": plan.meta["schedule_name"], **rep.to_json()}
         o["speedup"] = round(base / rep.makespan_ms, 6) if rep.makespan_ms > 0 else None
+        if recipe.memory_limit_gb is not None:
+            o["memory_limit_exceeded"] = [e.to_json() for e in memory_excess(recipe, plan, rep)]
+            warning = memory_warning(recipe, plan, rep)
+            if warning:
+                print(warning, file=sys.stderr)
         objs.append(o)
     if args.trace or args.png:
         from ..mpipe import draw

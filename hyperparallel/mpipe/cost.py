@@ -22,6 +22,9 @@ class DeviceCost:
     peak_activation_mb: float
     peak_memory_mb: float
     static_memory_mb: float
+    params_mb: float = 0.0      # the parts of static_memory_mb
+    grads_mb: float = 0.0
+    optimizer_mb: float = 0.0
 
 
 @dataclass
@@ -102,7 +105,7 @@ def ring_ms(kind: str, g: int, mb: float, link) -> float:
 
 
 def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) -> Dict[int, tuple]:
-    """Peak stashed activations and peak total memory per device.
+    """Per device: (peak stashed activations, peak total, static, parameters, grads, optimizer state) in MB.
 
     The activations of (region, chunk, micro-batch) live from the start of its forward (or
     recompute) to the end of its last backward task on that device (B, W or BW); a forward
@@ -137,7 +140,7 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
         for _, _, mb in sorted(events):
             live += mb
             peak = max(peak, live)
-        static = 0.0
+        params = grads = 0.0
         for c in plan.chunks:
             if d not in c.devices:
                 continue
@@ -145,8 +148,11 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
             p = dur.chunk_mb(c.region, c.index, r.param_mb)
             holds_state = plan.trainable.get(c.region, r.trainable) and not (
                 central.get(c.region) and d != min(c.devices))
-            static += p * (1 + (1 + profile.optimizer_factor if holds_state else 0))
-        out[d] = (peak, peak + static, static)
+            params += p
+            grads += p if holds_state else 0.0
+        optim = grads * profile.optimizer_factor
+        static = params + grads + optim
+        out[d] = (peak, peak + static, static, params, grads, optim)
     return out
 
 
@@ -183,7 +189,7 @@ def simulate(plan: Plan, profile: ModelProfile, steps: int = 1) -> CostReport:
     devices = []
     for d in range(plan.num_devices):
         busy = sum(t.end - t.start for t in ex.timeline[d] if t.lane == "compute" and t.step == steps - 1)
-        devices.append(DeviceCost(d, busy, mem[d][0], mem[d][1], mem[d][2]))
+        devices.append(DeviceCost(d, busy, *mem[d]))
     span = step_ms if step_ms > 0 else 1.0
     bubble = 1.0 - sum(x.busy_ms for x in devices) / (plan.num_devices * span)
     return CostReport(makespan_ms=step_ms, step_ms=step_ms, bubble_ratio=bubble, devices=devices, execution=ex)

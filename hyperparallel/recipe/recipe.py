@@ -12,7 +12,9 @@ the ``mpipe:`` section:
   then every layer costs one unit and ``freeze_*`` flags set ``trainable``;
 * ``encoder``: ``{owners, backward, spill, trainable}``, options of the encoder regions
   (the transpose options fill in what the schedule does not say; ``trainable`` sets
-  every region before the pipelined one).
+  every region before the pipelined one);
+* ``memory_limit_gb``: per-device memory; a plan whose predicted peak exceeds it on some device
+  is flagged by plan/simulate and refused by train (:mod:`.memory`).
 
 A MindFormers config (``model:`` with ``model_config`` or ``arch``) is planned as MindFormers
 runs it: V is 1 unless ``pipeline_interleave`` is true, and the language model's layers per
@@ -22,6 +24,8 @@ naming the key.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Sequence, Tuple
 
@@ -29,6 +33,7 @@ from ..mpipe import orders
 from ..mpipe.check import assert_valid
 from ..mpipe.derive import derive
 from ..mpipe.ir import Plan
+from ..mpipe.memory import FIELD as MEMORY_FIELD
 from ..mpipe.errors import SpecError, unknown_key
 from ..mpipe.profile import ModelProfile, parse_profile
 from ..mpipe.schedule import Schedule, parse_schedule
@@ -37,7 +42,7 @@ from . import estimate, schema
 from .train import TrainConfig
 from .files import apply_override, load_raw
 
-MPIPE_KEYS = ("schedule", "profile", "encoder")
+MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb")
 ENCODER_KEYS = ("owners", "backward", "spill", "trainable")
 TRANSPOSE_KEYS = ("owners", "backward", "spill")   # the encoder keys that are transpose options
 DEVICES = ("CPU", "Ascend")
@@ -63,6 +68,7 @@ class Recipe:
     v_key: str = "parallel_config.pp_interleave_num"  # the key that set V (named in errors)
     layout: Optional[dict] = None  # MindFormers layer layout of the pipelined region: num_layers, offset, key
     costs: str = "mpipe.profile"   # where the profile's costs come from (an estimate is said so)
+    memory_limit_gb: Optional[float] = None   # per device (mpipe.memory_limit_gb)
 
     @property
     def estimated(self) -> bool:
@@ -196,6 +202,16 @@ def _mpipe(raw: dict) -> Tuple[dict, dict]:
     return mp, dict(enc)
 
 
+def _memory_limit(mp: dict) -> Optional[float]:
+    """``mpipe.memory_limit_gb``: a positive number of GB, or None when not given."""
+    v = mp.get("memory_limit_gb")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise SpecError(MEMORY_FIELD, f"must be a positive number of GB per device, got {v!r}")
+    return float(v)
+
+
 def _set_trainable(prof: dict, raw: dict, enc: dict, hand_written: bool) -> dict:
     """``trainable`` of the regions from ``model.model_config.freeze_*`` flags and
     ``mpipe.encoder.trainable`` (every region before the pipelined one); a flag that contradicts
@@ -286,7 +302,8 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     device = device_of(raw)
     recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
                     data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
-                    encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs)
+                    encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
+                    memory_limit_gb=_memory_limit(mp))
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
         recipe.chunk_layers(spec if spec == "zbv" else "")
