@@ -1,7 +1,8 @@
 """``hyperparallel simulate``: compare schedules with the cost model (table or JSON, trace, PNG).
 
 One schedule with ``--json`` prints one object (``makespan_ms``, ``bubble_ratio``, ``devices``:
-``[{device, busy_ms, peak_activation_mb, peak_memory_mb}]``, ...); several print a table, or with
+``[{device, busy_ms, peak_activation_mb, peak_memory_mb, params_mb, grads_mb, optimizer_mb,
+peak_held, peak_held_total}]``, ...); several print a table, or with
 ``--json`` a list of such objects, each with its ``speedup`` against the first. With
 ``mpipe.memory_limit_gb`` each object has ``memory_limit_exceeded`` (the devices over it, worst
 first, with their predicted peak and its parts) and a warning line goes to stderr per plan over it.

@@ -7,7 +7,7 @@ runtime executes (see :mod:`execute`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from .execute import Execution, execute
 from .ir import ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
@@ -25,6 +25,9 @@ class DeviceCost:
     params_mb: float = 0.0      # the parts of static_memory_mb
     grads_mb: float = 0.0
     optimizer_mb: float = 0.0
+    # peak number of forwards held for a later backward on this device: per region, and all regions together
+    peak_held: Dict[str, int] = field(default_factory=dict)
+    peak_held_total: int = 0
 
 
 @dataclass
@@ -40,7 +43,10 @@ class CostReport:
                 "bubble_ratio": round(self.bubble_ratio, 6),
                 "devices": [{"device": d.device, "busy_ms": round(d.busy_ms, 6),
                              "peak_activation_mb": round(d.peak_activation_mb, 6),
-                             "peak_memory_mb": round(d.peak_memory_mb, 6)} for d in self.devices]}
+                             "peak_memory_mb": round(d.peak_memory_mb, 6),
+                             "params_mb": round(d.params_mb, 6), "grads_mb": round(d.grads_mb, 6),
+                             "optimizer_mb": round(d.optimizer_mb, 6), "peak_held": dict(d.peak_held),
+                             "peak_held_total": d.peak_held_total} for d in self.devices]}
 
 
 class Durations:
@@ -104,17 +110,39 @@ def ring_ms(kind: str, g: int, mb: float, link) -> float:
     raise ValueError(f"no ring formula for {kind!r}")
 
 
+def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_factor: float
+                  ) -> Dict[int, Tuple[float, float, float]]:
+    """Per device: (parameters, grads, optimizer state) of the chunks it holds, in the unit of ``size``.
+
+    ``size(region, chunk)``: the parameter size of a chunk (the cost model's MB from the profile; a
+    test's measured bytes). Every chunk a device holds counts its parameters (encoder replicas
+    included); grads (1x) and optimizer state (``optimizer_factor`` x) count for trainable chunks whose
+    optimizer runs there (not the parameter-only replicas of a central backward).
+    """
+    central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
+    out = {}
+    for d in range(plan.num_devices):
+        params = grads = 0.0
+        for c in plan.chunks_on(d):
+            p = size(c.region, c.index)
+            holds_state = plan.trainable.get(c.region, True) and not (central.get(c.region) and d != min(c.devices))
+            params += p
+            grads += p if holds_state else 0.0
+        out[d] = (params, grads, grads * optimizer_factor)
+    return out
+
+
 def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) -> Dict[int, tuple]:
-    """Per device: (peak stashed activations, peak total, static, parameters, grads, optimizer state) in MB.
+    """Per device: (peak stashed activations, peak total, static, parameters, grads, optimizer state) in MB,
+    then the peak count of held forwards per region and in all.
 
     The activations of (region, chunk, micro-batch) live from the start of its forward (or
     recompute) to the end of its last backward task on that device (B, W or BW); a forward
-    with no backward holds one layer's activations while it runs. Static memory: parameters of
-    every chunk the device holds (encoder replicas included), plus grads (1x) and optimizer state
-    (``optimizer_factor`` x) for trainable chunks whose optimizer runs there (not the
-    parameter-only replicas of a central backward).
+    with no backward holds one layer's activations while it runs, and is not a held forward.
+    Static memory: :func:`static_memory`.
     """
-    central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
+    static_parts = static_memory(plan, lambda r, c: dur.chunk_mb(r, c, profile.region(r).param_mb),
+                                 profile.optimizer_factor)
     out = {}
     for d in range(plan.num_devices):
         events = []
@@ -130,29 +158,31 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
                 key = (t.step + a.step, a.region, a.chunk, a.micro)
                 mb = dur.chunk_mb(a.region, a.chunk, profile.region(a.region).activation_mb)
                 end = last_bwd.get(key)
+                held = end is not None
                 if end is None and a.kind == F:
                     # no backward here (frozen, nothing trainable before it): nothing is stashed; the
                     # forward only needs one layer's working set while it runs
                     end, mb = t.end, profile.region(a.region).activation_mb
-                events.append((t.start, 1, mb))
-                events.append((end if end is not None else t.end, 0, -mb))
+                end = end if end is not None else t.end
+                # at equal times a release sorts before an allocation (a backward ends, the next forward starts)
+                events.append((t.start, 1, mb, a.region if held else None))
+                events.append((end, 0, -mb, a.region if held else None))
         live = peak = 0.0
-        for _, _, mb in sorted(events):
+        count: Dict[str, int] = {}
+        held_peak: Dict[str, int] = {r: 0 for r in plan.regions()}
+        total = total_peak = 0
+        for _, start, mb, region in sorted(events, key=lambda e: (e[0], e[1])):
             live += mb
             peak = max(peak, live)
-        params = grads = 0.0
-        for c in plan.chunks:
-            if d not in c.devices:
-                continue
-            r = profile.region(c.region)
-            p = dur.chunk_mb(c.region, c.index, r.param_mb)
-            holds_state = plan.trainable.get(c.region, r.trainable) and not (
-                central.get(c.region) and d != min(c.devices))
-            params += p
-            grads += p if holds_state else 0.0
-        optim = grads * profile.optimizer_factor
+            if region is not None:
+                step = 1 if start else -1
+                count[region] = count.get(region, 0) + step
+                total += step
+                held_peak[region] = max(held_peak[region], count[region])
+                total_peak = max(total_peak, total)
+        params, grads, optim = static_parts[d]
         static = params + grads + optim
-        out[d] = (peak, peak + static, static, params, grads, optim)
+        out[d] = (peak, peak + static, static, params, grads, optim, held_peak, total_peak)
     return out
 
 
