@@ -102,3 +102,63 @@ def assert_equivalent(case: dict, ref_losses, ref_grads) -> dict:
         for g in got_list:   # every rank holding this parameter (replicas, data-parallel peers) agrees
             np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{case['name']}: grad {name}")
     return grads
+
+
+# -- per-rank memory: the cost model's prediction against what the ranks measured (issue 23) -------
+
+_CHUNK_BYTES = {}
+
+
+def chunk_param_bytes(raw: dict, plan) -> dict:
+    """{(region, chunk): bytes of its parameters} of a plan's chunks, built here by the recipe's model adapter."""
+    import json as _json
+    from hyperparallel.runconfig import RunConfig
+    key = _json.dumps(raw.get("model"), sort_keys=True, default=str)
+    out = {}
+    for c in plan.chunks:
+        k = (key, c.region, c.start, c.stop)
+        if k not in _CHUNK_BYTES:
+            from hyperparallel.mindspore import compat
+            compat.setup_device("CPU")
+            cell = RunConfig.from_raw(raw).model.build_chunk(c.region, c.start, c.stop)
+            _CHUNK_BYTES[k] = sum(int(p.nbytes) for p in cell.get_parameters())
+        out[(c.region, c.index)] = _CHUNK_BYTES[k]
+    return out
+
+
+def measured_memory(dump_dir: str) -> dict:
+    """{rank: [memory record of every step]} a worker case dumped."""
+    import json
+    import os
+    out = {}
+    for fn in sorted(os.listdir(dump_dir)):
+        if fn.startswith("memory_rank"):
+            with open(os.path.join(dump_dir, fn)) as f:
+                out[int(fn[len("memory_rank"):-len(".json")])] = json.load(f)
+    return out
+
+
+def assert_memory_predicted(case: dict, recipe) -> None:
+    """On every rank and step of the case: the measured peak held forwards (per region and in all) equal the
+    cost model's for the rank's device, and its parameter, grad and optimizer bytes equal
+    ``static_memory`` over the chunks' real parameter bytes (``recipe``: the case's, loaded)."""
+    from hyperparallel.mpipe.cost import simulate, static_memory
+    from hyperparallel.mpipe.ir import Plan
+    plan = Plan.from_json(case["plan"])
+    spill = any(a.step for p in plan.programs.values() for a in p)
+    rep = simulate(plan, recipe.profile, steps=3 if spill else 1)
+    size = chunk_param_bytes(case["raw"], plan)
+    static = static_memory(plan, lambda r, c: size[(r, c)], recipe.profile.optimizer_factor)
+    got = measured_memory(case["dump_dir"])
+    assert sorted(got) == list(range(plan.num_devices * plan.data_parallel)), case["name"]
+    for rank, steps in got.items():
+        d = rank // plan.data_parallel
+        want = rep.devices[d]
+        assert len(steps) == case["steps"], case["name"]
+        for m in steps:
+            where = f"{case['name']} rank {rank} step {m['step']}"
+            assert (m["rank"], m["device"]) == (rank, d), where
+            assert (m["peak_held"], m["peak_held_total"]) == (want.peak_held, want.peak_held_total), where
+            assert (m["peak_held_bytes"] > 0) == (want.peak_held_total > 0), where
+            assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == static[d], where
+            assert m["optimizer_global_bytes"] >= 0, where

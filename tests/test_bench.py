@@ -267,6 +267,14 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
         assert r["median_step_s"] > 0 and r["predicted_step_s"] > 0 and r["ratio"] > 0
         assert 0 <= r["interp_share"] <= r["overhead_share"] < 1
         assert all(d["peak_rss_mb"] is None and "stall" in d["share"] for d in r["ranks"])  # shared process
+        # each rank's measured memory (its own Cells and optimizer, even in a shared process): held forwards
+        # as the cost model predicts, parameters, grads and Adam's state
+        for d in r["ranks"]:
+            m = d["memory"]
+            assert m["peak_held_total"] == d["predicted_held_total"] > 0
+            assert m["params_bytes"] > 0 and m["optimizer_bytes"] == 2 * m["grads_bytes"]
+    assert [d["memory"]["peak_held"] for d in rows[1]["ranks"]] == [{"vision": 2, "llm": 2}, {"vision": 2, "llm": 1}]
+    assert "memory per rank (MB)" in p.stdout and "| `transpose` |" in p.stdout
     measured = yaml.safe_load((tmp_path / "m.yaml").read_text())["mpipe"]["profile"]
     assert measured["step_overhead_ms"] > 0 and measured["action_overhead_ms"] > 0
     assert set(measured["measured_on"]) == {"cpu", "cores", "device", "mindspore"}
@@ -409,3 +417,17 @@ def test_host_stalls_count_only_waits_on_the_peers_host_work():
     assert st[0][0] == pytest.approx(0.0) and st[1][0] == pytest.approx(0.0)
     bd = B.breakdown([r0, r1], warmup=0)
     assert bd[0]["share"]["stall"] == 0.0
+
+
+def test_memory_of_a_rank_is_the_largest_of_its_records_and_shown_beside_the_times():
+    rec = lambda held, n: {"peak_held": held, "peak_held_total": n, "params_bytes": 1 << 20,  # noqa: E731
+                           "grads_bytes": 1 << 20, "optimizer_bytes": 2 << 20, "optimizer_global_bytes": 16,
+                           "peak_held_bytes": n * 1024}
+    m = B.max_memory([rec({"vision": 1, "llm": 2}, 3), None, rec({"vision": 2, "llm": 1}, 2)])
+    assert m["peak_held"] == {"vision": 2, "llm": 2} and m["peak_held_total"] == 3 and m["peak_held_bytes"] == 3072
+    assert B.max_memory([None]) is None
+    assert B.state_mb(m) == pytest.approx(4 + (16 + 3072) / 2 ** 20)
+    row = {"schedule": "transpose", "median_step_s": 0.01, "ratio": 1.0, "predicted_step_s": None, "error": None,
+           "ranks": [{"memory": m, "predicted_held_total": 3}, {"memory": None, "predicted_held_total": 2}]}
+    line = B.format_table([row]).splitlines()[2]
+    assert line == "| `transpose` | 10.0 | 1.00x | - | - | 4.00 / - | 3 (3) / - (2) |"

@@ -103,6 +103,12 @@ def test_tiny_recipe_trains_with_transpose(full_run):
     assert all(r["lr"] == 0.01 and r["grad_norm"] > 0 and r["samples_per_s"] > 0 for r in m)   # train: lr 0.01
     assert m[-1]["eta_s"] == 0
     assert all(r["schedule"] == "transpose" for r in m)
+    # every line carries every rank's memory record (issue 23): transpose holds the encoder on both ranks
+    assert all([x["rank"] for x in r["memory"]] == [0, 1] for r in m)
+    assert [x["peak_held"] for x in m[-1]["memory"]] == [{"vision": 2, "llm": 2}, {"vision": 2, "llm": 1}]
+    assert set(m[0]["memory"][0]) == {"rank", "device", "dp_index", "step", "peak_held", "peak_held_total",
+                                      "peak_held_bytes", "params_bytes", "grads_bytes", "optimizer_bytes",
+                                      "optimizer_global_bytes"}
     losses = [r["loss"] for r in m]
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses  # it learns
     assert " step 1/" in p.stdout and "loss" in p.stdout  # per-step progress shown

@@ -83,6 +83,7 @@ METRICS = {
     "eta_s": "remaining steps x the mean step time of this run so far",
     "schedule": "the schedule that ran the step",
     "data_skipped": "bad samples left out so far (`data.on_bad_sample: skip`)",
+    "memory": "every rank's memory record of the step, one object per rank (below)",
 }
 
 

@@ -95,8 +95,34 @@ def breakdown(ranks: List[dict], warmup: int) -> List[dict]:
         per_action = sum(s["interp_s"] for s in kept) / max(1, len(kept) * res["n_actions"])
         out.append({"rank": res["rank"], "share": share, "interp_us_per_action": per_action * 1e6,
                     "n_actions": res["n_actions"], "base_rss_mb": res["base_rss_mb"],
-                    "peak_rss_mb": res["peak_rss_mb"]})
+                    "peak_rss_mb": res["peak_rss_mb"], "memory": max_memory([s.get("memory") for s in kept])})
     return out
+
+
+MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "optimizer_global_bytes", "peak_held_bytes")
+
+
+def max_memory(recs: List[Optional[dict]]) -> Optional[dict]:
+    """The largest of each figure of a rank's memory records (:mod:`hyperparallel.mindspore.memory`; its
+    steps, or its launches): peak held forwards per region and in all, each byte count; None when none
+    was measured (a result written before the bench measured memory)."""
+    recs = [m for m in recs if m]
+    if not recs:
+        return None
+    held: Dict[str, int] = {}
+    for m in recs:
+        for r, n in m["peak_held"].items():
+            held[r] = max(held.get(r, 0), n)
+    out = {"peak_held": held, "peak_held_total": max(m["peak_held_total"] for m in recs)}
+    out.update({k: max(m[k] for m in recs) for k in MEMORY_KEYS})
+    return out
+
+
+def state_mb(mem: Optional[dict]) -> Optional[float]:
+    """Measured parameters + grads + optimizer state + held boundary tensors of a rank, in MB (None: not measured)."""
+    if not mem:
+        return None
+    return sum(mem[k] for k in MEMORY_KEYS) / (1024.0 * 1024.0)
 
 
 def summarize(names: List[str], samples: Dict[str, List[float]],
@@ -117,12 +143,25 @@ def summarize(names: List[str], samples: Dict[str, List[float]],
 
 
 def format_table(rows: List[dict]) -> str:
-    lines = ["| schedule | median step (ms) | ratio vs first | predicted (ms) | error |",
-             "|---|---|---|---|---|"]
+    """Per schedule the times and, when the ranks measured their memory, per rank (``r0 / r1 / ...``) that
+    memory: parameters, grads, optimizer state and held boundary tensors (MB), and the peak held forwards
+    (measured, the cost model's in parentheses)."""
+    with_memory = any(d.get("memory") for r in rows for d in r.get("ranks") or [])
+    head = "| schedule | median step (ms) | ratio vs first | predicted (ms) | error |"
+    lines = [head + (" memory per rank (MB) | held forwards per rank (predicted) |" if with_memory else ""),
+             "|---|---|---|---|---|" + ("---|---|" if with_memory else "")]
     for r in rows:
         pred = "-" if r["predicted_step_s"] is None else f"{r['predicted_step_s'] * 1e3:.1f}"
         err = "-" if r["error"] is None else f"{r['error'] * 100:+.1f}%"
-        lines.append(f"| `{r['schedule']}` | {r['median_step_s'] * 1e3:.1f} | {r['ratio']:.2f}x | {pred} | {err} |")
+        line = f"| `{r['schedule']}` | {r['median_step_s'] * 1e3:.1f} | {r['ratio']:.2f}x | {pred} | {err} |"
+        if with_memory:
+            ranks = r.get("ranks") or []
+            mem = " / ".join("-" if state_mb(d.get("memory")) is None else f"{state_mb(d['memory']):.2f}"
+                             for d in ranks) or "-"
+            held = " / ".join(f"{d['memory']['peak_held_total'] if d.get('memory') else '-'} "
+                              f"({d.get('predicted_held_total', '-')})" for d in ranks) or "-"
+            line += f" {mem} | {held} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -263,7 +302,8 @@ def predict(recipe, plan) -> dict:
     # next-step spill: the steady state is the last of 3 steps (as hyperparallel simulate does)
     rep = simulate(plan, recipe.profile, steps=3 if any(a.step for p in plan.programs.values() for a in p) else 1)
     return {"step_s": rep.step_ms / 1e3,
-            "peak_mb": {d.device: d.peak_memory_mb for d in rep.devices}}
+            "peak_mb": {d.device: d.peak_memory_mb for d in rep.devices},
+            "held_total": {d.device: d.peak_held_total for d in rep.devices}}
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -383,7 +423,10 @@ class _Bench:
                               "n_actions": mine[0]["n_actions"],
                               "base_rss_mb": _median_or_none([m["base_rss_mb"] for m in mine]),
                               "peak_rss_mb": _median_or_none([m["peak_rss_mb"] for m in mine]),
-                              "predicted_peak_mb": predicted[name]["peak_mb"].get(r // plan.data_parallel)})
+                              "predicted_peak_mb": predicted[name]["peak_mb"].get(r // plan.data_parallel),
+                              "memory": max_memory([m.get("memory") for m in mine]),
+                              "predicted_held_total": predicted[name].get("held_total", {}).get(
+                                  r // plan.data_parallel)})
             row["ranks"] = ranks
             row["interp_share"] = max(d["share"]["interp"] for d in ranks)
             row["overhead_share"] = max(d["share"]["interp"] + d["share"].get("stall", 0.0) for d in ranks)

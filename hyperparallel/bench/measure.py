@@ -5,7 +5,8 @@ through explicit interpreter hooks (:class:`TimingHooks`, :class:`ActionClock`):
   derived from the cut, data time per micro-batch, activation memory (RSS growth), a 2-rank ping-pong;
 * :class:`CaseRunner`: a schedule's real program, step by step, the step time split into compute,
   gradient accumulation, communication, data, optimizer, loss all-reduce and the interpreter's own
-  time, plus resident memory and the time other processes used the rank's core (:func:`foreign_cpu_s`).
+  time, plus resident memory, the rank's memory record of every step (:mod:`hyperparallel.mindspore.memory`)
+  and the time other processes used the rank's core (:func:`foreign_cpu_s`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Dict, List
 import numpy as np
 
 from hyperparallel.mindspore.hooks import Chain, Hooks
+from hyperparallel.mindspore.memory import rank_memory
 from hyperparallel.mpipe import ir
 
 MB = 1024.0 * 1024.0
@@ -292,7 +294,7 @@ class CaseRunner:
                            "accumulate_s": d["accumulate"], "comm_s": d["comm"], "data_s": d["data"],
                            "optimizer_s": res.optimizer_s, "loss_reduce_s": res.loss_reduce_s,
                            "interp_s": max(0.0, res.program_s - sum(d.values())), "foreign_cpu_s": foreign,
-                           "loss": res.loss, "p2p": self.timing.p2p})
+                           "loss": res.loss, "p2p": self.timing.p2p, "memory": rank_memory(self.rt, res.grads)})
         if self.comm.rank == 0:
             print(f"[{self.case['name']}] step {step + 1}/{self.case['steps']} loss {res.loss:.6f} "
                   f"step_time {res.step_s:.3f}s", flush=True)

@@ -42,6 +42,7 @@ from hyperparallel.models import ModelAdapter
 from hyperparallel.mpipe import ir
 from .compat import Tape, acc, leaf
 from .hooks import Hooks
+from .memory import HeldForwards, nbytes
 
 Key = Tuple[str, int, int]
 
@@ -68,6 +69,7 @@ class Interpreter:
         mine = [(a.kind, (a.region, a.chunk, a.micro)) for a in self.program]
         self.recomputed_here = {k for kind, k in mine if kind == ir.R}
         self.backward_here = {k for kind, k in mine if kind in (ir.B, ir.BW, ir.W)}
+        self.weight_grad_here = {k for kind, k in mine if kind == ir.W}
         # Parameters this rank updates: chunks it backwards, or regions it all-reduces.
         reduced = {a.region for a in self.program if a.kind == ir.ALLREDUCE and a.tensor == ir.WGRAD}
         self.updated: List[Parameter] = []
@@ -83,6 +85,7 @@ class Interpreter:
         self.prefetch_at = prefetch_points(self.program, self.first_chunk)
         self.grads: Dict[str, Optional[Tensor]] = {}
         self._mb: Dict[tuple, tuple] = {}
+        self.held = HeldForwards(self.regions)   # forwards held for a later backward (:mod:`.memory`)
         # the callables the hooks may wrap (timing), asked for once
         hooks = hooks or Hooks()
         w = hooks.wrap
@@ -177,6 +180,7 @@ class Interpreter:
         self.pending_acc: List[tuple] = []
         self.acts.update(self.ahead_acts)  # next-step work done last step (or by the prologue)
         self.ahead_acts = {}
+        self.held.new_step()
         before = self._before_action
         for i, a in enumerate(self.program):
             if before is not None:
@@ -212,6 +216,7 @@ class Interpreter:
         out = self._forward(cell.forward, x, mt) if record else self._no_grad(cell.forward, x, mt)
         if record:
             self.inputs[key], self.outputs[key] = x, out
+            self.held.hold(key, nbytes(x) + nbytes(out))
         if ahead:
             self.ahead_acts[key] = ops.stop_gradient(out)
         elif key[:2] == self.loss_chunk:
@@ -250,6 +255,8 @@ class Interpreter:
         sens = self.sens(key, out)
         self.input_grad(key, out, sens, keep=True)
         self.pending_w[key] = (out, sens)
+        if key not in self.weight_grad_here:   # no W follows (a frozen region's input grad): B is its last
+            self.held.release(key)
 
     def do_W(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
@@ -257,6 +264,7 @@ class Interpreter:
         params = list(self.chunks[key[:2]].get_parameters())
         self.defer_grads(params, self._grad([out], [sens], params, keep_graph=False))
         self.inputs.pop(key), self.outputs.pop(key)
+        self.held.release(key)
 
     def do_BW(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
@@ -269,6 +277,7 @@ class Interpreter:
         if need_x:
             self.out_grads[prev], g = g[0], g[1:]
         self.defer_grads(params, g)
+        self.held.release(key)
 
     def do_SEND(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)

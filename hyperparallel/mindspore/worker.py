@@ -4,8 +4,9 @@ The job file (written by :mod:`hyperparallel.launch`) holds one or more cases,
 each a recipe (raw dict, overrides applied), its derived plan (JSON), the step
 range and output folders. Several cases per launch keep test suites fast
 (msrun start-up costs ~10 s). Every case runs on a :class:`~.rank.RankRuntime`.
-Rank 0 prints progress and writes ``RUN_DIR/metrics.jsonl`` (one line per step, :func:`step_record`);
-with ``dump_dir`` every rank dumps its losses and the step-0 gradients it holds, for equivalence tests.
+Rank 0 prints progress and writes ``RUN_DIR/metrics.jsonl`` (one line per step, :class:`StepLog`,
+with every rank's memory record of the step, :mod:`.memory`, gathered); with ``dump_dir`` every rank
+dumps its losses, the step-0 gradients it holds and its memory records, for equivalence and memory tests.
 """
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ def run_case(case: dict, comm) -> None:
     from hyperparallel.mindspore.checkpoint import recipe_hash
     from hyperparallel.mindspore.hooks import FaultInjection
     from hyperparallel.mindspore.job import case_runtime
+    from hyperparallel.mindspore.memory import rank_memory
 
     from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
     from hyperparallel.mpipe.errors import SpecError
@@ -114,7 +116,7 @@ def run_case(case: dict, comm) -> None:
     if comm.rank == 0 and run_dir:
         os.makedirs(run_dir, exist_ok=True)
         metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
-    losses = []
+    losses, memory = [], []
     skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
     if comm.rank == 0:
         print(f"[{name}] {rc.train.describe(steps)}", flush=True)
@@ -126,6 +128,11 @@ def run_case(case: dict, comm) -> None:
     for step in range(start, steps):
         res = rt.step(step)
         losses.append(res.loss)
+        # step: steps done, as metrics.jsonl and the console count them
+        mem = dict(rank_memory(rt, res.grads), step=step + 1) if (run_dir or dump_dir) else None
+        memory.append(mem)
+        # every rank's record to rank 0 (after the step's programs: a collective every rank reaches here)
+        mem_all = comm.all_gather_object(mem) if run_dir else None
         if dump_dir and step == start:
             os.makedirs(dump_dir, exist_ok=True)
             np.savez(os.path.join(dump_dir, f"grads_rank{comm.rank}.npz"),
@@ -134,6 +141,7 @@ def run_case(case: dict, comm) -> None:
             rec = log.record(res, skipped)
             print(log.line(rec), flush=True)
             if metrics:
+                rec["memory"] = mem_all
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
         if save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps):
@@ -144,6 +152,8 @@ def run_case(case: dict, comm) -> None:
         os.makedirs(dump_dir, exist_ok=True)
         with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
             json.dump(rt.source.stats, f)
+        with open(os.path.join(dump_dir, f"memory_rank{comm.rank}.json"), "w") as f:
+            json.dump(memory, f)
     rt.close()
     if dump_dir and comm.rank == 0:
         with open(os.path.join(dump_dir, "losses.json"), "w") as f:

@@ -122,13 +122,14 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
     central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
     out = {}
     for d in range(plan.num_devices):
-        params = grads = 0.0
+        params = grads = optim = 0.0
         for c in plan.chunks_on(d):
             p = size(c.region, c.index)
             holds_state = plan.trainable.get(c.region, True) and not (central.get(c.region) and d != min(c.devices))
             params += p
             grads += p if holds_state else 0.0
-        out[d] = (params, grads, grads * optimizer_factor)
+            optim += p * optimizer_factor if holds_state else 0.0
+        out[d] = (params, grads, optim)
     return out
 
 
@@ -138,7 +139,8 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
 
     The activations of (region, chunk, micro-batch) live from the start of its forward (or
     recompute) to the end of its last backward task on that device (B, W or BW); a forward
-    with no backward holds one layer's activations while it runs, and is not a held forward.
+    with no backward there, or whose task is recomputed there (central backward on the central
+    device), holds one layer's activations while it runs, and is not a held forward.
     Static memory: :func:`static_memory`.
     """
     static_parts = static_memory(plan, lambda r, c: dur.chunk_mb(r, c, profile.region(r).param_mb),
@@ -147,17 +149,21 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
     for d in range(plan.num_devices):
         events = []
         last_bwd = {}
+        recomputed = set()
         for t in ex.timeline[d]:
             a = t.action
             if a.kind in (B, W, BW):
                 key = (t.step, a.region, a.chunk, a.micro)
                 last_bwd[key] = max(last_bwd.get(key, 0.0), t.end)
+            elif a.kind == R:
+                recomputed.add((t.step + a.step, a.region, a.chunk, a.micro))
         for t in ex.timeline[d]:
             a = t.action
             if a.kind in (F, R):
                 key = (t.step + a.step, a.region, a.chunk, a.micro)
                 mb = dur.chunk_mb(a.region, a.chunk, profile.region(a.region).activation_mb)
-                end = last_bwd.get(key)
+                # a forward whose task is recomputed here keeps nothing: the recompute is held instead
+                end = None if a.kind == F and key in recomputed else last_bwd.get(key)
                 held = end is not None
                 if end is None and a.kind == F:
                     # no backward here (frozen, nothing trainable before it): nothing is stashed; the

@@ -1,0 +1,89 @@
+"""Per-rank memory measured on a real rank (issue 23): what the cost model predicts, counted where it lives.
+
+Per step, a rank records (:func:`rank_memory`, one JSON object; the keys are in the README):
+
+* ``peak_held`` (per region) and ``peak_held_total``: the peak number of forwards it holds for a later
+  backward on this rank: a forward that records a tape (F, or R of a central backward) is held from its
+  action to its last backward task (W, or BW); the interpreter counts them as it runs
+  (:class:`HeldForwards`). A forward without a backward here (frozen, next-step work) is not held.
+* ``peak_held_bytes``: the peak bytes of the boundary tensors of the held forwards (each one's input and
+  output; what its tape keeps inside the chunk is not visible from here, so not counted);
+* ``params_bytes``, ``grads_bytes``, ``optimizer_bytes``: the bytes of the parameters of every chunk the
+  rank holds, of the gradients it hands the optimizer, and of the optimizer's per-parameter state
+  (``moment1``/``moment2`` of Adam, ``accum``/``stat`` of SGD); ``optimizer_global_bytes``: the
+  optimizer's few global scalars (``beta1_power``, ``global_step``, ...), which the cost model does not
+  count.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, Tuple
+
+import numpy as np
+
+
+def nbytes(x) -> int:
+    """Bytes of a tensor (or of the tensors of a tuple/list/dict; 0 for anything else)."""
+    if x is None:
+        return 0
+    if isinstance(x, (tuple, list)):
+        return sum(nbytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(nbytes(v) for v in x.values())
+    n = getattr(x, "nbytes", None)   # MindSpore Tensors and Parameters, numpy arrays
+    return int(n) if isinstance(n, (int, np.integer)) else 0
+
+
+class HeldForwards:
+    """Counts the forwards this rank holds for a later backward, per region, and their peak per step."""
+
+    def __init__(self, regions: Iterable[str]):
+        self.regions = list(regions)
+        self.live: Dict[Tuple, int] = {}          # key -> bytes of its boundary tensors
+        self.count = {r: 0 for r in self.regions}
+        self.bytes = 0
+        self.new_step()
+
+    def new_step(self) -> None:
+        """Peaks restart from what is held now (nothing, between steps)."""
+        self.peak = dict(self.count)
+        self.peak_total = sum(self.count.values())
+        self.peak_bytes = self.bytes
+
+    def hold(self, key: Tuple, size: int) -> None:
+        self.live[key] = size
+        self.count[key[0]] += 1
+        self.bytes += size
+        if self.count[key[0]] > self.peak[key[0]]:
+            self.peak[key[0]] = self.count[key[0]]
+        total = len(self.live)
+        if total > self.peak_total:
+            self.peak_total = total
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
+
+    def release(self, key: Tuple) -> None:
+        size = self.live.pop(key, None)
+        if size is not None:
+            self.count[key[0]] -= 1
+            self.bytes -= size
+
+    def record(self) -> dict:
+        return {"peak_held": dict(self.peak), "peak_held_total": self.peak_total, "peak_held_bytes": self.peak_bytes}
+
+
+def static_bytes(params, grads: Dict[str, object], optimizer) -> dict:
+    """Bytes of the rank's parameters, the gradients it hands the optimizer, the optimizer's state."""
+    per, glob = optimizer.state_groups()
+    state = optimizer.state()
+    return {"params_bytes": sum(nbytes(p) for p in params),
+            "grads_bytes": sum(nbytes(g) for g in grads.values()),
+            "optimizer_bytes": sum(nbytes(state[n]) for names in per.values() for n in names),
+            "optimizer_global_bytes": sum(nbytes(state[n]) for n in glob)}
+
+
+def rank_memory(rt, grads: Dict[str, object]) -> dict:
+    """This rank's memory record of the step just run on rank runtime ``rt`` (``grads``: the step's)."""
+    out = {"rank": rt.comm.rank, "device": rt.comm.device, "dp_index": rt.comm.dp_index}
+    out.update(rt.interp.held.record())
+    out.update(static_bytes(rt.parameters().values(), grads, rt.optimizer))
+    return out
