@@ -67,10 +67,10 @@ class Runtime:
     @classmethod
     def from_recipe(cls, path: str, schedule: Optional[str] = None, overrides: Sequence[str] = ()) -> "Runtime":
         """Model (its adapter), optimizer and plan from a recipe; SpecError/PlanError before any set-up."""
-        from .recipe import planned, refuse_over_memory_limit
+        from .recipe import planned, refuse_before_launch
         from .runconfig import run_config_of
         recipe, plan = planned(path, overrides, schedule)
-        refuse_over_memory_limit(recipe, plan)
+        refuse_before_launch(recipe, plan)
         rc = run_config_of(recipe)
         rt = cls(plan, rc.model, rc.train, rc.device)
         rt.recipe, rt.data = recipe, rc.data

@@ -156,7 +156,7 @@ def test_set_switches_a_recipe_to_transpose(family):
 
 @pytest.mark.parametrize("override,field,allowed", [
     ("mpipe.bogus=1", "mpipe.bogus", "allowed: schedule, profile, encoder"),
-    ("mpipe.encoder.bogus=1", "mpipe.encoder.bogus", "allowed: owners, backward, spill, trainable"),
+    ("mpipe.encoder.bogus=1", "mpipe.encoder.bogus", "allowed: owners, backward, spill, optimizer, trainable"),
     ("mpipe.encoder.trainable=maybe", "mpipe.encoder.trainable", "true or false"),
     ("parallel.pipeline_config.pipeline_scheduler=wave", "parallel.pipeline_config.pipeline_scheduler",
      "allowed: gpipe, 1f1b, seqpipe, seqvpp, seqsmartvpp, zero_bubble_v"),

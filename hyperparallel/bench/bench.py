@@ -241,7 +241,7 @@ def prepare(args):
     """Everything checked before launch. Returns (recipe, run config, [(name, plan)]); with
     ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
     from ..launch import preflight
-    from ..recipe import checked_plan
+    from ..recipe import checked_plan, refuse_before_launch
     from ..runconfig import run_config_of
 
     for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
@@ -285,6 +285,8 @@ def prepare(args):
     if len(set(scheds)) != len(scheds):
         raise SpecError("--schedule", "each schedule once (repeats come from --repeats)")
     plans = [(s, checked_plan(recipe, s)) for s in scheds]
+    for _, plan in plans:
+        refuse_before_launch(recipe, plan)
     if getattr(args, "profile_schedule", None):
         ref = checked_plan(recipe, args.profile_schedule)
         if ref.num_devices * ref.data_parallel != plans[0][1].num_devices * plans[0][1].data_parallel:

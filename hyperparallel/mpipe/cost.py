@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Tuple
 
 from .execute import Execution, execute
-from .ir import ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
+from .ir import ALLGATHER, ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
 from .errors import SpecError
 from .profile import ModelProfile, task_ms
 
@@ -81,7 +81,7 @@ class Durations:
         link = self.profile.link
         if a.kind == SEND:
             return link.transfer_ms(self.profile.region(a.region).output_mb)
-        if a.kind not in (ALLREDUCE, BROADCAST) or link.bandwidth_gb_s <= 0:
+        if a.kind not in (ALLREDUCE, BROADCAST, ALLGATHER) or link.bandwidth_gb_s <= 0:
             return 0.0
         if a.group == DP_GROUP:
             g, mb = self.plan.data_parallel, self.held_param_mb(device, trainable_only=True)
@@ -103,22 +103,30 @@ def ring_ms(kind: str, g: int, mb: float, link) -> float:
     full = link.transfer_ms(mb) - link.latency_ms
     if kind == ALLREDUCE:
         return 2 * (g - 1) * link.latency_ms + 2 * (g - 1) / g * full
-    if kind in ("ALLGATHER", "GATHER"):
+    if kind in (ALLGATHER, "GATHER"):
         return (g - 1) * link.latency_ms + (g - 1) / g * full
     if kind == BROADCAST:
         return (g - 1) * link.latency_ms + full
     raise ValueError(f"no ring formula for {kind!r}")
 
 
-def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_factor: float
-                  ) -> Dict[int, Tuple[float, float, float]]:
+def sharded_regions(plan: Plan) -> set:
+    """Regions whose optimizer state is sharded over their replicas (an ALLGATHER of their weights)."""
+    return {a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER}
+
+
+def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_factor: float,
+                  shard: Callable[[float, int], float] = lambda p, n: p / n) -> Dict[int, Tuple[float, float, float]]:
     """Per device: (parameters, grads, optimizer state) of the chunks it holds, in the unit of ``size``.
 
     ``size(region, chunk)``: the parameter size of a chunk (the cost model's MB from the profile; a
     test's measured bytes). Every chunk a device holds counts its parameters (encoder replicas
     included); grads (1x) and optimizer state (``optimizer_factor`` x) count for trainable chunks whose
-    optimizer runs there (not the parameter-only replicas of a central backward).
+    optimizer runs there (not the parameter-only replicas of a central backward). A region whose
+    optimizer state is sharded (``transpose(optimizer=sharded)``) counts ``shard(size, replicas)`` of
+    it per replica (1/P by default; the runtime's padded flat share for exact bytes).
     """
+    sharded = sharded_regions(plan)
     central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
     out = {}
     for d in range(plan.num_devices):
@@ -128,7 +136,7 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
             holds_state = plan.trainable.get(c.region, True) and not (central.get(c.region) and d != min(c.devices))
             params += p
             grads += p if holds_state else 0.0
-            optim += p * optimizer_factor if holds_state else 0.0
+            optim += (shard(p, len(c.devices)) if c.region in sharded else p) * optimizer_factor if holds_state else 0.0
         out[d] = (params, grads, optim)
     return out
 

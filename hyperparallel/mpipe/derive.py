@@ -17,7 +17,7 @@ from . import orders
 from .cut import cut
 from .execute import execute
 from .errors import SpecError
-from .ir import (ACT, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, W, WEIGHTS, WGRAD,
+from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, W, WEIGHTS, WGRAD,
                  Action, Plan, next_chunk, prev_chunk)
 from .owners import owner_map
 from .profile import ModelProfile, task_ms
@@ -105,6 +105,13 @@ class _Derivation:
                         raise SpecError(f"schedule.{r}.spill",
                                         f"next_step needs every region before it transposed with spill=next_step "
                                         f"({u!r} is not); allowed: none")
+            if sk.optimizer == "sharded":
+                if not self.trainable[r]:
+                    raise SpecError(f"schedule.{r}.optimizer", f"sharded needs a trainable encoder: {r!r} is frozen "
+                                    "(no gradients, no optimizer state to shard); allowed: replicated")
+                if sk.backward == "central":
+                    raise SpecError(f"schedule.{r}.optimizer", "sharded needs backward=owner (central keeps the "
+                                    "encoder's optimizer state on one device already); allowed: replicated")
             if sk.backward == "central" and self.needs_bwd[r]:
                 for u, usk in self.schedule.parts[:i]:
                     if not (isinstance(usk, Transpose) and usk.backward == "central"):
@@ -439,6 +446,12 @@ class _Derivation:
                         tail.append(Action(ALLREDUCE, region=r, tensor=WGRAD, group=everyone))
         if self.D > 1:
             tail.append(Action(ALLREDUCE, tensor=WGRAD, group=DP_GROUP))
+        if self.P > 1:
+            # sharded optimizer state: after every gradient is reduced, each device updates its share of
+            # the region and the updated parameters are gathered to every replica, within the step
+            for r, sk in self.schedule.parts[:-1]:
+                if isinstance(sk, Transpose) and self.trainable[r] and sk.optimizer == "sharded":
+                    tail.append(Action(ALLGATHER, region=r, tensor=WEIGHTS, group=everyone))
 
         programs: Dict[int, List[Action]] = {}
         for d, seq in seqs.items():

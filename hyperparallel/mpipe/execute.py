@@ -129,7 +129,8 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
                             ready = False
                             break
                         b = progs[m][pc[m] % n[m]]
-                        if b.kind not in COLLECTIVE_KINDS:
+                        # a member still at another action, or at its own data-parallel collective: wait
+                        if b.kind not in COLLECTIVE_KINDS or b.group == DP_GROUP:
                             ready = False
                             break
                         if coll_key(b) != coll_key(a):

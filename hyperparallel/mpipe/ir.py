@@ -22,18 +22,19 @@ SEND = "SEND"
 RECV = "RECV"
 ALLREDUCE = "ALLREDUCE"
 BROADCAST = "BROADCAST"
+ALLGATHER = "ALLGATHER"   # sharded optimizer of a replicated region: update this device's share, gather all
 
 COMPUTE_KINDS = (F, B, W, BW, R)
 BACKWARD_KINDS = (B, W, BW, R)
 P2P_KINDS = (SEND, RECV)
-COLLECTIVE_KINDS = (ALLREDUCE, BROADCAST)
+COLLECTIVE_KINDS = (ALLREDUCE, BROADCAST, ALLGATHER)
 ALL_KINDS = COMPUTE_KINDS + P2P_KINDS + COLLECTIVE_KINDS
 
 # Tensor names carried by SEND/RECV/collectives.
 ACT = "act"          # output activation of (region, chunk, micro)
 GRAD = "grad"        # gradient w.r.t. that output (flows to the producer's backward)
 WGRAD = "wgrad"      # weight gradients of a region (all-reduce over replicas)
-WEIGHTS = "weights"  # parameters of a region (broadcast from the central device)
+WEIGHTS = "weights"  # parameters of a region (broadcast from the central device, or gathered from the shards)
 
 DP_GROUP = "dp"      # the data-parallel group of a pipeline device (outside the plan)
 

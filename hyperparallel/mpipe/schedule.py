@@ -28,6 +28,7 @@ SKELETONS = ("pipe", "place", "transpose")
 OWNERS = ("round_robin", "min", "balanced")
 BACKWARDS = ("owner", "central")
 SPILLS = ("none", "next_step")
+OPTIMIZERS = ("replicated", "sharded")
 SHORT_NAMES = ORDER_NAMES + ("transpose",)
 
 
@@ -59,6 +60,9 @@ class Transpose:
     owners: str = "round_robin"
     backward: str = "owner"
     spill: str = "none"
+    # replicated: every replica keeps the whole encoder's optimizer state; sharded: each pipeline device
+    # keeps and updates 1/P of it from the all-reduced grads, then the updated parameters are gathered
+    optimizer: str = "replicated"
     skeleton: str = "transpose"
 
 
@@ -98,6 +102,7 @@ class Schedule:
             opts = [f"{k}={v}" for k, v, d in (("owners", t.owners, "round_robin"),
                                                 ("backward", t.backward, "owner"),
                                                 ("spill", t.spill, "none"),
+                                                ("optimizer", t.optimizer, "replicated"),
                                                 ("order", body_order, "1f1b")) if v != d]
             return "transpose" + (f"({', '.join(opts)})" if opts else "")
         if all(isinstance(s, Place) and s.device == 0 for s in ups):
@@ -140,7 +145,16 @@ def _transpose(field: str, given: dict, defaults: Optional[dict] = None, key: Op
     opts = dict(defaults or {}, **given)
     return Transpose(owners=_choice(f"{field}.owners", opts.get("owners", "round_robin"), OWNERS),
                      backward=_choice(f"{field}.backward", opts.get("backward", "owner"), BACKWARDS),
-                     spill=_choice(f"{field}.spill", opts.get("spill", "none"), SPILLS))
+                     spill=_choice(f"{field}.spill", opts.get("spill", "none"), SPILLS),
+                     optimizer=_choice(f"{field}.optimizer", opts.get("optimizer", "replicated"), OPTIMIZERS))
+
+
+def _no_optimizer_option(field: str, opts: dict, skeleton: str) -> None:
+    """``optimizer`` is a transpose option: refused, naming the field, on any other skeleton."""
+    if "optimizer" in opts:
+        raise SpecError(f"{field}.optimizer", f"{opts['optimizer']!r}: only the transpose skeleton has an "
+                        f"optimizer option (it shards a replicated encoder's optimizer state); {skeleton} "
+                        f"keeps each region on its own devices, nothing is replicated")
 
 
 def _check_opts(field: str, opts: dict, allowed) -> None:
@@ -160,6 +174,7 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: i
     regions = profile.names()
     body, ups = regions[-1], regions[:-1]
     if name in ORDER_NAMES:
+        _no_optimizer_option(field, opts, name)
         _check_opts(field, opts, ("device",))
         dev = opts.get("device", "0")
         if not str(dev).isdigit():
@@ -167,7 +182,7 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: i
         parts = [(r, Place(device=int(dev))) for r in ups] + [(body, Pipe(order=name))]
         return Schedule(tuple(parts))
     if name == "transpose":
-        _check_opts(field, opts, ("owners", "backward", "spill", "order"))
+        _check_opts(field, opts, ("owners", "backward", "spill", "optimizer", "order"))
         if not ups:
             raise SpecError(field, f"'transpose' needs an encoder region before the pipelined region; "
                                    f"the profile has only {body!r} (use one of: {', '.join(ORDER_NAMES)})")
@@ -179,7 +194,7 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: i
 
 _ITEM_KEYS = {"pipe": ("region", "skeleton", "order", "layers"),
               "place": ("region", "skeleton", "device"),
-              "transpose": ("region", "skeleton", "owners", "backward", "spill")}
+              "transpose": ("region", "skeleton", "owners", "backward", "spill", "optimizer")}
 
 
 def _layers(field: str, value) -> Optional[Tuple[int, ...]]:
@@ -211,6 +226,8 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1
         if region not in profile.names():
             raise SpecError(f"{w}.region", f"{region!r} unknown; allowed: {', '.join(profile.names())}")
         sk = _choice(f"{w}.skeleton", it["skeleton"], SKELETONS)
+        if sk != "transpose":
+            _no_optimizer_option(w, it, sk)
         _check_opts(w, {k: v for k, v in it.items()}, _ITEM_KEYS[sk])
         if sk == "pipe":
             s = Pipe(order=_choice(f"{w}.order", it.get("order", default_order(V)), ORDER_NAMES),

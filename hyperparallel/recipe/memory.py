@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence
 
 from ..mpipe.cost import CostReport, simulate
 from ..mpipe.errors import SpecError
-from ..mpipe.ir import Plan
+from ..mpipe.ir import ALLGATHER, Plan
 from ..mpipe.memory import FIELD, Excess, over_limit, summary
 from .recipe import Recipe
 
@@ -36,3 +36,14 @@ def memory_warning(recipe: Recipe, plan: Plan, report: Optional[CostReport] = No
     if not excess:
         return None
     return f"warning: {FIELD}: {plan.meta.get('schedule_name', '')}: {summary(excess, plan.num_devices)}"
+
+
+def refuse_before_launch(recipe: Recipe, plan: Plan) -> None:
+    """What train (and the Python API, and bench) refuse before launch: a plan over ``mpipe.memory_limit_gb``, and
+    a sharded encoder optimizer (``transpose(optimizer=sharded)``), which plan/simulate cost but the
+    MindSpore runtime does not run yet."""
+    sharded = sorted({a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER})
+    if sharded:
+        raise SpecError("schedule.optimizer", f"sharded ({', '.join(sharded)}): plan and simulate cost it, the "
+                        "MindSpore runtime does not run it yet; use optimizer=replicated to train")
+    refuse_over_memory_limit(recipe, plan)

@@ -10,7 +10,7 @@ the ``mpipe:`` section:
 * ``profile``: per-region costs; optional when ``model.model_config`` gives the layer
   counts (the language model's and its towers', see :func:`.mindformers.towers`),
   then every layer costs one unit and ``freeze_*`` flags set ``trainable``;
-* ``encoder``: ``{owners, backward, spill, trainable}``, options of the encoder regions
+* ``encoder``: ``{owners, backward, spill, optimizer, trainable}``, options of the encoder regions
   (the transpose options fill in what the schedule does not say; ``trainable`` sets
   every region before the pipelined one);
 * ``memory_limit_gb``: per-device memory; a plan whose predicted peak exceeds it on some device
@@ -43,8 +43,8 @@ from .train import TrainConfig
 from .files import apply_override, load_raw
 
 MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb")
-ENCODER_KEYS = ("owners", "backward", "spill", "trainable")
-TRANSPOSE_KEYS = ("owners", "backward", "spill")   # the encoder keys that are transpose options
+ENCODER_KEYS = ("owners", "backward", "spill", "optimizer", "trainable")
+TRANSPOSE_KEYS = ("owners", "backward", "spill", "optimizer")   # the encoder keys that are transpose options
 DEVICES = ("CPU", "Ascend")
 #: Keys the recipe front end reads that a recipe may leave out (a ``--set`` may add them).
 READ_KEYS = (("device", "parallel_config.data_parallel", "parallel_config.pp_interleave_num",
