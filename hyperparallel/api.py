@@ -67,11 +67,12 @@ class Runtime:
     @classmethod
     def from_recipe(cls, path: str, schedule: Optional[str] = None, overrides: Sequence[str] = ()) -> "Runtime":
         """Model (its adapter), optimizer and plan from a recipe; SpecError/PlanError before any set-up."""
-        from .recipe import planned, refuse_before_launch
+        from .recipe import planned, refuse_over_memory_limit, refuse_sharded_optimizer
         from .runconfig import run_config_of
         recipe, plan = planned(path, overrides, schedule)
-        refuse_before_launch(recipe, plan)
+        refuse_over_memory_limit(recipe, plan)
         rc = run_config_of(recipe)
+        refuse_sharded_optimizer(plan, rc.train)
         rt = cls(plan, rc.model, rc.train, rc.device)
         rt.recipe, rt.data = recipe, rc.data
         return rt

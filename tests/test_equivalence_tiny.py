@@ -26,6 +26,7 @@ SCHEDULES_2 = ["gpipe", "1f1b", "interleaved", "zb_h1", "transpose", "transpose(
 TRAINED_ONLY_2 = ["interleaved_zb", "zbv", "dualpipev", "interleaved_zb_fast", "zbv_fast"]  # encoder placed on rank 0: frozen adds little here
 CASES_2 = [(s, fz) for s in SCHEDULES_2 for fz in (False, True)] + [(s, False) for s in TRAINED_ONLY_2]
 V2_ORDERS = ("interleaved", "zbv", "dualpipev")  # run with pp_interleave_num=2 (interleaved_zb included)
+SHARDED = "transpose(optimizer=sharded)"   # trained encoders only (a frozen one has no optimizer state)
 SPILL = "transpose(spill=next_step)"
 SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
 UNEVEN = "[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]"
@@ -78,6 +79,18 @@ def two_rank(tmp_path_factory):
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first")))
     cases.append(_case(tmp, "transpose", False, steps=STEPS, save_dir=ckpt, resume=True,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_resumed")))
+    # the sharded encoder optimizer: trains like the reference; its checkpoints keep the global names, so a
+    # run saved unsharded resumes sharded and the reverse
+    cases.append(_case(tmp, SHARDED, False))
+    step2 = os.path.join(ckpt, "step_2")   # named before it exists: ckpt_resumed adds step_3 to ckpt
+    cases.append(_case(tmp, SHARDED, False, steps=STEPS, dump_dir=os.path.join(tmp, "dump", "ckpt_resumed_sharded"),
+                       resume_from={"path": step2, "step": 2, "meta": {"step": 2},
+                                    "files": [os.path.join(step2, f"rank_{r}.safetensors") for r in (0, 1)]}))
+    ckpt_s = os.path.join(tmp, "ckpt_sharded")
+    cases.append(_case(tmp, SHARDED, False, steps=2, save_dir=ckpt_s, save_every=1,
+                       dump_dir=os.path.join(tmp, "dump", "ckpt_first_sharded")))
+    cases.append(_case(tmp, "transpose", False, steps=STEPS, save_dir=ckpt_s, resume=True,
+                       dump_dir=os.path.join(tmp, "dump", "ckpt_resumed_unsharded")))
     launch_cases(tmp, cases, 2)
     return {c["name"] if "ckpt" not in c["dump_dir"] else os.path.basename(c["dump_dir"]): c for c in cases}
 
@@ -118,6 +131,35 @@ def test_resume_continues_like_uninterrupted_run(two_rank):
     np.testing.assert_allclose(first + resumed["losses"], full, rtol=1e-6)
 
 
+@pytest.mark.msrun
+def test_two_ranks_sharded_encoder_optimizer_matches_reference(two_rank):
+    case = two_rank[case_name(f"{SHARDED}_trained_")]
+    assert any(a["kind"] == "ALLGATHER" for a in case["plan"]["programs"]["0"])
+    assert_matches_reference(case, False)
+    # the same losses as the unsharded run
+    np.testing.assert_allclose(_dumped(case)[0], _dumped(two_rank[case_name("transpose_trained_")])[0], rtol=1e-5)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("saved,resumed", [("ckpt_first", "ckpt_resumed_sharded"),
+                                           ("ckpt_first_sharded", "ckpt_resumed_unsharded")])
+def test_sharded_and_unsharded_checkpoints_resume_each_other(two_rank, saved, resumed):
+    first, _ = _dumped(two_rank[saved])
+    with open(os.path.join(two_rank[resumed]["dump_dir"], "losses.json")) as f:
+        rest = json.load(f)
+    full, _ = _dumped(two_rank[case_name("transpose_trained_")])
+    assert rest["start"] == 2 and len(rest["losses"]) == STEPS - 2
+    np.testing.assert_allclose(first + rest["losses"], full, rtol=1e-5)
+    # the files carry the global names: per-parameter Adam state of the encoder, no shard names
+    import safetensors.numpy as stn
+    step = os.path.join(two_rank[saved]["save_dir"], "step_2")
+    names = set()
+    for fn in os.listdir(step):
+        if fn.endswith(".safetensors"):
+            names |= set(stn.load_file(os.path.join(step, fn)))
+    assert any(n.startswith("moment1.vision.") for n in names) and not any("shard." in n for n in names)
+
+
 @pytest.fixture(scope="module")
 def four_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("rt4"))
@@ -130,17 +172,20 @@ def four_rank(tmp_path_factory):
     cases = {"p4": _case(tmp, "transpose", False, p4), "p4_central": _case(tmp, "transpose(backward=central)", False, p4),
              "p4_spill_frozen": _case(tmp, SPILL_BALANCED, True, p4),
              "p4_dualpipev": _case(tmp, "transpose(order=dualpipev)", False, p4v),
-             "p4_zbv": _case(tmp, "zbv", False, p4v)}
+             "p4_zbv": _case(tmp, "zbv", False, p4v),
+             "p4_sharded": _case(tmp, SHARDED, False, p4)}
     launch_cases(tmp, list(cases.values()), 4)
-    cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp)}
+    cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
+                "dp2_sharded": _case(tmp, SHARDED, False, dp)}
     shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
     launch_cases(tmp, list(cases_dp.values()), 4)
     cases.update(cases_dp)
     return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "p4_zbv": p4v,
-                   "dp2": dp, "dp2_frozen": dp}
+                   "p4_sharded": p4, "dp2": dp, "dp2_frozen": dp, "dp2_sharded": dp}
 
 
-FOUR = ["p4", "p4_central", "p4_spill_frozen", "p4_dualpipev", "p4_zbv", "dp2", "dp2_frozen"]
+FOUR = ["p4", "p4_central", "p4_spill_frozen", "p4_dualpipev", "p4_zbv", "p4_sharded", "dp2", "dp2_frozen",
+        "dp2_sharded"]
 
 
 @pytest.mark.msrun
@@ -152,7 +197,7 @@ def test_four_ranks_match_reference(four_rank, which):
 
 # -- per-rank memory (issue 23): the cost model's prediction equals what every rank measured -------------
 
-MEMORY_2 = CASES_2 + [(SPILL, True), (UNEVEN, False)]
+MEMORY_2 = CASES_2 + [(SPILL, True), (UNEVEN, False), (SHARDED, False)]
 
 
 @pytest.mark.msrun

@@ -241,7 +241,7 @@ def prepare(args):
     """Everything checked before launch. Returns (recipe, run config, [(name, plan)]); with
     ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
     from ..launch import preflight
-    from ..recipe import checked_plan, refuse_before_launch
+    from ..recipe import checked_plan, refuse_over_memory_limit, refuse_sharded_optimizer
     from ..runconfig import run_config_of
 
     for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
@@ -286,7 +286,8 @@ def prepare(args):
         raise SpecError("--schedule", "each schedule once (repeats come from --repeats)")
     plans = [(s, checked_plan(recipe, s)) for s in scheds]
     for _, plan in plans:
-        refuse_before_launch(recipe, plan)
+        refuse_over_memory_limit(recipe, plan)
+        refuse_sharded_optimizer(plan, rc.train)
     if getattr(args, "profile_schedule", None):
         ref = checked_plan(recipe, args.profile_schedule)
         if ref.num_devices * ref.data_parallel != plans[0][1].num_devices * plans[0][1].data_parallel:
@@ -305,7 +306,8 @@ def predict(recipe, plan) -> dict:
     rep = simulate(plan, recipe.profile, steps=3 if any(a.step for p in plan.programs.values() for a in p) else 1)
     return {"step_s": rep.step_ms / 1e3,
             "peak_mb": {d.device: d.peak_memory_mb for d in rep.devices},
-            "held_total": {d.device: d.peak_held_total for d in rep.devices}}
+            "held_total": {d.device: d.peak_held_total for d in rep.devices},
+            "held": {d.device: dict(d.peak_held) for d in rep.devices}}
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -428,7 +430,8 @@ class _Bench:
                               "predicted_peak_mb": predicted[name]["peak_mb"].get(r // plan.data_parallel),
                               "memory": max_memory([m.get("memory") for m in mine]),
                               "predicted_held_total": predicted[name].get("held_total", {}).get(
-                                  r // plan.data_parallel)})
+                                  r // plan.data_parallel),
+                              "predicted_held": predicted[name].get("held", {}).get(r // plan.data_parallel)})
             row["ranks"] = ranks
             row["interp_share"] = max(d["share"]["interp"] for d in ranks)
             row["overhead_share"] = max(d["share"]["interp"] + d["share"].get("stall", 0.0) for d in ranks)

@@ -20,7 +20,7 @@ from ..util import error as _error, slug
 
 def _prepare(args):
     """Everything checked before launch: recipe, run config, plan, flags. Raises SpecError/PlanError."""
-    from ..recipe import checked_plan, load_recipe, refuse_before_launch
+    from ..recipe import checked_plan, load_recipe, refuse_over_memory_limit, refuse_sharded_optimizer
     from ..runconfig import run_config_of
 
     from ..launch import preflight
@@ -28,7 +28,8 @@ def _prepare(args):
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)  # the device is here, HP_MSRUN_ARGS
     rc = run_config_of(recipe)
     plan = checked_plan(recipe, args.schedule)
-    refuse_before_launch(recipe, plan)   # mpipe.memory_limit_gb; what the runtime does not run
+    refuse_over_memory_limit(recipe, plan)   # the predicted peak of every device within mpipe.memory_limit_gb
+    refuse_sharded_optimizer(plan, rc.train)
     if args.steps is not None and args.steps < 1:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
     if args.save_every is not None and args.save_every < 0:

@@ -62,6 +62,7 @@ class Saver:
         mine = comm.dp_index == 0
         params = [p for key, cell in sorted(chunks.items()) if mine and owners[key] == comm.device
                   for p in cell.get_parameters()]
+        self.opt = opt
         per, glob = opt.state_groups()
         state = opt.state()
         self.items = {p.name: p for p in params}
@@ -88,11 +89,13 @@ class Saver:
                 os.remove(os.path.join(d, MARKER))
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
+        # a sharded optimizer's state under the global names, gathered now (every rank calls this)
+        fresh = self.opt.before_save() if hasattr(self.opt, "before_save") else {}
         self.comm.barrier()
         if self.items:
             name = rank_file(self.comm.rank, self.fmt)
             tmp = os.path.join(d, f".tmp_{name}")
-            ms.save_checkpoint([{"name": n, "data": p} for n, p in self.items.items()], tmp,
+            ms.save_checkpoint([{"name": n, "data": fresh.get(n, p)} for n, p in self.items.items()], tmp,
                                format=self.fmt)
             if self.fault and self.fault[0] == step:
                 self._die(step)
@@ -173,7 +176,9 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
             values.update({rename(n): v for n, v in got.items()})
     for cell in chunks.values():  # every name of the cell is given: no prefix guessing
         ms.load_param_into_net(cell, {p.name: values[p.name] for p in cell.get_parameters()})
-    if load_state and opt.opt is not None:  # strict: hyper-parameters stay the recipe's
+    if load_state and hasattr(opt, "load_state"):   # a sharded optimizer: its share of the global names
+        opt.load_state({n: values[n] for n in need})
+    elif load_state and opt.opt is not None:  # strict: hyper-parameters stay the recipe's
         ms.load_param_into_net(opt.opt, {n: values[n] for n in need}, strict_load=True)
     return (src.step if src.meta else 0), load_state
 

@@ -86,6 +86,15 @@ class Comm:
         dist.broadcast(flat, self.global_rank(root_device), group=self.group_name(ranks))
         return _split(flat, tensors)
 
+    def all_gather(self, t: Tensor, group) -> List[Tensor]:
+        """[t of every member of ``group``], in global-rank order (equal shapes; a sharded optimizer's slices)."""
+        ranks = self.ranks_of(group)
+        if len(ranks) == 1:
+            return [t]
+        out = [ops.zeros(t.shape, t.dtype) for _ in ranks]
+        dist.all_gather(out, t, group=self.group_name(ranks))
+        return out
+
     def all_reduce_scalar(self, value: float) -> float:
         """Sum of one float over all ranks (metrics only, after every program has ended)."""
         return self.all_reduce_values([value])[0]
@@ -126,6 +135,9 @@ class LocalComm:
 
     def broadcast(self, tensors: List[Tensor], root_device: int, group) -> List[Tensor]:
         return tensors
+
+    def all_gather(self, t: Tensor, group) -> List[Tensor]:
+        return [t]
 
     def all_reduce_scalar(self, value: float) -> float:
         return float(value)

@@ -17,7 +17,9 @@ per-step stores keyed by ``(region, chunk, micro)``:
   micro-batch, instead of corrupting the FIFO channel).
 * ``ALLREDUCE wgrad``: sum a region's weight grads over replicas;
   ``ALLREDUCE dp``: sum every gradient of this rank over its data-parallel group;
-  ``BROADCAST weights``: copy a region's parameters from the root device.
+  ``BROADCAST weights``: copy a region's parameters from the root device;
+  ``ALLGATHER weights``: a sharded optimizer's region (:mod:`.sharded`): nothing here; the rank's
+  optimizer step updates this rank's share and gathers every share right after the program.
 
 Host work never sits between a receive and its consumer or between a backward and its
 send: before every blocking RECV the micro-batches (and model inputs) that the actions up to the
@@ -324,6 +326,9 @@ class Interpreter:
         if self.device != a.root:
             for p, v in zip(params, new):
                 p.set_data(v.copy())
+
+    def do_ALLGATHER(self, a: ir.Action) -> None:
+        pass   # the end-of-step gather of a sharded region: done by the rank's optimizer step (.sharded)
 
     def step_grads(self) -> Dict[str, Tensor]:
         """Gradients of the parameters this rank updates (zeros where none arrived)."""

@@ -72,13 +72,17 @@ class HeldForwards:
 
 
 def static_bytes(params, grads: Dict[str, object], optimizer) -> dict:
-    """Bytes of the rank's parameters, the gradients it hands the optimizer, the optimizer's state."""
-    per, glob = optimizer.state_groups()
-    state = optimizer.state()
+    """Bytes of the rank's parameters, the gradients it hands the optimizer, the optimizer's state (of
+    every optimizer it runs: a sharded region's share has its own, :mod:`.sharded`)."""
+    opt_bytes = glob_bytes = 0
+    for opt in (optimizer.optimizers() if hasattr(optimizer, "optimizers") else [optimizer]):
+        per, glob = opt.state_groups()
+        state = opt.state()
+        opt_bytes += sum(nbytes(state[n]) for names in per.values() for n in names)
+        glob_bytes += sum(nbytes(state[n]) for n in glob)
     return {"params_bytes": sum(nbytes(p) for p in params),
             "grads_bytes": sum(nbytes(g) for g in grads.values()),
-            "optimizer_bytes": sum(nbytes(state[n]) for names in per.values() for n in names),
-            "optimizer_global_bytes": sum(nbytes(state[n]) for n in glob)}
+            "optimizer_bytes": opt_bytes, "optimizer_global_bytes": glob_bytes}
 
 
 def rank_memory(rt, grads: Dict[str, object]) -> dict:

@@ -17,7 +17,7 @@ from hyperparallel.models import ModelAdapter
 from hyperparallel.mpipe import ir
 from hyperparallel.recipe.train import TrainConfig
 from hyperparallel.runconfig import check_regions
-from . import checkpoint
+from . import checkpoint, sharded
 from .hooks import Hooks
 from .interpreter import Interpreter
 from .optim import Optimizer, clip_scale, scaled, square_sum
@@ -90,7 +90,11 @@ class RankRuntime:
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
         self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks)
-        self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
+        shards = sharded.shards_of(plan, self.interp, comm, train, total_steps or train.steps)
+        if shards:   # transpose(optimizer=sharded): each shard steps with the rest, after clipping
+            self.optimizer = sharded.ShardedOptimizer(self.interp.updated, shards, train, total_steps or train.steps)
+        else:
+            self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
         self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index) & {p.name for p in self.interp.updated}
         self.next_step = 0
         self._started = False

@@ -38,12 +38,20 @@ def memory_warning(recipe: Recipe, plan: Plan, report: Optional[CostReport] = No
     return f"warning: {FIELD}: {plan.meta.get('schedule_name', '')}: {summary(excess, plan.num_devices)}"
 
 
-def refuse_before_launch(recipe: Recipe, plan: Plan) -> None:
-    """What train (and the Python API, and bench) refuse before launch: a plan over ``mpipe.memory_limit_gb``, and
-    a sharded encoder optimizer (``transpose(optimizer=sharded)``), which plan/simulate cost but the
-    MindSpore runtime does not run yet."""
-    sharded = sorted({a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER})
-    if sharded:
-        raise SpecError("schedule.optimizer", f"sharded ({', '.join(sharded)}): plan and simulate cost it, the "
-                        "MindSpore runtime does not run it yet; use optimizer=replicated to train")
-    refuse_over_memory_limit(recipe, plan)
+def refuse_sharded_optimizer(plan: Plan, train) -> None:
+    """SpecError naming ``schedule.optimizer`` when the plan shards a region's optimizer state
+    (``transpose(optimizer=sharded)``) and the run's optimizer (``train``: its TrainConfig) is not one the
+    flat shard reproduces exactly: the ``train:`` section's Adam or SGD without weight decay treat every
+    element alike; MindFormers' grouped optimizers (no decay for biases and 1-D parameters) and weight
+    decay do not."""
+    regions = sorted({a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER})
+    if not regions:
+        return
+    opt = getattr(train, "opt", None)
+    grouped = bool(getattr(opt, "grouped", False))
+    decay = float(opt.get("weight_decay", 0.0) or 0.0) if opt is not None else 0.0
+    if grouped or decay:
+        what = f"MindFormers' {opt.type} (weight-decay groups)" if grouped else f"weight_decay {decay:g}"
+        raise SpecError("schedule.optimizer", f"sharded ({', '.join(regions)}) needs the train: section's adam or "
+                        f"sgd without weight decay (a flat shard treats every element alike), not {what}; "
+                        "use optimizer=replicated")
