@@ -244,6 +244,23 @@ def bench_memory_note() -> str:
             f"and\nactivations).")
 
 
+def bench_rank_memory() -> str:
+    """Per rank, what the ranks measured of their memory in one bench run (docs/bench_memory_2rank.json)."""
+    d = bench("bench_memory_2rank.json")
+    kb = lambda b: f"{b / 1024:.1f}"  # noqa: E731
+    out = ["| schedule | median step (ms) | rank | held forwards, measured | predicted | parameters (KB) | grads (KB) | "
+           "optimizer state (KB) | held boundary tensors (KB) |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in d["schedules"]:
+        for r in s["ranks"]:
+            m = r["memory"]
+            held = ", ".join(f"{k} {v}" for k, v in m["peak_held"].items())
+            pred = ", ".join(f"{k} {v}" for k, v in (r.get("predicted_held") or {}).items())
+            out.append(f"| `{s['schedule']}` | {s['median_step_s'] * 1e3:.0f} | {r['rank']} | {held} | {pred} | "
+                       f"{kb(m['params_bytes'])} | {kb(m['grads_bytes'])} | {kb(m['optimizer_bytes'])} | "
+                       f"{kb(m['peak_held_bytes'])} |")
+    return "\n".join(out) + "\n"
+
+
 def bench_overhead() -> str:
     keys = [("compute", "compute"), ("accumulate", "grad accumulation"), ("comm", "comm (incl. waiting)"),
             ("data", "data"), ("optimizer", "optimizer")]
@@ -472,6 +489,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-memory": bench_memory,
     "bench-memory-note": bench_memory_note,
     "bench-overhead": bench_overhead,
+    "bench-rank-memory": bench_rank_memory,
     "schedule-orders": lambda: tool_table("schedule_table.py"),
     "keys-train": lambda: tool_table("recipe_keys.py", "train"),
     "keys-data": lambda: tool_table("recipe_keys.py", "data"),
