@@ -96,3 +96,11 @@ def test_runtime_from_recipe_refuses_before_any_set_up():
     from hyperparallel.api import Runtime
     with pytest.raises(SpecError, match=r"^mpipe.memory_limit_gb: device \d's predicted peak .* refused before launch$"):
         Runtime.from_recipe(recipe("tiny_mllm.yaml"), overrides=[_limit(0.001)])
+
+
+def test_bench_refuses_before_launch(cli, tmp_path):
+    r = cli("bench", recipe("tiny_mllm.yaml"), "--schedule", "1f1b", "--recipe-profile", "--set", _limit(0.001),
+            "--run-dir", str(tmp_path / "b"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: mpipe.memory_limit_gb: device ")
+    assert not (tmp_path / "b").exists()
