@@ -97,3 +97,15 @@ def test_bad_optimizer_option_is_a_one_line_error_exit_2(cli, command):
     r = cli(command, TINY, "--schedule", "1f1b(optimizer=sharded)")
     assert r.returncode == 2 and r.stderr.strip().startswith("error: schedule.optimizer: 'sharded': only the transpose")
 
+
+
+def test_train_refuses_sharding_an_optimizer_the_flat_shard_does_not_reproduce(cli, tmp_path):
+    # MindFormers' AdamW groups parameters (no weight decay for biases and 1-D ones): a flat shard cannot
+    r = cli("train", recipe("mf_llama_adamw.yaml"), "--schedule", "transpose(optimizer=sharded)",
+            "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == ("error: schedule.optimizer: sharded (vision) needs the train: section's adam or sgd without "
+                         "weight decay (a flat shard treats every element alike), not MindFormers' AdamW (weight-decay "
+                         "groups); use optimizer=replicated"), lines
+    assert not (tmp_path / "run").exists()
