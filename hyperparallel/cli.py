@@ -8,13 +8,14 @@ Bad input exits with status 2 and a one-line ``error: field: message``; no trace
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import List, Optional
 
 from .bench import bench, profile
 from .commands import data, plan, simulate, train, tune
 from .mpipe.errors import PlanError, SpecError
-from .util import error
+from .util import error, writable_dir
 
 
 # -- flags shared by several commands ---------------------------------------------------------
@@ -202,12 +203,27 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_dirs(args) -> None:
+    """The output directories a command will write, refused before any work when they cannot be."""
+    for flag in ("run_dir", "save_dir"):
+        path = getattr(args, flag, None)
+        if path is not None:
+            writable_dir("--" + flag.replace("_", "-"), path)
+    for flag in ("timeout",):
+        v = getattr(args, flag, None)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise SpecError(f"--{flag}", f"must be a number of seconds > 0, got {v}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_dirs(args)
         return args.func(args)
     except (SpecError, PlanError) as e:
         return error(str(e).splitlines()[0])
+    except OSError as e:   # the last guard: a file the checks above did not foresee, named, no traceback
+        return error(f"{e.filename or 'file'}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

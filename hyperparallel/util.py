@@ -32,3 +32,43 @@ def quantile(xs: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(v) - 1)
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def output_file(flag: str, path: str, suffixes: Sequence[str] = ()) -> str:
+    """``path`` if a file can be written there (refused naming ``flag`` otherwise, before any work):
+    not a directory, its folder exists and is writable, and (with ``suffixes``) it ends with one."""
+    import os
+    from .mpipe.errors import SpecError
+    if not path:
+        raise SpecError(flag, "empty file name")
+    if os.path.isdir(path):
+        raise SpecError(flag, f"{path} is a directory; give a file name")
+    if suffixes and not path.lower().endswith(tuple(suffixes)):
+        raise SpecError(flag, f"{path}: the file name must end with {' or '.join(suffixes)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SpecError(flag, f"folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise SpecError(flag, f"{path} cannot be written (permission denied)")
+    return path
+
+
+def writable_dir(flag: str, path: str) -> str:
+    """``path`` if it is (or can be created as) a writable directory; refused naming ``flag``."""
+    import os
+    from .mpipe.errors import SpecError
+    if not path:
+        raise SpecError(flag, "empty directory name")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SpecError(flag, f"{path} is a file, not a directory")
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise SpecError(flag, f"{path} cannot be created: {probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise SpecError(flag, f"{path} cannot be written ({probe}: permission denied)")
+    return path

@@ -30,10 +30,16 @@ def precheck(rc, recipe_path: str, overrides=()):
     n, samples, problems = scan(rc.data, _data_format(rc))
     sets = "".join(f" --set {shlex.quote(o)}" for o in overrides)   # the hint repeats the user's --set flags
     hint = f"list all: hyperparallel data check {recipe_path}{sets}"
-    if problems and rc.data.on_bad_sample == "error":
-        raise SpecError("data", f"{len(problems)} bad sample(s) in {rc.data.path} ({summary(problems)}); "
-                                f"first: {problems[0]} ({hint}; or set data.on_bad_sample=skip)")
+    if n == 0:
+        raise SpecError("data.path", f"{rc.data.path} has no samples")
+    if not samples:   # skip would leave nothing to train on: never suggest it
+        raise SpecError("data.path", f"no usable sample in {rc.data.path}: all {n} have problems "
+                                     f"({summary(problems)}); first: {problems[0]} ({hint})")
     late = [p for p in problems if p.kind in LATE_KINDS]
+    if problems and rc.data.on_bad_sample == "error":
+        skip = "" if late else "; or set data.on_bad_sample=skip"   # skip cannot leave out late problems
+        raise SpecError("data", f"{len(problems)} bad sample(s) in {rc.data.path} ({summary(problems)}); "
+                                f"first: {problems[0]} ({hint}{skip})")
     if late:
         raise SpecError("data", f"{len(late)} image(s) pass the header check but fail to decode or decode to "
                                 f"another size, so the run cannot skip their samples; first: {late[0]} ({hint}); "
@@ -57,8 +63,20 @@ def run(args) -> int:
         return 1
     print(f"data check {args.recipe}: {rc.data.path}: {n} samples, {len(samples)} usable, "
           f"{len(problems)} with problems")
+    if n == 0:
+        print(f"error: data.path: {rc.data.path} has no samples", file=sys.stderr)
+        return 1
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
+    if problems and not samples:
+        print(f"problems by kind: {summary(problems)} (no usable sample: data.on_bad_sample: skip would leave "
+              "nothing to train on)", file=sys.stderr)
+        return 1
+    late = [p for p in problems if p.kind in LATE_KINDS]
+    if late:
+        print(f"problems by kind: {summary(problems)} ({len(late)} image(s) fail only when decoded: "
+              "data.on_bad_sample: skip cannot leave their samples out; fix or remove them)", file=sys.stderr)
+        return 1
     if problems:
         print(f"problems by kind: {summary(problems)} (data.on_bad_sample: skip leaves these "
               f"{len(problems)} out; error stops)", file=sys.stderr)

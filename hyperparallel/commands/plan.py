@@ -2,16 +2,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
+from ..mpipe import bounds
 from ..mpipe.check import check
 from ..mpipe.errors import SpecError
 from ..mpipe.ir import Plan
 from ..mpipe.table import program_table
 from ..recipe import derive_recipe, load_recipe, memory_warning, planned
+from ..util import output_file
 
 
 def cmd_plan(args) -> int:
+    if args.export:
+        output_file("--export", args.export)
     recipe, plan = planned(args.recipe, args.overrides, args.schedule)
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
           f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
@@ -40,17 +45,34 @@ def cut_lines(plan) -> str:
     return "\n".join(out)
 
 
+def load_plan_file(path: str) -> Plan:
+    """An exported plan JSON file, every value checked: refusals name the file and the field."""
+    if os.path.isdir(path):
+        raise SpecError("plan", f"{path} is a directory, not a plan JSON file")
+    if not os.path.isfile(path):
+        raise SpecError("plan", f"file not found: {path}")
+    if os.path.getsize(path) > bounds.MAX_PLAN_BYTES:
+        raise SpecError("plan", f"{path} is {os.path.getsize(path):,} bytes, above the bound {bounds.MAX_PLAN_BYTES:,}")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError("plan", f"{path} byte {e.start} (0x{data[e.start]:02x}): not UTF-8") from None
+    try:
+        return Plan.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError("plan", f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise SpecError("plan", f"{path}: nested too deep to read") from None
+    except SpecError as e:
+        raise SpecError(f"plan {e.field}" if e.field != "plan" else "plan", f"{path}: {str(e)[len(e.field) + 2:]}") \
+            from None
+
+
 def cmd_check(args) -> int:
     if args.recipe.endswith(".json"):
-        try:
-            with open(args.recipe) as f:
-                plan = Plan.loads(f.read())
-        except FileNotFoundError:
-            raise SpecError("plan", f"file not found: {args.recipe}") from None
-        except json.JSONDecodeError as e:
-            raise SpecError("plan", f"{args.recipe} is not valid JSON: {e}") from None
-        except (ValueError, TypeError, KeyError) as e:
-            raise SpecError("plan", f"{args.recipe}: {e}") from None
+        plan = load_plan_file(args.recipe)
     else:
         plan = derive_recipe(load_recipe(args.recipe, args.overrides), args.schedule)
     errs = check(plan)

@@ -10,23 +10,41 @@ first, with their predicted peak and its parts) and a warning line goes to stder
 from __future__ import annotations
 
 import json
+import math
 import sys
 
+from ..mpipe import bounds
 from ..mpipe.cost import simulate
 from ..mpipe.errors import SpecError
 from ..mpipe.table import text_table
 from ..recipe import checked_plan, load_recipe, memory_excess, memory_warning, steady_steps
+from ..util import output_file
 
 
 def run_simulate(args) -> int:
-    recipe = load_recipe(args.recipe, args.overrides)
-    schedules = args.schedule or [None]
+    if args.trace:
+        output_file("--trace", args.trace)
+    if args.png:
+        output_file("--png", args.png, (".png", ".svg", ".pdf"))
     if args.steps is not None and args.steps < 1:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
+    if args.steps is not None:
+        bounds.at_most("--steps", args.steps, bounds.MAX_SIM_STEPS, "(the steady state shows after 3 steps)")
+    recipe = load_recipe(args.recipe, args.overrides)
+    schedules = args.schedule or [None]
     plans = [checked_plan(recipe, s) for s in schedules]
     # next-step spill only shows in the steady state: then every schedule runs the same steps
     steps = args.steps or steady_steps(plans)
+    for plan in plans:
+        runs = steps * sum(len(p) for p in plan.programs.values())
+        if runs > bounds.MAX_SIM_RUNS:
+            raise SpecError("--steps", f"{steps} steps x {runs // steps:,} actions = {runs:,} action runs is above "
+                                       f"the bound {bounds.MAX_SIM_RUNS:,}; give fewer --steps")
     results = [(plan, simulate(plan, recipe.profile, steps=steps)) for plan in plans]
+    for plan, rep in results:
+        if not math.isfinite(rep.makespan_ms) or not all(math.isfinite(d.peak_memory_mb) for d in rep.devices):
+            raise SpecError("mpipe.profile", f"the costs are too large: schedule {plan.meta['schedule_name']} "
+                                             "predicts a step time or memory that is not a finite number")
     base = results[0][1].makespan_ms
     objs = []
     for plan, rep in results:

@@ -30,10 +30,11 @@ def _prepare(args):
     plan = checked_plan(recipe, args.schedule)
     refuse_over_memory_limit(recipe, plan)   # the predicted peak of every device within mpipe.memory_limit_gb
     refuse_sharded_optimizer(plan, rc.train)
-    if args.steps is not None and args.steps < 1:
-        raise SpecError("--steps", f"must be >= 1, got {args.steps}")
-    if args.save_every is not None and args.save_every < 0:
-        raise SpecError("--save-every", f"must be >= 0, got {args.save_every}")
+    from ..recipe.train import MAX_STEPS
+    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
+        raise SpecError("--steps", f"must be 1..{MAX_STEPS:,}, got {args.steps}")
+    if args.save_every is not None and not 0 <= args.save_every <= MAX_STEPS:
+        raise SpecError("--save-every", f"must be 0..{MAX_STEPS:,}, got {args.save_every}")
     args.source = _source(args)
     from .data import precheck
     line, usable = precheck(rc, args.recipe, args.overrides)   # the whole data set scanned: bad samples stop here, named

@@ -7,6 +7,7 @@ refuses a key the recipe sets that the model's layout does not read.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -27,9 +28,15 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+MAX_SEED = 2 ** 32 - 1   # numpy's and MindSpore's seeds are 32-bit
+# integer keys and their bounds (far beyond real data sets; README "Bad input")
+INT_BOUNDS = {"seq_len": 1 << 20, "micro_batch_size": 65_536, "image_size": 16_384, "patch": 16_384,
+              "num_parallel_workers": 256, "prefetch": 4096}
+
+
 def _check_rgb(key: str, v, positive: bool = False) -> None:
     if not isinstance(v, list) or len(v) != 3 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                         for x in v):
+                                                         and math.isfinite(x) for x in v):
         raise SpecError(f"data.{key}", f"a list of 3 numbers (R, G, B), got {v!r}")
     if positive and any(float(s) <= 0 for s in v):
         raise SpecError(f"data.{key}", "must be > 0")
@@ -93,32 +100,37 @@ class ConversationsConfig(PatchGeometry):
             v = getattr(self, key)
             if not isinstance(v, str) or not v:
                 raise SpecError(f"data.{key}", "required for data.type conversations")
+            if os.path.isdir(v):
+                raise SpecError(f"data.{key}", f"{v} is a directory; give the file")
             if not os.path.isfile(v):
                 raise SpecError(f"data.{key}", f"file not found: {v} ({DEMO_HINT})")
         if not self.path.endswith((".json", ".jsonl")):
             raise SpecError("data.path", f"{self.path} must be a .json (list of samples) or .jsonl file")
+        if self.image_root is not None and not isinstance(self.image_root, str):
+            raise SpecError("data.image_root", f"must be a folder name, got {self.image_root!r}")
         if not os.path.isdir(self.root):
             raise SpecError("data.image_root", f"folder not found: {self.root}")
         if self.on_bad_sample not in POLICIES:
             raise SpecError("data.on_bad_sample", f"{self.on_bad_sample!r} unknown (error, skip)")
-        for k in ("seq_len", "micro_batch_size", "image_size", "patch", "num_parallel_workers", "prefetch"):
-            if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
-                raise SpecError(f"data.{k}", "must be an integer >= 1")
+        for k, bound in INT_BOUNDS.items():
+            v = getattr(self, k)
+            if not _is_int(v) or v < 1:   # true is no 1
+                raise SpecError(f"data.{k}", f"must be an integer >= 1, got {v!r}")
+            if v > bound:
+                raise SpecError(f"data.{k}", f"{v} is above the bound {bound:,}")
         if self.image_size % self.patch:
             raise SpecError("data.patch", "must divide data.image_size")
         if self.channels != 3:
             raise SpecError("data.channels", "images are decoded to RGB (3)")
-        for k in ("mean", "std"):
-            v = getattr(self, k)
-            if not isinstance(v, list) or len(v) != 3:
-                raise SpecError(f"data.{k}", "a list of 3 numbers (R, G, B)")
-        if any(float(s) <= 0 for s in self.std):
-            raise SpecError("data.std", "must be > 0")
+        _check_rgb("mean", self.mean)
+        _check_rgb("std", self.std, positive=True)
         self._validate_qwen()
         if not isinstance(self.shuffle, bool):
             raise SpecError("data.shuffle", f"true or false, got {self.shuffle!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise SpecError("data.seed", f"an integer (or null: train.seed), got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise SpecError("data.seed", f"an integer 0..{MAX_SEED} (or null: train.seed), got {self.seed!r}")
+        if self.vocab is not None and (not _is_int(self.vocab) or self.vocab < 1):
+            raise SpecError("data.vocab", f"must be an integer >= 1 (or null: the tokenizer's), got {self.vocab!r}")
         size = self.load_tokenizer().vocab_size
         if self.vocab is not None and int(self.vocab) < size:
             raise SpecError("data.vocab", f"{self.vocab} is smaller than the vocabulary of the tokenizer "

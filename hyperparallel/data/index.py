@@ -39,22 +39,39 @@ def read_records(path: str):
     """(where, record or None, problem or None) for every sample of a .json list or .jsonl file."""
     name = path
     if path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                where = f"{name}:{n}"
+                try:
+                    line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    yield where, None, Problem(where, "not_utf8", f"byte 0x{raw[e.start]:02x} at column "
+                                                                  f"{e.start + 1} is not UTF-8")
+                    continue
                 if not line.strip():
                     continue
-                where = f"{name}:{n}"
                 try:
                     yield where, json.loads(line), None
                 except json.JSONDecodeError as e:
                     yield where, None, Problem(where, "malformed_json", f"{e.msg} at column {e.pos + 1}")
+                except RecursionError:
+                    yield where, None, Problem(where, "malformed_json", "nested too deep")
         return
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise SpecError("data.path", f"{name}:{e.lineno}: malformed JSON ({e.msg}, column {e.colno}); "
-                             "the whole file is unusable") from None
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise SpecError("data.path", f"{name}:{line}: byte 0x{raw[e.start]:02x} (byte {e.start} of the file) is not "
+                                     "UTF-8; the whole file is unusable") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError("data.path", f"{name}:{e.lineno}: malformed JSON ({e.msg}, column {e.colno}); "
+                         "the whole file is unusable") from None
+    except RecursionError:
+        raise SpecError("data.path", f"{name}: nested too deep to read; the whole file is unusable") from None
     if not isinstance(data, list):
         raise SpecError("data.path", f"{name}: expected a JSON list of samples")
     for i, rec in enumerate(data):

@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 from .errors import PlanError
 from .execute import coll_key, execute, msg_key
 from .ir import (ACT, ALL_KINDS, B, BW, COLLECTIVE_KINDS, DP_GROUP, F, GRAD, P2P_KINDS, R, RECV, SEND, W, Action,
-                 Plan, next_chunk, prev_chunk)
+                 Plan, RegionList, needs_backward, next_chunk, prev_chunk)
 
 
 class _Structure:
@@ -24,23 +24,21 @@ class _Structure:
             self.nchunks = Counter(c.region for c in plan.chunks)
             self.holders = {(c.region, c.index): set(c.devices) for c in plan.chunks}
         else:
-            self.regions, self.nchunks, self.holders = [], Counter(), None
+            self.nchunks, self.holders = Counter(), None
             seen = defaultdict(set)
             for d in sorted(plan.programs):
                 for a in plan.programs[d]:
                     if a.kind == F and a.region is not None:
-                        if a.region not in self.regions:
-                            self.regions.append(a.region)
                         seen[a.region].add(a.chunk)
+            self.regions = RegionList(seen)
             for r, cs in seen.items():
                 self.nchunks[r] = max(cs) + 1
         self.trainable = dict(plan.trainable)
+        weighted = {a.region for p in plan.programs.values() for a in p if a.kind in (W, BW)}
         for r in self.regions:
             if r not in self.trainable:
-                self.trainable[r] = any(a.kind in (W, BW) and a.region == r
-                                        for p in plan.programs.values() for a in p)
-        self.needs_bwd = {r: any(self.trainable[u] for u in self.regions[: i + 1])
-                          for i, r in enumerate(self.regions)}
+                self.trainable[r] = r in weighted
+        self.needs_bwd = needs_backward(self.regions, self.trainable)
 
     def prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
         return prev_chunk(self.regions, self.nchunks, region, chunk)

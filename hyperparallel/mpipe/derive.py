@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from . import orders
+from . import bounds, orders
 from .cut import cut
 from .execute import execute
 from .errors import SpecError
 from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, W, WEIGHTS, WGRAD,
-                 Action, Plan, next_chunk, prev_chunk)
+                 Action, Plan, RegionList, needs_backward, next_chunk, prev_chunk)
 from .owners import owner_map
 from .profile import ModelProfile, task_ms
 from .schedule import Pipe, Place, Schedule, Transpose, parse_schedule
@@ -73,7 +73,7 @@ class _Derivation:
 
     def __init__(self, profile: ModelProfile, schedule: Schedule, P: int, M: int, V: int, D: int):
         self.profile, self.schedule, self.P, self.M, self.V, self.D = profile, schedule, P, M, V, D
-        self.regions = [r for r, _ in schedule.parts]
+        self.regions = RegionList(r for r, _ in schedule.parts)
         self.ridx = {r: i for i, r in enumerate(self.regions)}
         self.body, self.pipe = schedule.body
         orders.validate(self.pipe.order, P, V, M)
@@ -82,8 +82,7 @@ class _Derivation:
         for c in self.chunks:
             self.nchunks[c.region] += 1
         self.trainable = {r: profile.region(r).trainable for r in self.regions}
-        self.needs_bwd = {r: any(self.trainable[u] for u in self.regions[: i + 1])
-                          for i, r in enumerate(self.regions)}
+        self.needs_bwd = needs_backward(self.regions, self.trainable)
         self._validate_upstream()
         self.main = self._body_sequences()
         self.pairs = {d: orders.overlap_pairs(self.pipe.order, P, V, M, d) for d in range(P)}
@@ -248,16 +247,24 @@ class _Derivation:
     def compute_order(self) -> Dict[int, List[Task]]:
         split = orders.ORDERS[self.pipe.order].split
         body_trainable = self.trainable[self.body]
-        main: Dict[int, List[Task]] = {d: list(seq) for d, seq in self.main.items()}
+        # the body sequences as linked lists (insert next to a task in O(1)); every placed task's
+        # home (device, sequence) in one map, so finding a consumer is O(1) too: no step of the
+        # layering grows with the square of M or of the region count
+        main: Dict[int, _Linked] = {d: _Linked(seq) for d, seq in self.main.items()}
         spilled: Dict[int, List[Task]] = defaultdict(list)
         prefix: Dict[int, List[Task]] = defaultdict(list)
         suffix: Dict[int, List[Task]] = defaultdict(list)
+        home: Dict[Task, Tuple[int, str]] = {t: (d, "main") for d, seq in self.main.items() for t in seq}
 
-        def where(task: Task, d: int) -> Tuple[int, List[Task]]:
-            for lst in (main[d], prefix[d], suffix[d], spilled[d]):
-                if task in lst or task._replace(step=1) in lst:
-                    return d, lst
-            raise AssertionError(f"task {task} not placed on device {d}")
+        def where(task: Task, d: int) -> Tuple[int, str]:
+            hit = home.get(task._replace(step=0))
+            if hit is None or hit[0] != d:
+                raise AssertionError(f"task {task} not placed on device {d}")
+            return hit
+
+        def put(d: int, name: str, tasks: List[Task]) -> None:
+            for t in tasks:
+                home[t._replace(step=0)] = (d, name)
 
         def grad_producer(region: str, m: int) -> Task:
             """The backward task that produces d loss / d output(region) for micro-batch m."""
@@ -276,14 +283,17 @@ class _Derivation:
                 fwd = Task(F, r, 0, m, step)
                 cd, clist = where(Task(F, nxt, 0, m), self.forward_device(nxt, 0, m))
                 if isinstance(sk, Place) and cd == d:
-                    if clist is main[d]:
-                        clist.insert(clist.index(Task(F, nxt, 0, m)), fwd)
+                    if clist == "main":
+                        main[d].insert_before(Task(F, nxt, 0, m), fwd)
                     else:
-                        clist.append(fwd)
+                        (prefix, suffix, spilled)[("prefix", "suffix", "spilled").index(clist)][d].append(fwd)
+                    put(d, clist, [fwd])
                 elif step:
                     spilled[d].append(fwd)
+                    put(d, "spilled", [fwd])
                 else:
                     prefix[d].append(fwd)
+                    put(d, "prefix", [fwd])
                 if not self.needs_bwd[r]:
                     continue
                 bwd = [Task(self._bwd_kind(r), r, 0, m)]
@@ -292,12 +302,14 @@ class _Derivation:
                     bwd = [Task(R, r, 0, m)] + bwd
                 gp = grad_producer(r, m)
                 gd, glist = where(gp, self.backward_device(nxt, m))
-                if not (isinstance(sk, Transpose) and sk.backward == "owner") and gd == d and glist is main[d]:
-                    at = glist.index(gp) + 1
-                    glist[at:at] = bwd
+                if not (isinstance(sk, Transpose) and sk.backward == "owner") and gd == d and glist == "main":
+                    main[d].insert_after(gp, bwd)
+                    put(d, "main", bwd)
                 else:
                     suffix[d].extend(bwd)
+                    put(d, "suffix", bwd)
 
+        main = {d: seq.to_list() for d, seq in main.items()}
         self._place_spilled(main, suffix, spilled)
         kind_rank = {R: 0, F: 1, B: 2, BW: 2, W: 3}
         out = {}
@@ -344,8 +356,14 @@ class _Derivation:
                     inserts.append((i, [t for u in take for t in u]))
                 if at >= len(local):
                     break
-            for i, ts in reversed(inserts):
-                main[d][i:i] = ts
+            if inserts:   # one pass (a slice insert per gap would grow with the square of M)
+                out, prev = [], 0
+                for i, ts in inserts:
+                    out.extend(main[d][prev:i])
+                    out.extend(ts)
+                    prev = i
+                out.extend(main[d][prev:])
+                main[d] = out
             suffix[d].extend(t for u in local[at:] + rest for t in u)
 
     def _spill_input_device(self, t: Task) -> Optional[int]:
@@ -484,6 +502,43 @@ class _Derivation:
                           "owners": {r: o for r, o in self.owners.items()}})
 
 
+class _Linked:
+    """A sequence of distinct tasks as a doubly linked list: insert before or after a task in O(1)."""
+
+    _HEAD = ("<head>",)
+    _TAIL = ("<tail>",)
+
+    def __init__(self, items: List[Task]):
+        self.nxt = {self._HEAD: self._TAIL}
+        self.prv = {self._TAIL: self._HEAD}
+        last = self._HEAD
+        for t in items:
+            self._link(last, t)
+            last = t
+
+    def _link(self, after, t) -> None:
+        if t in self.nxt:
+            raise AssertionError(f"task {t} placed twice")
+        n = self.nxt[after]
+        self.nxt[after], self.nxt[t] = t, n
+        self.prv[n], self.prv[t] = t, after
+
+    def insert_before(self, anchor: Task, t: Task) -> None:
+        self._link(self.prv[anchor], t)
+
+    def insert_after(self, anchor: Task, ts: List[Task]) -> None:
+        for t in ts:
+            self._link(anchor, t)
+            anchor = t
+
+    def to_list(self) -> List[Task]:
+        out, t = [], self.nxt[self._HEAD]
+        while t is not self._TAIL:
+            out.append(t)
+            t = self.nxt[t]
+        return out
+
+
 def _trailing(seq: List[Task]) -> int:
     """Index where a device's trailing block of next-step tasks starts (len(seq) if none)."""
     i = len(seq)
@@ -505,5 +560,11 @@ def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int =
     M = _positive("parallel_config.micro_batch_num", M)
     V = _positive("parallel_config.pp_interleave_num", V)
     D = _positive("parallel_config.data_parallel", D)
+    for field, value, bound in (("parallel_config.pipeline_stage", P, bounds.MAX_PIPELINE_STAGE),
+                                ("parallel_config.micro_batch_num", M, bounds.MAX_MICRO_BATCH),
+                                ("parallel_config.pp_interleave_num", V, bounds.MAX_INTERLEAVE),
+                                ("parallel_config.data_parallel", D, bounds.MAX_DATA_PARALLEL)):
+        bounds.at_most(field, value, bound)
+    bounds.check_plan_size(P, V, M, len(profile.regions))
     sched = parse_schedule(schedule, profile, V=V)
     return _Derivation(profile, sched, P, M, V, D).plan()

@@ -4,8 +4,13 @@
 class SpecError(ValueError):
     """A refused input. The message is one line naming the field and the allowed values."""
 
+    MAX_CHARS = 2000   # a value quoted in the message (e.g. a YAML alias bomb) is cut here
+
     def __init__(self, field: str, message: str):
         self.field = field
+        message = " ".join(str(message).splitlines())
+        if len(message) > self.MAX_CHARS:
+            message = message[: self.MAX_CHARS] + f"... ({len(message):,} characters)"
         super().__init__(f"{field}: {message}")
 
 

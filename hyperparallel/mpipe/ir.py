@@ -11,6 +11,9 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from . import bounds
+from .errors import SpecError, unknown_key
+
 # Compute kinds run on the compute lane.
 F = "F"      # forward of (region, chunk, micro)
 B = "B"      # input-grad backward (zero-bubble split)
@@ -85,15 +88,34 @@ class Action:
         return out
 
     @staticmethod
-    def from_json(obj: dict) -> "Action":
+    def from_json(obj: dict, where: str = "action") -> "Action":
+        """The action of a plan JSON object; every key checked (a SpecError naming ``where.key``)."""
         if not isinstance(obj, dict) or "kind" not in obj:
-            raise ValueError(f"action must be an object with a 'kind', got {obj!r}")
+            raise SpecError(where, f"must be an object with a 'kind', got {_short(obj)}")
         if obj["kind"] not in ALL_KINDS:
-            raise ValueError(f"action kind {obj['kind']!r} unknown; allowed: {', '.join(ALL_KINDS)}")
-        known = {f.name for f in fields(Action)}
-        kw = {k: v for k, v in obj.items() if k in known}
-        if kw.get("group") is not None and not isinstance(kw["group"], str):
-            kw["group"] = tuple(int(g) for g in kw["group"])
+            raise SpecError(f"{where}.kind", f"{_short(obj['kind'])} unknown; allowed: {', '.join(ALL_KINDS)}")
+        known = [f.name for f in fields(Action)]
+        if set(obj) - set(known):
+            raise unknown_key(where, obj, known)
+        kw = dict(obj)
+        for k in ("chunk", "micro", "peer", "root", "pair", "step"):
+            if kw.get(k) is not None:
+                _index(f"{where}.{k}", kw[k])
+        for k in ("region", "tensor"):
+            if kw.get(k) is not None and not isinstance(kw[k], str):
+                raise SpecError(f"{where}.{k}", f"must be a string, got {_short(kw[k])}")
+        if kw.get("tensor") is not None and kw["tensor"] not in TENSORS:
+            raise SpecError(f"{where}.tensor", f"{kw['tensor']!r} unknown; allowed: {', '.join(TENSORS)}")
+        group = kw.get("group")
+        if group is not None:
+            if isinstance(group, str):
+                if group != DP_GROUP:
+                    raise SpecError(f"{where}.group", f"{group!r} unknown; allowed: {DP_GROUP!r} or a list of devices")
+            elif isinstance(group, list):
+                kw["group"] = tuple(_index(f"{where}.group[{i}]", g) for i, g in enumerate(group))
+            else:
+                raise SpecError(f"{where}.group", f"must be a list of device indices or {DP_GROUP!r}, got "
+                                                  f"{_short(group)}")
         return Action(**kw)
 
     def label(self) -> str:
@@ -116,6 +138,30 @@ class Action:
         elif self.group is not None:
             parts.append(f"group={self.group if isinstance(self.group, str) else list(self.group)}")
         return " ".join(parts)
+
+
+class RegionList(list):
+    """Region names in data-flow order; ``index`` by a map built once (a lookup per action must not
+    scan the list: plans of thousands of regions would grow with the square of the count)."""
+
+    def index(self, name, *args):
+        if args:
+            return super().index(name, *args)
+        pos = self.__dict__.get("_pos")
+        if pos is None or len(pos) != len(self):
+            pos = self.__dict__["_pos"] = {r: i for i, r in enumerate(self)}
+        if name not in pos:
+            raise ValueError(f"{name!r} is not in list")
+        return pos[name]
+
+
+def needs_backward(regions: Sequence[str], trainable: Mapping[str, bool]) -> Dict[str, bool]:
+    """Per region: some region up to and including it is trainable (its backward must run)."""
+    out, any_so_far = {}, False
+    for r in regions:
+        any_so_far = any_so_far or bool(trainable[r])
+        out[r] = any_so_far
+    return out
 
 
 def prev_chunk(regions: Sequence[str], nchunks: Mapping[str, int], region: str,
@@ -183,11 +229,7 @@ class Plan:
         return [c for c in self.chunks if device in c.devices]
 
     def regions(self) -> List[str]:
-        seen: List[str] = []
-        for c in self.chunks:
-            if c.region not in seen:
-                seen.append(c.region)
-        return seen
+        return RegionList(dict.fromkeys(c.region for c in self.chunks))
 
     def to_json(self) -> dict:
         return {
@@ -209,21 +251,84 @@ class Plan:
 
     @staticmethod
     def from_json(obj: dict) -> "Plan":
+        """The plan of a JSON object as :meth:`to_json` writes it; every value's type and size checked
+        (a :class:`SpecError` naming the field, e.g. ``programs.0[3].chunk``; bounds in :mod:`.bounds`)."""
         if not isinstance(obj, dict) or not isinstance(obj.get("programs"), dict):
-            raise ValueError("plan JSON must be an object with a 'programs' object")
-        try:
-            programs = {int(d): [Action.from_json(a) for a in prog] for d, prog in obj["programs"].items()}
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"plan JSON 'programs': {e}") from None
-        chunks = [Chunk(c["region"], int(c["index"]), int(c["start"]), int(c["stop"]),
-                        tuple(int(x) for x in c["devices"])) for c in obj.get("chunks", [])]
-        num_devices = int(obj.get("num_devices", len(programs)))
+            raise SpecError("programs", "plan JSON must be an object with a 'programs' object")
+        if set(obj) - set(PLAN_KEYS):
+            raise unknown_key("", obj, PLAN_KEYS)
+        n_actions = 0
+        programs: Dict[int, List[Action]] = {}
+        for d, prog in obj["programs"].items():
+            if not (isinstance(d, str) and d.isdigit() and d.isascii()):
+                raise SpecError(f"programs.{d}", "a program's key must be its device index (0, 1, ...)")
+            dev = bounds.at_most(f"programs.{d}", int(d), bounds.MAX_PIPELINE_STAGE - 1, "(device index)")
+            if not isinstance(prog, list):
+                raise SpecError(f"programs.{d}", f"must be a list of actions, got {_short(prog)}")
+            n_actions += len(prog)
+            if n_actions > bounds.MAX_PLAN_ACTIONS:
+                raise SpecError("programs", f"more than {bounds.MAX_PLAN_ACTIONS:,} actions (bound)")
+            programs[dev] = [Action.from_json(a, f"programs.{d}[{i}]") for i, a in enumerate(prog)]
+        chunks_obj = obj.get("chunks", [])
+        if not isinstance(chunks_obj, list):
+            raise SpecError("chunks", f"must be a list, got {_short(chunks_obj)}")
+        chunks = []
+        for i, c in enumerate(chunks_obj):
+            w = f"chunks[{i}]"
+            keys = ("region", "index", "start", "stop", "devices")
+            if not isinstance(c, dict):
+                raise SpecError(w, f"must be an object with {', '.join(keys)}")
+            if set(c) != set(keys):
+                missing = [k for k in keys if k not in c]
+                if missing:
+                    raise SpecError(f"{w}.{missing[0]}", "missing")
+                raise unknown_key(w, c, keys)
+            if not isinstance(c["region"], str):
+                raise SpecError(f"{w}.region", f"must be a string, got {_short(c['region'])}")
+            if not isinstance(c["devices"], list):
+                raise SpecError(f"{w}.devices", f"must be a list of device indices, got {_short(c['devices'])}")
+            chunks.append(Chunk(c["region"], _index(f"{w}.index", c["index"]), _index(f"{w}.start", c["start"]),
+                                _index(f"{w}.stop", c["stop"]),
+                                tuple(_index(f"{w}.devices[{j}]", x) for j, x in enumerate(c["devices"]))))
         micro = [a.micro for p in programs.values() for a in p if a.micro is not None]
-        num_micro = int(obj.get("num_micro", (max(micro) + 1) if micro else 0))
+        num_devices = _index("num_devices", obj.get("num_devices", len(programs)))
+        num_micro = _index("num_micro", obj.get("num_micro", (max(micro) + 1) if micro else 0))
+        bounds.at_most("num_devices", num_devices, bounds.MAX_PIPELINE_STAGE)
+        bounds.at_most("num_micro", num_micro, bounds.MAX_MICRO_BATCH)
+        dp = obj.get("data_parallel", 1)
+        if _index("data_parallel", dp) < 1:
+            raise SpecError("data_parallel", f"must be >= 1, got {dp}")
+        for k, typ, what in (("schedule", list, "a list"), ("trainable", dict, "an object"),
+                             ("meta", dict, "an object")):
+            if k in obj and not isinstance(obj[k], typ):
+                raise SpecError(k, f"must be {what}, got {_short(obj[k])}")
+        for r, t in obj.get("trainable", {}).items():
+            if not isinstance(t, bool):
+                raise SpecError(f"trainable.{r}", f"must be true or false, got {_short(t)}")
         return Plan(num_devices=num_devices, num_micro=num_micro, programs=programs, chunks=chunks,
                     schedule=list(obj.get("schedule", [])), trainable=dict(obj.get("trainable", {})),
-                    data_parallel=int(obj.get("data_parallel", 1)), meta=dict(obj.get("meta", {})))
+                    data_parallel=dp, meta=dict(obj.get("meta", {})))
 
     @staticmethod
     def loads(text: str) -> "Plan":
-        return Plan.from_json(json.loads(text))
+        return Plan.from_json(json.loads(text, parse_constant=_no_constant))
+
+
+PLAN_KEYS = ("num_devices", "num_micro", "data_parallel", "schedule", "trainable", "chunks", "meta", "programs")
+TENSORS = (ACT, GRAD, WGRAD, WEIGHTS)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+def _index(field: str, value) -> int:
+    """A whole number >= 0 of a plan file (``0.5``, ``"0"``, ``true``: refused naming ``field``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(field, f"must be a whole number >= 0, got {_short(value)}")
+    return value
+
+
+def _no_constant(name: str):
+    raise SpecError("plan", f"{name} is not a number JSON allows")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from . import bounds
 from .errors import SpecError, unknown_key
 
 COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
@@ -77,26 +78,35 @@ class ModelProfile:
     # the micro-batch size (samples) the per-micro-batch costs were measured at; None: not recorded
     micro_batch_size: Optional[int] = None
 
+    def __post_init__(self):
+        object.__setattr__(self, "_by_name", {r.name: r for r in self.regions})
+
     def region(self, name: str) -> RegionProfile:
-        for r in self.regions:
-            if r.name == name:
-                return r
+        r = self._by_name.get(name) if isinstance(name, str) else None
+        if r is not None:
+            return r
         raise SpecError("region", f"unknown region {name!r}; allowed: {', '.join(self.names())}")
 
     def names(self) -> Tuple[str, ...]:
         return tuple(r.name for r in self.regions)
 
     def index(self, name: str) -> int:
-        return self.names().index(self.region(name).name)
+        if not hasattr(self, "_index"):
+            object.__setattr__(self, "_index", {r.name: i for i, r in enumerate(self.regions)})
+        return self._index[self.region(name).name]
 
 
-def _number(where: str, value, integer: bool = False, minimum: float = 0.0):
+def _number(where: str, value, integer: bool = False, minimum: float = 0.0, maximum: Optional[float] = None):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(where, f"must be a {'whole ' if integer else ''}number, got {value!r}")
+    if isinstance(value, float):
+        bounds.finite(where, value)
     if integer and int(value) != value:
         raise SpecError(where, f"must be a whole number, got {value!r}")
     if value < minimum:
         raise SpecError(where, f"must be >= {minimum:g}, got {value!r}")
+    if maximum is not None:
+        bounds.at_most(where, value, maximum)
     return int(value) if integer else float(value)
 
 
@@ -112,7 +122,8 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     regions_obj = obj.get("regions")
     if not isinstance(regions_obj, list) or not regions_obj:
         raise SpecError(f"{where}.regions", "missing or empty; give a list of regions in data-flow order")
-    regions = []
+    bounds.at_most(f"{where}.regions", len(regions_obj), bounds.MAX_REGIONS, "regions")
+    regions, seen = [], set()
     for i, r in enumerate(regions_obj):
         w = f"{where}.regions[{i}]"
         if not isinstance(r, dict):
@@ -126,13 +137,14 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         name = r["name"]
         if not isinstance(name, str) or not name:
             raise SpecError(f"{w}.name", f"must be a non-empty string, got {name!r}")
-        if name in [x.name for x in regions]:
+        if name in seen:
             raise SpecError(f"{w}.name", f"duplicate region name {name!r}")
         trainable = r.get("trainable", True)
         if not isinstance(trainable, bool):
             raise SpecError(f"{w}.trainable", f"must be true or false, got {trainable!r}")
         kw = {k: _number(f"{w}.{k}", r[k]) for k in COST_KEYS if k in r}
-        regions.append(RegionProfile(name=name, layers=_number(f"{w}.layers", r["layers"], True, 1),
+        seen.add(name)
+        regions.append(RegionProfile(name=name, layers=_number(f"{w}.layers", r["layers"], True, 1, bounds.MAX_LAYERS),
                                      trainable=trainable, **kw))
     link_obj = obj.get("link", {}) or {}
     if not isinstance(link_obj, dict):

@@ -75,12 +75,16 @@ class Schedule:
 
     parts: Tuple[Tuple[str, Skeleton], ...]
 
+    def __post_init__(self):
+        # region -> skeleton, built once (a lookup per task must not copy the parts: quadratic in regions)
+        object.__setattr__(self, "_by_region", dict(self.parts))
+
     @property
     def body(self) -> Tuple[str, Pipe]:
         return self.parts[-1]  # type: ignore[return-value]
 
     def skeleton(self, region: str) -> Skeleton:
-        return dict(self.parts)[region]
+        return self._by_region[region]
 
     def to_list(self) -> List[dict]:
         out = []
@@ -267,6 +271,8 @@ def parse_schedule(spec, profile: ModelProfile, field: str = "schedule", V: int 
             spec = yaml.safe_load(spec)
         except yaml.YAMLError as e:
             raise SpecError(field, f"list form is not valid YAML: {str(e).splitlines()[0]}") from None
+        except RecursionError:
+            raise SpecError(field, "list form is nested too deep") from None
     if isinstance(spec, str):
         return expand_short(spec, profile, field, V, transpose, transpose_key)
     if isinstance(spec, list):

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Sequence, Tuple
 
-from ..mpipe import orders
+from ..mpipe import bounds, orders
 from ..mpipe.check import assert_valid
 from ..mpipe.derive import derive
 from ..mpipe.ir import Plan
@@ -111,15 +111,18 @@ def _model_config(raw: dict) -> dict:
     return mf.model_config(raw)
 
 
-def _whole(value, name: str) -> int:
+def _whole(value, name: str, bound: Optional[int] = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(name, f"must be a whole number >= 1, got {value!r}")
-    return value
+    return value if bound is None else bounds.at_most(name, value, bound)
 
 
 def _parallel(raw: dict) -> Tuple[int, int, int, int, str]:
     """(P, M, V, D, the key that set V) from ``parallel_config`` and MindFormers' V keys."""
     pc = raw.get("parallel_config")
+    if pc is not None and not isinstance(pc, dict):
+        raise SpecError("parallel_config", f"must be a mapping with pipeline_stage and micro_batch_num, got "
+                                           f"{type(pc).__name__} {pc!r}")
     if not isinstance(pc, dict):
         raise SpecError("parallel_config", "missing; give pipeline_stage and micro_batch_num "
                                            "(and optional pp_interleave_num, data_parallel)")
@@ -134,10 +137,10 @@ def _parallel(raw: dict) -> Tuple[int, int, int, int, str]:
                             f"{pc['pp_interleave_num']!r} differs from model.model_config.pp_interleave_num "
                             f"{mc_v!r}; give one of them")
         v_key, v = "model.model_config.pp_interleave_num", mc_v
-    P = _whole(pc["pipeline_stage"], "parallel_config.pipeline_stage")
-    M = _whole(pc["micro_batch_num"], "parallel_config.micro_batch_num")
-    V = _whole(v, v_key)
-    D = _whole(pc.get("data_parallel", 1), "parallel_config.data_parallel")
+    P = _whole(pc["pipeline_stage"], "parallel_config.pipeline_stage", bounds.MAX_PIPELINE_STAGE)
+    M = _whole(pc["micro_batch_num"], "parallel_config.micro_batch_num", bounds.MAX_MICRO_BATCH)
+    V = _whole(v, v_key, bounds.MAX_INTERLEAVE)
+    D = _whole(pc.get("data_parallel", 1), "parallel_config.data_parallel", bounds.MAX_DATA_PARALLEL)
     interleave = mf.pipeline_interleave(raw)
     if interleave is False or (interleave is None and mf.is_mindformers_config(raw)):
         # MindFormers' LayerSetting: pp_interleave_num only counts with pipeline_interleave on
@@ -196,9 +199,12 @@ def _mpipe(raw: dict) -> Tuple[dict, dict]:
         raise unknown_key("mpipe.encoder", enc, ENCODER_KEYS)
     if "trainable" in enc and not isinstance(enc["trainable"], bool):
         raise SpecError("mpipe.encoder.trainable", f"must be true or false, got {enc['trainable']!r}")
-    for opt in TRANSPOSE_KEYS:
+    from ..mpipe.schedule import BACKWARDS, OWNERS, SPILLS
+    for opt, allowed in zip(TRANSPOSE_KEYS, (OWNERS, BACKWARDS, SPILLS)):
         if opt in enc and not isinstance(enc[opt], str):
             raise SpecError(f"mpipe.encoder.{opt}", f"must be a name, got {enc[opt]!r}")
+        if opt in enc and enc[opt] not in allowed:   # named here: the schedule only takes it as a default
+            raise SpecError(f"mpipe.encoder.{opt}", f"{enc[opt]!r} unknown; allowed: {', '.join(allowed)}")
     return mp, dict(enc)
 
 
@@ -298,6 +304,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
             raise SpecError("mpipe.profile", "missing; give the regions with their per-layer costs (or "
                                              "model.model_config.num_hidden_layers for a unit-cost profile)")
     profile = parse_profile(_set_trainable(prof, raw, enc, hand_written))
+    bounds.check_plan_size(P, V, M, len(profile.regions))
     spec = _schedule_spec(raw, mp, P, V, M, v_key)
     device = device_of(raw)
     recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,

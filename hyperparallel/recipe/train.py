@@ -54,9 +54,15 @@ def _number(key: str, v, least: float = 0.0, strict: bool = False) -> float:
     return float(v)
 
 
-def _whole(key: str, v, least: int) -> int:
+MAX_SEED = 2 ** 32 - 1        # numpy's and MindSpore's seeds are 32-bit
+MAX_STEPS = 10 ** 9           # train.steps, train.save_every
+
+
+def _whole(key: str, v, least: int, most: Optional[int] = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < least:
         raise SpecError(key, f"must be a whole number >= {least}, got {v!r}")
+    if most is not None and v > most:
+        raise SpecError(key, f"must be a whole number {least}..{most:,}, got {v!r}")
     return v
 
 
@@ -133,9 +139,9 @@ class TrainConfig:
             raise SpecError("train", f"must be a mapping (keys: {', '.join(TrainConfig.TRAIN_KEYS)}), got {sec!r}")
         if set(sec) - set(TrainConfig.TRAIN_KEYS):
             raise unknown_key("train", sec, TrainConfig.TRAIN_KEYS)
-        for key, least in (("seed", 0), ("steps", 1), ("save_every", 0)):
+        for key, least, most in (("seed", 0, MAX_SEED), ("steps", 1, MAX_STEPS), ("save_every", 0, MAX_STEPS)):
             if key in sec:
-                _whole(f"train.{key}", sec[key], least)
+                _whole(f"train.{key}", sec[key], least, most)
         if "lr" in sec:
             _number("train.lr", sec["lr"], 0.0, strict=True)
         if "optimizer" in sec and sec["optimizer"] not in OPTIMIZERS:
@@ -148,7 +154,7 @@ class TrainConfig:
             if "seed" in sec and sec["seed"] != raw["seed"]:
                 raise SpecError("train.seed", f"{sec['seed']!r} contradicts the top-level seed {raw['seed']!r}; give "
                                               "it in one place")
-            seed = _whole("seed", raw["seed"], 0)
+            seed = _whole("seed", raw["seed"], 0, MAX_SEED)
             keys["seed"] = "seed"
         mf_opt, mf_lr = raw.get("optimizer"), raw.get("lr_schedule")
         for k in ("optimizer", "lr"):
