@@ -21,8 +21,12 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
+# the fuzz test's longer mode (CI runs a bounded number of examples): HP_FUZZ_EXAMPLES per fuzz test
+fuzz: install
+	HP_FUZZ_EXAMPLES=$${HP_FUZZ_EXAMPLES:-2000} $(PY) -m pytest -q tests/test_fuzz.py
+
 # the demo conversations data set that recipes/tiny_mllm_data.yaml reads (see README "Your own data")
 demo-data: install
 	$(PY) tools/make_demo_data.py data/demo
 
-.PHONY: install demo test demo-data
+.PHONY: install demo test demo-data fuzz

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
+import math
+
 import numpy as np
 
 from .batch import MicroBatch, PatchGeometry, patchify
@@ -55,6 +57,21 @@ class DataConfig(PatchGeometry):
         return cfg
 
     def validate(self) -> None:
+        for k in ("micro_batch_size", "text_len", "vocab", "image_size", "channels", "patch", "num_classes",
+                  "video_frames"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"data.{k}", f"must be a whole number >= 1, got {v!r}")
+            if v > 1 << 20:
+                raise SpecError(f"data.{k}", f"{v} is above the bound {1 << 20:,}")
+        for k in ("noise", "video_prob"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise SpecError(f"data.{k}", f"must be a finite number >= 0, got {v!r}")
+        ps = self.images_per_sample
+        if not isinstance(ps, list) or not ps or len(ps) > 64 or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in ps):
+            raise SpecError("data.images_per_sample", f"must be a list of probabilities summing to 1, got {ps!r}")
         p = np.asarray(self.images_per_sample, float)
         if p.ndim != 1 or len(p) < 1 or (p < 0).any() or abs(p.sum() - 1) > 1e-6:
             raise SpecError("data.images_per_sample", "must be a list of probabilities summing to 1")

@@ -51,8 +51,14 @@ class TinyMLLM(VitLLMAdapter):
         known = {f.name for f in fields(ModelConfig)}
         self.cfg = ModelConfig(**{k: v for k, v in data_shapes.items() if k in known}, **sec)
         for key in ("vision_layers", "llm_layers", "vision_dim", "llm_dim", "vision_heads", "llm_heads", "mlp_ratio"):
-            if int(getattr(self.cfg, key)) < 1:
-                raise SpecError(f"model.{key}", "must be >= 1")
+            v = getattr(self.cfg, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"model.{key}", f"must be a whole number >= 1, got {v!r}")
+            if v > 1 << 20:
+                raise SpecError(f"model.{key}", f"{v} is above the bound {1 << 20:,}")
+        std = self.cfg.init_std
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std < 1e3:
+            raise SpecError("model.init_std", f"must be a number > 0, got {std!r}")
         for dim, heads in (("vision_dim", "vision_heads"), ("llm_dim", "llm_heads")):
             if getattr(self.cfg, dim) % getattr(self.cfg, heads):
                 raise SpecError(f"model.{heads}", f"must divide model.{dim}")

@@ -18,6 +18,7 @@ MAX_DATA_PARALLEL = 65_536     # D
 MAX_REGIONS = 1000             # profile regions
 MAX_LAYERS = 100_000           # layers of one region
 MAX_TASKS = 100_000            # forwards of one step: M x (P x V + regions - 1)
+MAX_COST = 1e9                 # one cost of a profile region (ms or MB)
 MAX_SIM_STEPS = 1000           # simulate --steps
 MAX_SIM_RUNS = 2_000_000       # simulate: steps x actions of the plan
 MAX_PLAN_ACTIONS = 2_000_000   # actions of a plan JSON file (check)

@@ -51,6 +51,32 @@ def _where(d: int, i: int, a: Action) -> str:
     return f"device {d} action {i} ({a.label()})"
 
 
+def check_chunks(plan: Plan) -> List[str]:
+    """The chunk table: per region the indices 0..n-1 once each, layer ranges that are not empty and
+    follow on, holders among the plan's devices."""
+    errs = []
+    by_region = defaultdict(list)
+    for c in plan.chunks:
+        by_region[c.region].append(c)
+    for r, cs in by_region.items():
+        idx = sorted(c.index for c in cs)
+        if idx != list(range(len(cs))):
+            errs.append(f"chunks of region {r!r}: indices {idx} are not 0..{len(cs) - 1} once each")
+            continue
+        cs = sorted(cs, key=lambda c: c.index)
+        for c in cs:
+            if c.stop <= c.start:
+                errs.append(f"chunk {c.index} of region {r!r}: empty layer range {c.start}..{c.stop}")
+            if not c.devices or any(not 0 <= x < plan.num_devices for x in c.devices):
+                errs.append(f"chunk {c.index} of region {r!r}: holders {list(c.devices)} not among devices "
+                            f"0..{plan.num_devices - 1}")
+        for a, b in zip(cs, cs[1:]):
+            if b.start != a.stop:
+                errs.append(f"chunk {b.index} of region {r!r} starts at layer {b.start}, not where chunk "
+                            f"{a.index} stops ({a.stop})")
+    return errs
+
+
 def check_structure(plan: Plan, st: _Structure) -> List[str]:
     errs = []
     P = plan.num_devices
@@ -63,9 +89,9 @@ def check_structure(plan: Plan, st: _Structure) -> List[str]:
             if a.is_compute:
                 if a.region not in st.nchunks or a.chunk is None or not 0 <= a.chunk < st.nchunks[a.region]:
                     errs.append(f"{_where(d, i, a)}: unknown region/chunk")
-                elif st.holders is not None and d not in st.holders[(a.region, a.chunk)]:
+                elif st.holders is not None and d not in st.holders.get((a.region, a.chunk), ()):
                     errs.append(f"{_where(d, i, a)}: chunk is not held by device {d} "
-                                f"(holders {sorted(st.holders[(a.region, a.chunk)])})")
+                                f"(holders {sorted(st.holders.get((a.region, a.chunk), ()))})")
                 if a.micro is None or not 0 <= a.micro < plan.num_micro:
                     errs.append(f"{_where(d, i, a)}: micro-batch outside 0..{plan.num_micro - 1}")
             if a.kind in P2P_KINDS and (a.peer is None or not 0 <= a.peer < P or a.peer == d):
@@ -239,6 +265,9 @@ def check_deadlock(plan: Plan) -> List[str]:
 
 def check(plan: Plan) -> List[str]:
     """All findings, most basic first; an empty list means the plan is valid."""
+    errs = check_chunks(plan)
+    if errs:
+        return errs
     st = _Structure(plan)
     for stage in (lambda: check_structure(plan, st), lambda: check_completeness(plan, st),
                   lambda: check_dependencies(plan, st), lambda: check_fifo(plan),

@@ -142,7 +142,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         trainable = r.get("trainable", True)
         if not isinstance(trainable, bool):
             raise SpecError(f"{w}.trainable", f"must be true or false, got {trainable!r}")
-        kw = {k: _number(f"{w}.{k}", r[k]) for k in COST_KEYS if k in r}
+        kw = {k: _number(f"{w}.{k}", r[k], maximum=bounds.MAX_COST) for k in COST_KEYS if k in r}
         seen.add(name)
         regions.append(RegionProfile(name=name, layers=_number(f"{w}.layers", r["layers"], True, 1, bounds.MAX_LAYERS),
                                      trainable=trainable, **kw))

@@ -16,6 +16,7 @@ Tokens per micro-batch: the language model's sequence length (``data.seq_len``, 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -27,9 +28,16 @@ RATE_TFLOPS = {"CPU": 0.05, "Ascend": 120.0}
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def _pos(v):
+    """``v`` if it is a finite number in (0, 1e12] (a size the estimate can use), else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v <= 1e12:
+        return v
+    return None
+
+
 def _first(cfg: dict, *keys, default=None):
     for k in keys:
-        if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool):
+        if _pos(cfg.get(k)) is not None:
             return cfg[k]
     return default
 
@@ -79,33 +87,35 @@ def _images_per_sample(data: dict) -> Tuple[float, str]:
     if "path" not in data:   # generated data: its defaults where data: does not say
         data = {**SYNTHETIC_IMAGES, **data}
     p = data.get("images_per_sample")
-    if isinstance(p, (list, tuple)) and p:
+    if isinstance(p, (list, tuple)) and p and all(x == 0 or _pos(x) is not None for x in p):
         mean = sum(i * float(x) for i, x in enumerate(p))
-        vp = float(data.get("video_prob", 0.0) or 0.0)
-        mean = (1 - vp) * mean + vp * float(data.get("video_frames", 0) or 0)
+        vp = data.get("video_prob", 0.0)
+        vp = float(vp) if _pos(vp) is not None and vp <= 1 else 0.0
+        mean = (1 - vp) * mean + vp * float(_pos(data.get("video_frames")) or 0)
         return mean, f"{mean:.2f} images per sample ({src})"
     return 1.0, "1 image per sample (assumed)"
 
 
 def _tokens_per_image(cfg: dict, data: dict) -> Tuple[float, str]:
-    patch = _first(cfg, "patch_size", default=data.get("patch"))
-    if isinstance(data.get("max_pixels"), (int, float)) and patch:
+    patch = _first(cfg, "patch_size", default=_pos(data.get("patch")))
+    if _pos(data.get("max_pixels")) is not None and patch:
         n = float(data["max_pixels"]) / (patch * patch)
         return n, f"{n:.0f} patches per image (data.max_pixels)"
-    size = data.get("image_size") or cfg.get("image_size")
-    if isinstance(size, (int, float)) and patch:
+    size = _pos(data.get("image_size")) or _pos(cfg.get("image_size"))
+    if size is not None and patch:
         n = (float(size) / patch) ** 2
         return n, f"{n:.0f} patches per image ({size}/{patch} squared)"
     return 256.0, "256 patches per image (assumed)"
 
 
 def _seq_len(model_cfg: dict, data: dict) -> Tuple[int, str]:
-    if isinstance(data.get("seq_len"), int):
+    if isinstance(_pos(data.get("seq_len")), int):
         return data["seq_len"], "data.seq_len"
-    if isinstance(model_cfg.get("seq_length"), int):
+    if isinstance(_pos(model_cfg.get("seq_length")), int):
         return model_cfg["seq_length"], "seq_length"
-    if isinstance(data.get("text_len"), int):
-        p = data.get("images_per_sample") or [0, 1]
+    if isinstance(_pos(data.get("text_len")), int):
+        p = data.get("images_per_sample")
+        p = p if isinstance(p, list) and p else [0, 1]
         return data["text_len"] + max(len(p) - 1, 0), "data.text_len + images"
     return 2048, "2048 tokens (assumed)"
 

@@ -20,15 +20,17 @@ def apply_override(raw: dict, item: str) -> None:
     if "=" not in item or not item.split("=", 1)[0].strip():
         raise SpecError("--set", f"expected key.path=value, got {item!r}")
     key, text = item.split("=", 1)
-    loader = _StrictLoader(text, "the value", f"--set {key.strip()}")
+    loader = None
     try:
+        loader = _StrictLoader(text, "the value", f"--set {key.strip()}")
         value = loader.get_single_data() if text.strip() else ""
     except yaml.YAMLError:
         value = text
     except RecursionError:
         raise SpecError(f"--set {key.strip()}", "the value is nested too deep") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     parts = key.strip().split(".")
     node = raw
     for i, p in enumerate(parts):
@@ -172,8 +174,9 @@ def _read_text(path: str, field: str) -> str:
 
 def parse_yaml(text: str, path: str, field: str = "recipe"):
     """``text`` loaded by the strict loader; every YAML error is a one-line refusal naming ``path`` and the line."""
-    loader = _StrictLoader(text, path, field)
+    loader = None
     try:
+        loader = _StrictLoader(text, path, field)
         return loader.get_single_data()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -183,7 +186,8 @@ def parse_yaml(text: str, path: str, field: str = "recipe"):
     except RecursionError:
         raise SpecError(field, f"{path}: nested too deep to read") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _load_yaml(path: str, chain: Tuple[str, ...] = ()) -> dict:

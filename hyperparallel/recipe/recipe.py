@@ -156,10 +156,11 @@ UNIT = dict(forward_ms=1.0, backward_ms=1.0, weight_ms=1.0, activation_mb=1.0, o
 def _batch(raw: dict) -> int:
     """Sequences per micro-batch: ``data.micro_batch_size``, else MindFormers' batch-size keys, else 1."""
     data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
-    if isinstance(data.get("micro_batch_size"), int):
-        return data["micro_batch_size"]
+    v = data.get("micro_batch_size")
+    if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65_536:
+        return v
     for _, v in schema.batch_size_keys(raw):
-        if isinstance(v, int) and v >= 1:
+        if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65_536:
             return v
     return 1
 
@@ -231,7 +232,7 @@ def _set_trainable(prof: dict, raw: dict, enc: dict, hand_written: bool) -> dict
     for i, r in enumerate(regs):
         if not isinstance(r, dict):
             continue
-        if r.get("name") in flags:
+        if isinstance(r.get("name"), str) and r["name"] in flags:
             frozen, key = flags[r["name"]]
             if "trainable" in enc and i < len(regs) - 1 and enc["trainable"] == frozen:
                 raise SpecError(key, f"{frozen} contradicts mpipe.encoder.trainable: {enc['trainable']}; give it "
