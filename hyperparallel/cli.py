@@ -89,6 +89,9 @@ def _train_parsers(sub) -> None:
     p.add_argument("--resume-from", default=None, metavar="PATH",
                    help="start from a checkpoint: a step directory, a save directory (its newest complete "
                         "step) or a single-process MindSpore .safetensors/.ckpt file (step 0)")
+    p.add_argument("--no-digest", action="store_true",
+                   help="skip the SHA-256 of checkpoint files when saving and resuming (huge files; sizes and "
+                        "headers are still checked; the log says so)")
     _timeout(p, 3600)
     p.set_defaults(func=train.run)
 
@@ -97,6 +100,8 @@ def _train_parsers(sub) -> None:
     p.add_argument("--merge", default=None, metavar="OUT",
                    help="write the step (newest complete of a save directory) as one .safetensors/.ckpt file")
     p.add_argument("--with-optimizer", action="store_true", help="--merge also writes the optimizer state")
+    p.add_argument("--no-digest", action="store_true",
+                   help="do not check the files' SHA-256 (sizes and headers only; the output says so)")
     p.add_argument("--export-hf", default=None, metavar="OUT_DIR",
                    help="write the step (newest complete of a save directory) as a Hugging Face model directory "
                         "(config.json + model.safetensors) that from_pretrained loads")

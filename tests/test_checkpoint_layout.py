@@ -3,8 +3,11 @@
 Checkpoints here are written in this process by the ranks' own :class:`Saver`, one fake rank
 after the other (a no-op barrier), so the files are exactly what a job writes.
 """
+import json
 import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -110,8 +113,10 @@ def write_checkpoint(save_dir, step, fmt="safetensors", schedule="transpose", ov
     from hyperparallel.mindspore.checkpoint import recipe_hash
     recipe, plan, ranks = _ranks(schedule, overrides)
     meta = {"recipe_hash": recipe_hash(recipe.raw), "schedule": schedule}
-    for *_, rt in ranks:  # rank 0 first: its clean-up must not remove the others' files
-        rt.saver(save_dir, fmt, meta).save(step)
+    savers = [rt.saver(save_dir, fmt, meta) for *_, rt in ranks]
+    for phase in ("begin", "write", "finish"):   # Saver.save's phases, a barrier between them
+        for s in savers:
+            getattr(s, phase)(step)
     return cf.step_dir(save_dir, step), ranks
 
 
@@ -180,8 +185,10 @@ def test_corrupt_ckpt_file_is_named(tmp_path):
     f = os.path.join(path, "rank_0.ckpt")
     os.chmod(f, 0o600)
     os.truncate(f, 1000)
+    with pytest.raises(cf.CheckpointError, match=r"rank_0.ckpt: 1000 bytes, meta.json records \d+ \(truncated"):
+        cf.resolve(path)   # the size meta.json records: refused before anything is read
     with pytest.raises(cf.CheckpointError, match="rank_0.ckpt: corrupt checkpoint file"):
-        _index(cf.resolve(path))
+        _index(cf.Source(path, [f, os.path.join(path, "rank_1.ckpt")], 1, cf.read_meta(path)))   # a rank reading it
 
 
 def train(*args, timeout=120):
@@ -220,7 +227,9 @@ def test_ckpt_command_lists_steps(saved, tmp_path):
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("step_3: complete, transpose P=2 V=1 D=1, 2 safetensors files, ")
-    assert lines[1] == "step_4: incomplete (ignored by --resume)"
+    assert lines[0].endswith(", SHA-256 verified")
+    assert lines[1] == "step_4: incomplete (ignored by --resume): no COMPLETE marker: not every rank finished writing it"
+    assert lines[2] == "--resume would use step_3"
     for step, first in (("step_3", "step_3: complete, "), ("step_4", "step_4: incomplete")):   # STEP_DIR: that one
         p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", os.path.join(d, step)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
@@ -228,3 +237,115 @@ def test_ckpt_command_lists_steps(saved, tmp_path):
     p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", d, "--merge", "x.npz"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.startswith("error: --merge:")
+
+
+# -- integrity: one verdict for --resume, --resume-from and hyperparallel ckpt (issue 21) -----------------
+
+@pytest.fixture
+def two_steps(saved, tmp_path):
+    """A save directory with step_3 (the module's) and a freshly written step_5."""
+    save_dir, _, _ = saved
+    d = str(tmp_path / "ck")
+    shutil.copytree(save_dir, d)
+    write_checkpoint(d, 5)
+    return d, os.path.join(d, "step_5")
+
+
+def _ckpt_cli(*args):
+    return subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _edit_meta(step_path, **changes):
+    m = cf.read_meta(step_path)
+    m.update(changes)
+    with open(os.path.join(step_path, "meta.json"), "w") as f:
+        json.dump(m, f)
+
+
+def _overwrite_weights(path, n=16):
+    """n float32 values of the first tensor's data set to 1e30 (same size: only a digest can tell)."""
+    import numpy as np
+    with open(path, "rb") as f:
+        (hn,) = struct.unpack("<Q", f.read(8))
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(8 + hn)
+        f.write(np.full(n, 1e30, np.float32).tobytes())
+
+
+def test_meta_json_records_a_digest_of_every_file_and_the_marker_one_of_meta(two_steps):
+    d, s5 = two_steps
+    meta = cf.read_meta(s5)
+    assert sorted(meta["digests"]) == meta["files"] == ["rank_0.safetensors", "rank_1.safetensors"]
+    for name, rec in meta["digests"].items():
+        assert rec == {"bytes": os.path.getsize(os.path.join(s5, name)), "sha256": cf.file_digest(os.path.join(s5, name))}
+    with open(os.path.join(s5, "COMPLETE")) as f:
+        assert json.load(f)["meta_sha256"] == cf.file_digest(os.path.join(s5, "meta.json"))
+    assert not [n for n in os.listdir(s5) if n.startswith(".")]   # the ranks' records are gathered, then removed
+    assert cf.verdict(s5) == "" and cf.resolve(d).path == s5
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("meta_step", r"meta.json was changed after the save"),
+    ("meta_P", r"meta.json was changed after the save"),
+    ("weights", r"rank_0.safetensors: content differs from the SHA-256 meta.json records"),
+    ("deleted", r"rank_1.safetensors is missing although COMPLETE is there"),
+    ("truncated", r"rank_1.safetensors: corrupt checkpoint file \(truncated"),
+])
+def test_damaged_newest_step_is_passed_over_by_resume_and_listed_alike(two_steps, damage, why):
+    d, s5 = two_steps
+    if damage == "meta_step":
+        _edit_meta(s5, step=3)   # the probe: 10 -> 8 resumed "at step 8" and trained wrongly
+    elif damage == "meta_P":
+        _edit_meta(s5, P=4)
+    elif damage == "weights":
+        _overwrite_weights(os.path.join(s5, "rank_0.safetensors"))
+    elif damage == "deleted":
+        os.remove(os.path.join(s5, "rank_1.safetensors"))
+    else:
+        f = os.path.join(s5, "rank_1.safetensors")
+        os.chmod(f, 0o600)
+        os.truncate(f, os.path.getsize(f) - 100)
+    src = cf.resolve(d)   # --resume: the next older good step
+    assert src.path == os.path.join(d, "step_3") and src.step == 3 and src.ignored == [s5]
+    assert re.search(why, src.why[s5]), src.why[s5]
+    with pytest.raises(cf.CheckpointError, match=why):   # --resume-from the step: refused naming the file
+        cf.resolve(s5)
+    p = _ckpt_cli(d)   # the same verdict
+    assert p.returncode == 0, p.stderr
+    line = [x for x in p.stdout.splitlines() if x.startswith("step_5")][0]
+    assert line.startswith("step_5: incomplete (ignored by --resume): ") and re.search(why, line), line
+    assert p.stdout.splitlines()[-1] == "--resume would use step_3"
+
+
+def test_no_digest_skips_only_the_sha256_and_says_so(two_steps, tmp_path):
+    d, s5 = two_steps
+    _overwrite_weights(os.path.join(s5, "rank_0.safetensors"))
+    assert cf.resolve(d, digests=False).path == s5   # same size, valid header: only the digest tells
+    p = _ckpt_cli(d, "--no-digest")
+    assert p.stdout.splitlines()[0] == "not checking the files' SHA-256 (--no-digest): sizes and headers only"
+    assert "step_5: complete, " in p.stdout and "sizes checked (--no-digest)" in p.stdout
+    f = os.path.join(d, "step_3", "rank_1.safetensors")
+    os.chmod(f, 0o600)
+    os.truncate(f, 50)
+    assert "step_3: incomplete" in _ckpt_cli(d, "--no-digest").stdout   # sizes and headers still checked
+
+
+def test_train_refuses_a_damaged_step_before_launch(two_steps, tmp_path):
+    d, s5 = two_steps
+    _overwrite_weights(os.path.join(s5, "rank_0.safetensors"))
+    run = tmp_path / "run"
+    p = train("--resume-from", s5, "--run-dir", str(run))
+    assert p.returncode == 2 and p.stderr.startswith("error: --resume-from: ") and len(p.stderr.splitlines()) == 1
+    assert "rank_0.safetensors: content differs from the SHA-256 meta.json records" in p.stderr, p.stderr
+    assert not (run / "logs").exists()   # nothing launched
+
+
+def test_train_refuses_unwritable_output_dirs_before_launch(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for flag in ("--save-dir", "--run-dir"):
+        p = train(flag, str(blocker / "sub"), "--steps", "1")
+        assert p.returncode == 2 and p.stderr.startswith(f"error: {flag}: ") and "is a file" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr

@@ -93,7 +93,7 @@ def _source(args):
         return None
     flag, path = ("--resume", args.save_dir) if resume else ("--resume-from", resume_from)
     try:
-        return resolve(path)
+        return resolve(path, digests=not getattr(args, "no_digest", False))
     except CheckpointError as e:
         raise SpecError(flag, str(e)) from None
 
@@ -115,12 +115,17 @@ def run(args) -> int:
     case = dict(name=sched_name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=sched_name,
                 run_dir=os.path.abspath(run_dir),
                 save_dir=os.path.abspath(args.save_dir) if args.save_dir else None,
-                save_every=args.save_every, save_format=args.save_format, resume=bool(args.resume))
+                save_every=args.save_every, save_format=args.save_format, resume=bool(args.resume),
+                digests=not args.no_digest)
+    if args.no_digest:
+        print("checkpoint digests: skipped (--no-digest): files are saved and resumed without their SHA-256 "
+              "(sizes and headers still checked)", flush=True)
     src = args.source
     if src is not None:
         case["resume_from"] = src.to_json()
         for path in src.ignored:
-            print(f"ignoring incomplete checkpoint {path} (not every rank finished writing it)", flush=True)
+            print(f"ignoring incomplete checkpoint {path} ({src.why.get(path, 'not every rank finished writing it')})",
+                  flush=True)
         print(f"resuming from {src.path} at step {src.step}" + _position_note(src, plan), flush=True)
     print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps ({args.steps_from}); run dir {run_dir}",
@@ -197,15 +202,16 @@ def run_ckpt(args) -> int:
     """``hyperparallel ckpt``: the step directories of a save directory (complete or not),
     ``--merge OUT``: one MindSpore file of a step for single-process use, or ``--export-hf OUT_DIR``: a
     Hugging Face model directory of a step."""
-    from ..mindspore.ckpt_files import CheckpointError, list_steps, read_meta, resolve
+    from ..mindspore.ckpt_files import CheckpointError, read_meta, resolve, step_dirs, verdict
 
+    digests = not args.no_digest
     if args.export_hf:
         if args.merge:
             return _error("--export-hf: give either --merge or --export-hf")
         if os.path.isfile(args.export_hf):
             return _error(f"--export-hf: {args.export_hf} is a file; give a directory")
         try:
-            src = resolve(args.path)
+            src = resolve(args.path, digests)
         except CheckpointError as e:
             return _error(f"ckpt: {e}")
         os.environ.setdefault("GLOG_v", "3")
@@ -223,7 +229,7 @@ def run_ckpt(args) -> int:
         if not args.merge.endswith((".safetensors", ".ckpt")):
             return _error(f"--merge: {args.merge} must end with .safetensors or .ckpt")
         try:
-            src = resolve(args.path)
+            src = resolve(args.path, digests)
         except CheckpointError as e:
             return _error(f"ckpt: {e}")
         os.environ.setdefault("GLOG_v", "3")
@@ -237,18 +243,26 @@ def run_ckpt(args) -> int:
     only = None
     if os.path.isdir(path) and re.fullmatch(r"step_\d+", os.path.basename(path)):
         path, only = os.path.dirname(path) or ".", os.path.basename(path)   # one step directory: list that step
-    complete, incomplete = list_steps(path)
+    steps = step_dirs(path)
     if only is not None:
-        complete = [(s, p) for s, p in complete if os.path.basename(p) == only]
-        incomplete = [(s, p) for s, p in incomplete if os.path.basename(p) == only]
-    if not complete and not incomplete:
+        steps = [(s, p) for s, p in steps if os.path.basename(p) == only]
+    if not steps:
         return _error(f"ckpt: no step directories in {args.path}")
-    for step, path in sorted(complete + incomplete):
-        if (step, path) in complete:
+    if not digests:
+        print("not checking the files' SHA-256 (--no-digest): sizes and headers only")
+    chosen = None
+    for step, path in sorted(steps):
+        bad = verdict(path, digests)   # the verdict --resume gives
+        if not bad:
             m = read_meta(path)
             size = sum(os.path.getsize(os.path.join(path, f)) for f in m["files"])
-            print(f"{os.path.basename(path)}: complete, {m['schedule']} P={m['P']} V={m['V']} D={m['D']}, "
-                  f"{len(m['files'])} {m['format']} files, {size / 1024:.0f} KiB")
+            checked = ("SHA-256 verified" if digests else "sizes checked (--no-digest)") if m.get("digests") else \
+                "no digests recorded (an older checkpoint)"
+            print(f"{os.path.basename(path)}: complete, {m.get('schedule')} P={m.get('P')} V={m.get('V')} "
+                  f"D={m.get('D')}, {len(m['files'])} {m.get('format')} files, {size / 1024:.0f} KiB, {checked}")
+            chosen = path
         else:
-            print(f"{os.path.basename(path)}: incomplete (ignored by --resume)")
+            print(f"{os.path.basename(path)}: incomplete (ignored by --resume): {bad}")
+    if chosen is not None and only is None:
+        print(f"--resume would use {os.path.basename(chosen)}")
     return 0

@@ -3,9 +3,10 @@
 Layout, completeness and ownership are in :mod:`.ckpt_files`. Saving step N:
 
 1. rank 0 removes an old ``step_<N>/`` (marker first), then a barrier;
-2. every writing rank saves the names it owns to a temporary file and renames it;
-   rank 0 also writes ``meta.json``;
-3. a barrier, then rank 0 writes the ``COMPLETE`` marker.
+2. every writing rank saves the names it owns to a temporary file, records its size and SHA-256
+   (``.digest_<file>.json``, unless ``--no-digest``) and renames it;
+3. a barrier, then rank 0 writes ``meta.json`` (the files' records gathered into ``digests``) and the
+   ``COMPLETE`` marker (with the SHA-256 of ``meta.json``).
 
 A rank that dies in between leaves a directory without the marker, which ``--resume`` ignores.
 Restoring loads by global name (``Parameter.name``) into whatever chunks this rank holds, so a
@@ -24,8 +25,8 @@ from typing import Dict, Optional, Tuple
 
 import mindspore as ms
 
-from .ckpt_files import (MARKER, META, CheckpointError, Source, check_names, chunk_owners,
-                         rank_file, safetensors_header, scalar_owner, step_dir, writers)
+from .ckpt_files import (MARKER, META, CheckpointError, Source, check_names, chunk_owners, file_digest,
+                         file_record, rank_file, safetensors_header, scalar_owner, step_dir, writers)
 from .optim import HYPER_PARAMS
 
 
@@ -54,8 +55,8 @@ class Saver:
     ``schedule``, ``optimizer``); ``source``: the data source, whose ``position`` goes there too."""
 
     def __init__(self, save_dir: str, comm, plan, chunks, opt, source, meta: dict, fmt: str = "safetensors",
-                 extra_files: Optional[Dict[str, str]] = None):
-        self.comm, self.plan, self.fmt = comm, plan, fmt
+                 extra_files: Optional[Dict[str, str]] = None, digests: bool = True):
+        self.comm, self.plan, self.fmt, self.digests = comm, plan, fmt, digests
         self.extra_files = dict(extra_files or {})   # {name: text} rank 0 writes into every step directory
         self.save_dir = save_dir
         owners = chunk_owners(plan)
@@ -83,15 +84,35 @@ class Saver:
         """Write checkpoint ``step`` (steps done); every rank calls this at the same point.
         Returns the seconds it took (barriers included); rank 0 logs a ``saved`` line."""
         t0 = time.perf_counter()
+        self.begin(step)
+        self.comm.barrier()
+        self.write(step)
+        self.comm.barrier()
+        self.finish(step)
+        dt = time.perf_counter() - t0
+        if self.comm.rank == 0:
+            d = step_dir(self.save_dir, step)
+            size = sum(os.path.getsize(os.path.join(d, f)) for f in self.files
+                       if os.path.exists(os.path.join(d, f)))
+            note = "" if self.digests else " (no SHA-256 digests: --no-digest)"
+            print(f"saved {d} ({len(self.files)} files, {size} bytes) in {dt:.4f}s{note}", flush=True)
+        return dt
+
+    def begin(self, step: int) -> None:
+        """Phase 1 (rank 0): a fresh step directory (an old one's marker removed first)."""
         d = step_dir(self.save_dir, step)
         if self.comm.rank == 0:
             if os.path.exists(os.path.join(d, MARKER)):
                 os.remove(os.path.join(d, MARKER))
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
-        # a sharded optimizer's state under the global names, gathered now (every rank calls this)
+
+    def write(self, step: int) -> None:
+        """Phase 2 (every writing rank): its file, and its size and SHA-256 beside it (the ranks hash in
+        parallel, each its own file) for rank 0 to gather."""
+        d = step_dir(self.save_dir, step)
+        # a sharded optimizer's state under the global names, gathered now (every rank calls write)
         fresh = self.opt.before_save() if hasattr(self.opt, "before_save") else {}
-        self.comm.barrier()
         if self.items:
             name = rank_file(self.comm.rank, self.fmt)
             tmp = os.path.join(d, f".tmp_{name}")
@@ -99,25 +120,32 @@ class Saver:
                                format=self.fmt)
             if self.fault and self.fault[0] == step:
                 self._die(step)
+            _write_json(os.path.join(d, f".digest_{name}.json"), file_record(tmp, self.digests))
             os.replace(tmp, os.path.join(d, name))
         if self.comm.rank == 0:
             for name, text in self.extra_files.items():
                 with open(os.path.join(d, name), "w") as f:
                     f.write(text)
-            _write_json(os.path.join(d, META), dict(
-                self.meta, step=step,
-                data_position={"next_step": step, "micro_batch": 0,
-                               "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel,
-                               **self.source.position(step)}))
-        self.comm.barrier()
-        if self.comm.rank == 0:
-            _write_json(os.path.join(d, MARKER), {"step": step, "files": self.files})
-        dt = time.perf_counter() - t0
-        if self.comm.rank == 0:
-            size = sum(os.path.getsize(os.path.join(d, f)) for f in self.files
-                       if os.path.exists(os.path.join(d, f)))
-            print(f"saved {d} ({len(self.files)} files, {size} bytes) in {dt:.4f}s", flush=True)
-        return dt
+
+    def finish(self, step: int) -> None:
+        """Phase 3 (rank 0, every file written): ``meta.json`` with every file's record, then the marker
+        with the SHA-256 of ``meta.json``."""
+        if self.comm.rank != 0:
+            return
+        d = step_dir(self.save_dir, step)
+        records = {}
+        for name in self.files:
+            side = os.path.join(d, f".digest_{name}.json")
+            with open(side) as f:
+                records[name] = json.load(f)
+            os.remove(side)
+        _write_json(os.path.join(d, META), dict(
+            self.meta, step=step, digests=records,
+            data_position={"next_step": step, "micro_batch": 0,
+                           "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel,
+                           **self.source.position(step)}))
+        _write_json(os.path.join(d, MARKER), {"step": step, "files": self.files,
+                                              "meta_sha256": file_digest(os.path.join(d, META))})
 
     def _die(self, step: int) -> None:
         if self.fault[1]:

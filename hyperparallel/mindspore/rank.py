@@ -129,13 +129,14 @@ class RankRuntime:
         return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr)
 
     # -- checkpoints --------------------------------------------------------------------------
-    def saver(self, save_dir: str, fmt: str = "safetensors", meta: Optional[dict] = None) -> checkpoint.Saver:
+    def saver(self, save_dir: str, fmt: str = "safetensors", meta: Optional[dict] = None,
+              digests: bool = True) -> checkpoint.Saver:
         """The saver of this rank's part of ``SAVE_DIR/step_<N>/`` (``meta``: recipe hash, schedule,
-        optimizer name for ``meta.json``)."""
+        optimizer name for ``meta.json``; ``digests``: record every file's SHA-256)."""
         meta = dict(meta or {})
         meta.setdefault("optimizer", self.train.optimizer)
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
-                                self.model.checkpoint_files())
+                                self.model.checkpoint_files(), digests=digests)
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks

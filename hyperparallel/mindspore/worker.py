@@ -46,7 +46,7 @@ def _resume(case: dict, rt, name: str) -> int:
         if case.get("resume_from"):
             src = Source.from_json(case["resume_from"])
         elif case.get("resume") and case.get("save_dir"):
-            src = resolve(case["save_dir"])
+            src = resolve(case["save_dir"], digests=case.get("digests", True))
         else:
             return int(case.get("start_step", 0))
         step, with_state = rt.restore(src)
@@ -109,7 +109,8 @@ def run_case(case: dict, comm) -> None:
     steps = int(case.get("steps", rc.train.steps))
     save_dir, save_every = case.get("save_dir"), int(case.get("save_every") or rc.train.save_every or 0)
     saver = rt.saver(save_dir, case.get("save_format") or "safetensors",
-                     {"recipe_hash": recipe_hash(case["raw"]), "schedule": case.get("schedule")}) if save_dir else None
+                     {"recipe_hash": recipe_hash(case["raw"]), "schedule": case.get("schedule")},
+                     digests=case.get("digests", True)) if save_dir else None
     start = _resume(case, rt, name)
     run_dir, dump_dir = case.get("run_dir"), case.get("dump_dir")
     metrics = None
