@@ -283,3 +283,20 @@ def test_many_regions_are_linear(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     rc, out, err, secs = run_main(["simulate", str(path)])
     assert rc == 0 and secs < 10, (rc, err, secs)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda o: o["programs"]["0"][0].update(chunk=0.5), "plan programs.0[0].chunk"),        # was a KeyError
+    (lambda o: o["programs"]["1"][0].update(peer="one"), "plan programs.1[0].peer"),        # was a TypeError
+    (lambda o: o["programs"]["0"][0].update(micro="0"), "plan programs.0[0].micro"),        # named no field
+    (lambda o: o["programs"]["0"][0].update(micro="two"), "plan programs.0[0].micro"),
+    (lambda o: o["programs"]["0"][0].update(colour="red"), "plan programs.0[0].colour"),   # was OK
+    (lambda o: o.update(num_micro=float("nan")), "plan"),
+])
+def test_corrupted_plans_are_refused_naming_the_field(edit, field, plans, tmp_path):
+    obj = json.loads(json.dumps(plans[0]))
+    edit(obj)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(obj))
+    rc, out, err = assert_clean(["check", str(path)], expect_refusal=True)
+    assert err.startswith(f"error: {field}: {path}"), err
