@@ -134,13 +134,15 @@ def test_rank_killed_while_saving_leaves_the_step_incomplete(faulted):
     # rank 0's part is there only if it finished writing before the job was stopped (a race with
     # the kill); either way the step is incomplete and resume ignores it (next test)
     assert set(state["step_2"]) <= {"rank_0.safetensors", ".tmp_rank_0.safetensors", ".tmp_rank_1.safetensors",
+                                    ".digest_rank_0.safetensors.json", ".digest_rank_0.safetensors.json.tmp",
                                     "meta.json", "meta.json.tmp"}, state["step_2"]
 
 
 @pytest.mark.msrun
 def test_resume_takes_newest_complete_step_and_equals_uninterrupted(faulted, resumed, ref_losses):
     p, ckpt, run = resumed
-    assert f"ignoring incomplete checkpoint {os.path.join(ckpt, 'step_2')}" in p.stdout, p.stdout
+    assert f"ignoring incomplete checkpoint {os.path.join(ckpt, 'step_2')} (no COMPLETE marker: not every rank "\
+           "finished writing it)" in p.stdout, p.stdout
     assert f"resuming from {os.path.join(ckpt, 'step_1')} at step 1" in p.stdout
     assert f"] resumed from {os.path.join(ckpt, 'step_1')} at step 1" in p.stdout   # the ranks say so on the console
     m = metrics(run)  # step 1 from the killed 1f1b run, steps 2-4 from the resumed transpose run
