@@ -214,3 +214,14 @@ def test_every_shipped_recipe_passes_the_key_check():
     for name in sorted(os.listdir(os.path.join(ROOT, "recipes"))):
         if name.endswith(".yaml"):
             schema.check_keys(load_recipe(recipe(name)).raw)
+
+
+@pytest.mark.parametrize("override,words", [
+    ("data.seq_len=true", "data.seq_len: unknown key; allowed: micro_batch_size, text_len"),
+    ("data.text_len=true", "data.text_len: must be a whole number >= 1, got True"),
+])
+@pytest.mark.parametrize("command", ["plan", "check", "simulate"])
+def test_generated_data_keys_checked_by_the_planning_commands_too(command, override, words):
+    p = run_cli(command, TINY, "--set", override, timeout=60)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], p.stderr

@@ -14,10 +14,20 @@ from ..recipe import derive_recipe, load_recipe, memory_warning, planned
 from ..util import output_file
 
 
+def check_generated_data(recipe) -> None:
+    """The generated data's ``data:`` keys checked by the commands that plan too (they never build the data;
+    a conversations section names files, checked by ``data check`` and ``train``)."""
+    sec = recipe.raw.get("data")
+    if sec is None or (isinstance(sec, dict) and sec.get("type", "synthetic") == "synthetic"):
+        from ..data import data_config
+        data_config(recipe.raw)
+
+
 def cmd_plan(args) -> int:
     if args.export:
         output_file("--export", args.export)
     recipe, plan = planned(args.recipe, args.overrides, args.schedule)
+    check_generated_data(recipe)
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
           f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
     print(cut_lines(plan))
@@ -74,7 +84,9 @@ def cmd_check(args) -> int:
     if args.recipe.endswith(".json"):
         plan = load_plan_file(args.recipe)
     else:
-        plan = derive_recipe(load_recipe(args.recipe, args.overrides), args.schedule)
+        recipe = load_recipe(args.recipe, args.overrides)
+        check_generated_data(recipe)
+        plan = derive_recipe(recipe, args.schedule)
     errs = check(plan)
     if errs:
         for e in errs[:10]:

@@ -31,6 +31,8 @@ def run_simulate(args) -> int:
     if args.steps is not None:
         bounds.at_most("--steps", args.steps, bounds.MAX_SIM_STEPS, "(the steady state shows after 3 steps)")
     recipe = load_recipe(args.recipe, args.overrides)
+    from .plan import check_generated_data
+    check_generated_data(recipe)
     schedules = args.schedule or [None]
     plans = [checked_plan(recipe, s) for s in schedules]
     # next-step spill only shows in the steady state: then every schedule runs the same steps

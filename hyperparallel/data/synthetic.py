@@ -48,8 +48,8 @@ class DataConfig(PatchGeometry):
 
     @staticmethod
     def from_section(sec: dict) -> "DataConfig":
-        known = set(DataConfig.__dataclass_fields__)
-        bad = sorted(set(sec or {}) - known)
+        known = tuple(DataConfig.__dataclass_fields__)   # declaration order, for the message
+        bad = sorted(set(sec or {}) - set(known))
         if bad:
             raise unknown_key("data", sec, known)
         cfg = DataConfig(**(sec or {}))

@@ -84,7 +84,7 @@ def layer_shape(cfg: dict, is_llm: bool) -> Optional[LayerShape]:
 
 def _images_per_sample(data: dict) -> Tuple[float, str]:
     src = "data.images_per_sample" if "images_per_sample" in data else "the generated data's default mix"
-    if "path" not in data:   # generated data: its defaults where data: does not say
+    if data.get("type", "synthetic") == "synthetic":   # generated data: its defaults where data: does not say
         data = {**SYNTHETIC_IMAGES, **data}
     p = data.get("images_per_sample")
     if isinstance(p, (list, tuple)) and p and all(x == 0 or _pos(x) is not None for x in p):
