@@ -198,11 +198,25 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
     return 0
 
 
+def _ckpt_source(path: str, digests: bool):
+    """The checkpoint at ``path`` (verified) with MindSpore set up on CPU to read it, or the exit status of
+    its refusal."""
+    from ..mindspore.ckpt_files import CheckpointError, resolve
+    try:
+        src = resolve(path, digests)
+    except CheckpointError as e:
+        return _error(f"ckpt: {e}")
+    os.environ.setdefault("GLOG_v", "3")
+    from ..mindspore import compat
+    compat.setup_device("CPU")
+    return src
+
+
 def run_ckpt(args) -> int:
     """``hyperparallel ckpt``: the step directories of a save directory (complete or not),
     ``--merge OUT``: one MindSpore file of a step for single-process use, or ``--export-hf OUT_DIR``: a
     Hugging Face model directory of a step."""
-    from ..mindspore.ckpt_files import CheckpointError, read_meta, resolve, step_dirs, verdict
+    from ..mindspore.ckpt_files import CheckpointError, read_meta, step_dirs, verdict
 
     digests = not args.no_digest
     if args.export_hf:
@@ -210,14 +224,10 @@ def run_ckpt(args) -> int:
             return _error("--export-hf: give either --merge or --export-hf")
         if os.path.isfile(args.export_hf):
             return _error(f"--export-hf: {args.export_hf} is a file; give a directory")
-        try:
-            src = resolve(args.path, digests)
-        except CheckpointError as e:
-            return _error(f"ckpt: {e}")
-        os.environ.setdefault("GLOG_v", "3")
-        from ..mindspore import compat
+        src = _ckpt_source(args.path, digests)
+        if isinstance(src, int):
+            return src
         from ..mindspore.checkpoint import export_hf
-        compat.setup_device("CPU")
         try:
             n = export_hf(src, args.export_hf)
         except CheckpointError as e:
@@ -228,14 +238,10 @@ def run_ckpt(args) -> int:
     if args.merge:
         if not args.merge.endswith((".safetensors", ".ckpt")):
             return _error(f"--merge: {args.merge} must end with .safetensors or .ckpt")
-        try:
-            src = resolve(args.path, digests)
-        except CheckpointError as e:
-            return _error(f"ckpt: {e}")
-        os.environ.setdefault("GLOG_v", "3")
-        from ..mindspore import compat
+        src = _ckpt_source(args.path, digests)
+        if isinstance(src, int):
+            return src
         from ..mindspore.checkpoint import merge
-        compat.setup_device("CPU")
         n = merge(src, args.merge, args.with_optimizer)
         print(f"wrote {args.merge}: {n} names from {src.path}")
         return 0

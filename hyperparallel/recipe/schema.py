@@ -99,7 +99,8 @@ def check_keys(raw: dict) -> None:
 
 # -- what the runtime cannot do -----------------------------------------------------------------
 
-def _flag(raw, path: str):
+def value_at(raw, path: str):
+    """The value at a dotted key (``runner_wrapper.max_grad_norm``), None when any part is absent."""
     node = raw
     for p in path.split("."):
         if not isinstance(node, dict) or p not in node:
@@ -159,7 +160,7 @@ def train_refusals(raw: dict, device: str) -> List[Tuple[str, str]]:
     """(key, why) of every value the runtime cannot train with, in a stable order."""
     out = []
     for key, bad, instead in _REFUSED:
-        v = _flag(raw, key)
+        v = value_at(raw, key)
         if v is not None and bad(v):
             out.append((key, f"{v!r} is not supported; give {instead}"))
     rm = raw.get("run_mode")
@@ -228,7 +229,7 @@ def unused_keys(raw: dict) -> List[str]:
     """The MindFormers keys of this recipe that change nothing in a hyperparallel run (graph-mode,
     logging, evaluation, prediction), for the one line ``train`` prints."""
     out = [s for s in _UNUSED_SECTIONS if raw.get(s) is not None]
-    out += [k for k in _UNUSED_KEYS if _flag(raw, k) is not None]
+    out += [k for k in _UNUSED_KEYS if value_at(raw, k) is not None]
     return out
 
 
@@ -236,7 +237,7 @@ def batch_size_keys(raw: dict) -> List[Tuple[str, object]]:
     """(key, value) of the MindFormers batch-size keys the recipe gives: sequences per micro-batch."""
     out = []
     for key in ("runner_config.batch_size", "model.model_config.batch_size"):
-        v = _flag(raw, key)
+        v = value_at(raw, key)
         if v is not None:
             out.append((key, v))
     return out

@@ -28,7 +28,7 @@ import copy
 import itertools
 from dataclasses import dataclass, replace
 from math import comb
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..mpipe import orders
 from ..mpipe.cut import split_layers
@@ -37,6 +37,7 @@ from ..mpipe.profile import COST_KEYS, ModelProfile, task_ms
 from ..mpipe.schedule import Pipe, Place, Schedule, Transpose, OWNERS, BACKWARDS, SPILLS
 from ..recipe.mindformers import offset_of
 from ..recipe.recipe import Recipe, recipe_from_dict
+from ..recipe.schema import value_at
 
 MAX_V = 4
 ALL_SPLITS_MAX = 24
@@ -45,15 +46,6 @@ BATCH_KEYS = ("data.micro_batch_size", "model.model_config.batch_size", "runner_
 #: Per-micro-batch cost fields of a region, scaled with the micro-batch size.
 SCALED = ("forward_ms", "backward_ms", "weight_ms", "head_forward_ms", "head_backward_ms", "head_weight_ms",
           "activation_mb", "output_mb")
-
-
-def get(raw: dict, key: str):
-    node = raw
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return None
-        node = node[p]
-    return node
 
 
 def put(tree: dict, key: str, value) -> None:
@@ -110,7 +102,7 @@ class Batch:
 def batch_of(recipe: Recipe) -> Batch:
     keys = []
     for k in BATCH_KEYS:
-        v = get(recipe.raw, k)
+        v = value_at(recipe.raw, k)
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -380,7 +372,7 @@ class Space:
             put(out, "mpipe.profile", profile_dict(self.profile_at(c.M)))
         if self.mf:
             put(out, self.recipe.layout["key"], self.offset(c))
-            ppc = get(self.recipe.raw, "parallel.pipeline_config")
+            ppc = value_at(self.recipe.raw, "parallel.pipeline_config")
             if c.V > 1 or isinstance(ppc, dict):
                 ms = orders.ORDERS[c.order].mindspore
                 sched = ms[0] if ms else (ppc or {}).get("pipeline_scheduler", "1f1b")
