@@ -13,7 +13,7 @@ from .data import DataConfig, DataSource, data_config, data_source
 from .models import ModelAdapter, adapter_for
 from .mpipe.errors import SpecError
 from .recipe import schema
-from .recipe.recipe import device_of
+from .recipe.recipe import compile_settings, device_of
 from .recipe.train import TrainConfig
 
 
@@ -23,6 +23,8 @@ class RunConfig:
     data: object   # DataConfig (synthetic) or ConversationsConfig
     train: TrainConfig
     device: str = "CPU"
+    compile: str = "jit"              # mpipe.compile: jit | eager
+    compile_fallback: str = "error"   # mpipe.compile_fallback: error | eager
 
     @staticmethod
     def from_raw(raw: dict) -> "RunConfig":
@@ -34,7 +36,9 @@ class RunConfig:
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
         _check_data_fits(data, model)
-        return RunConfig(model=model, data=data, train=train, device=device)
+        mode, fallback = compile_settings(raw)
+        return RunConfig(model=model, data=data, train=train, device=device, compile=mode,
+                         compile_fallback=fallback)
 
     def source(self) -> DataSource:
         """A fresh data source of this run (every rank, the reference and the bench build their own)."""

@@ -30,6 +30,7 @@ SHARDED = "transpose(optimizer=sharded)"   # trained encoders only (a frozen one
 SPILL = "transpose(spill=next_step)"
 SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
 UNEVEN = "[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]"
+EAGER = ("mpipe.compile=eager",)
 
 
 def _overrides(schedule: str, frozen: bool, extra=()):
@@ -74,6 +75,7 @@ def two_rank(tmp_path_factory):
     cases = [_case(tmp, s, fz) for s, fz in CASES_2]
     cases.append(_case(tmp, SPILL, True))  # next-step spill: frozen encoders only
     cases.append(_case(tmp, UNEVEN, False))  # explicit uneven cut of the LLM (3 + 1 layers)
+    cases.append(_case(tmp, "zb_h1", False, EAGER))  # the eager path stays tested (every other case compiles)
     ckpt = os.path.join(tmp, "ckpt")
     cases.append(_case(tmp, "transpose", False, steps=2, save_dir=ckpt, save_every=1,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first")))
@@ -119,6 +121,37 @@ def test_two_ranks_uneven_cut_matches_reference(two_rank):
     case = two_rank[case_name(f"{UNEVEN}_trained_")]
     assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [3, 1]
     assert_matches_reference(case, False)
+
+
+@pytest.mark.msrun
+def test_two_ranks_eager_chunks_match_reference(two_rank):
+    case = two_rank[case_name(f"zb_h1_trained_{EAGER[0]}")]
+    assert_matches_reference(case, False, EAGER)
+    assert_compiled(case, "eager")
+
+
+def assert_compiled(case, mode):
+    """Every chunk of every rank ran ``mode``; compiled, an LLM chunk after the first compiled once (its
+    input shape is fixed), the others once per distinct input shape."""
+    seen = []
+    for rank in (0, 1):
+        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
+            seen += json.load(f)
+    assert seen and all(s["mode"] == mode for s in seen), seen
+    for s in seen:
+        if mode == "eager":
+            assert s["compiles"] == 0
+        elif s["chunk"].startswith("llm/") and s["chunk"] != "llm/0":
+            assert s["compiles"] == 1, s
+        else:
+            assert s["compiles"] >= 1, s
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,frozen", CASES_2[:4], ids=[f"{s}-{'frozen' if fz else 'trained'}"
+                                                              for s, fz in CASES_2[:4]])
+def test_two_ranks_ran_compiled_by_default(two_rank, schedule, frozen):
+    assert_compiled(two_rank[case_name(f"{schedule}_{'frozen' if frozen else 'trained'}_")], "jit")
 
 
 @pytest.mark.msrun

@@ -83,6 +83,10 @@ METRICS = {
     "eta_s": "remaining steps x the mean step time of this run so far",
     "schedule": "the schedule that ran the step",
     "data_skipped": "bad samples left out so far (`data.on_bad_sample: skip`)",
+    "compile": "how rank 0's chunks ran: `jit` (compiled graphs, `mpipe.compile: jit`), `eager`, or `mixed` "
+               "(some chunks eager: the log says which and why)",
+    "compiles": "graphs rank 0 compiled in this step (first calls of a new input shape)",
+    "compile_s": "time of those first calls (compile + one run), part of `step_time_s`",
     "memory": "every rank's memory record of the step, one object per rank (below)",
 }
 

@@ -33,4 +33,11 @@ def case_runtime(case: dict, comm, hooks=None):
 
     rc = RunConfig.from_raw(case["raw"])
     return rc, RankRuntime(ir.Plan.from_json(case["plan"]), rc.model, rc.source(), rc.train, comm, hooks,
-                           total_steps=int(case.get("steps") or rc.train.steps))
+                           total_steps=int(case.get("steps") or rc.train.steps), compile=rc.compile,
+                           compile_fallback=rc.compile_fallback, log=_rank_log(case.get("name", "run")))
+
+
+def _rank_log(name: str):
+    def log(line: str) -> None:
+        print(f"[{name}] {line}", flush=True)
+    return log

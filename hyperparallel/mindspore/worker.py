@@ -66,8 +66,10 @@ class StepLog:
     ``samples_per_s`` counts sequences, ``tokens_per_s`` every position of them (padding included);
     ``eta_s`` is the remaining steps at the mean step time of this run so far."""
 
-    def __init__(self, name: str, schedule: str, steps: int, start: int, samples: int, seq_len: int):
+    def __init__(self, name: str, schedule: str, steps: int, start: int, samples: int, seq_len: int,
+                 compile_mode: str = "eager"):
         self.name, self.schedule, self.steps, self.start = name, schedule, steps, start
+        self.compile_mode = compile_mode
         self.samples, self.tokens = samples, samples * seq_len
         self.total_s = 0.0
 
@@ -78,7 +80,8 @@ class StepLog:
         return {"step": done, "loss": res.loss, "lr": res.lr, "grad_norm": res.grad_norm, "step_time_s": res.step_s,
                 "samples_per_s": self.samples / res.step_s if res.step_s > 0 else None,
                 "tokens_per_s": self.tokens / res.step_s if res.step_s > 0 else None,
-                "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped}
+                "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped,
+                "compile": self.compile_mode, "compiles": res.compiles, "compile_s": res.compile_s}
 
     def line(self, r: dict) -> str:
         return (f"[{self.name}] step {r['step']}/{self.steps} loss {r['loss']:.6f} lr {r['lr']:.3e} "
@@ -125,7 +128,7 @@ def run_case(case: dict, comm) -> None:
             print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
     plan = rt.plan
     log = StepLog(name, case.get("schedule", name), steps, start,
-                  plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
+                  plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len, rt.compile_mode)
     for step in range(start, steps):
         res = rt.step(step)
         losses.append(res.loss)
@@ -149,8 +152,14 @@ def run_case(case: dict, comm) -> None:
             saver.save(step + 1)
     if metrics:
         metrics.close()
-    if dump_dir:   # which ranks decoded pixels, and how
+    from hyperparallel.mindspore.compiled import summary
+    line = summary(rt.bodies, comm.rank)
+    if line:
+        print(f"[{name}] {line}", flush=True)
+    if dump_dir:   # which ranks decoded pixels, and how; what each chunk compiled
         os.makedirs(dump_dir, exist_ok=True)
+        with open(os.path.join(dump_dir, f"compile_rank{comm.rank}.json"), "w") as f:
+            json.dump(rt.compile_stats(), f)
         with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
             json.dump(rt.source.stats, f)
         with open(os.path.join(dump_dir, f"memory_rank{comm.rank}.json"), "w") as f:

@@ -1,0 +1,189 @@
+"""Compiled chunk bodies (``mpipe.compile``): the key and flag refused with other values, MindSpore's
+jit graph under the tape (the fact that B and W do not split), and a one-device runtime whose chunks
+run compiled training exactly like the single-process reference, B and W split included."""
+import os
+
+import numpy as np
+import pytest
+
+from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.recipe import load_recipe
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
+
+
+# -- the recipe key and the flag (pure Python) ---------------------------------------------------
+
+@pytest.mark.parametrize("key,value,allowed", [("compile", "fast", "jit, eager"),
+                                               ("compile", True, "jit, eager"),
+                                               ("compile_fallback", "retry", "error, eager")])
+def test_other_compile_values_are_refused_naming_the_key(key, value, allowed):
+    with pytest.raises(SpecError) as e:
+        load_recipe(TINY, [f"mpipe.{key}={str(value).lower() if value is True else value}"])
+    assert e.value.field == f"mpipe.{key}"
+    assert f"allowed: {allowed}" in str(e.value)
+
+
+def test_compile_defaults_and_values_reach_the_run_config():
+    from hyperparallel.runconfig import run_config_of
+    rc = run_config_of(load_recipe(TINY))
+    assert (rc.compile, rc.compile_fallback) == ("jit", "error")
+    rc = run_config_of(load_recipe(TINY, ["mpipe.compile=eager", "mpipe.compile_fallback=eager"]))
+    assert (rc.compile, rc.compile_fallback) == ("eager", "eager")
+
+
+@pytest.mark.parametrize("argv,field", [(["train", TINY, "--compile", "fast"], "--compile"),
+                                        (["bench", TINY, "--compile", "jit", "--compile", "graph"], "--compile"),
+                                        (["profile", TINY, "--compile", "O2"], "--compile"),
+                                        (["train", TINY, "--set", "mpipe.compile=fast"], "mpipe.compile"),
+                                        (["plan", TINY, "--set", "mpipe.compile_fallback=no"],
+                                         "mpipe.compile_fallback")])
+def test_bad_compile_flag_is_one_line_exit_2_before_launch(argv, field, capsys):
+    from hyperparallel.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {field}: ") and "allowed:" in err[0], err
+
+
+# -- MindSpore's jit graph under the tape (what compat.JIT_SPLITS_BACKWARD records) -------------------
+
+@pytest.fixture(scope="module")
+def ms_cpu():
+    ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from hyperparallel.mindspore import compat
+    compat.setup_device("CPU")
+    return ms
+
+
+def test_jit_graph_backward_fused_is_exact_and_split_is_as_recorded(ms_cpu):
+    """A jit graph under the tape: forward and fused backward as eager; a B (keep_graph) then W split
+    gives the weight grads only if ``compat.JIT_SPLITS_BACKWARD`` says so (fails when MindSpore changes)."""
+    ms = ms_cpu
+    from mindspore import nn, ops, Parameter, Tensor
+    from hyperparallel.mindspore import compat
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(0)
+            self.w1 = Parameter(Tensor(rng.standard_normal((8, 16)).astype(np.float32) * 0.3), name="w1")
+            self.w2 = Parameter(Tensor(rng.standard_normal((16, 8)).astype(np.float32) * 0.3), name="w2")
+
+        def body(self, x, m):
+            return ops.matmul(ops.gelu(ops.matmul(x, self.w1)), self.w2) * m
+
+    net, a = Net(), np.random.default_rng(1).standard_normal((3, 4, 8)).astype(np.float32)
+    graph, params = ms.jit(net.body), list(net.get_parameters())
+    m, sens = Tensor(np.full((3, 4, 1), 0.5, np.float32)), Tensor(np.ones((3, 4, 8), np.float32))
+
+    def run(fn, split):
+        x = compat.leaf(Tensor(a), True)
+        out = compat.Tape.forward(fn, x, m)
+        if not split:
+            return out, compat.Tape.grad([out], [sens], [x] + params, keep_graph=False)
+        gx = compat.Tape.grad([out], [sens], [x], keep_graph=True)
+        return out, gx + compat.Tape.grad([out], [sens], params, keep_graph=False)
+
+    eager_out, eager_g = run(net.body, False)
+    jit_out, jit_g = run(graph, False)
+    np.testing.assert_allclose(jit_out.asnumpy(), eager_out.asnumpy(), atol=1e-6)
+    for g, e in zip(jit_g, eager_g):
+        np.testing.assert_allclose(g.asnumpy(), e.asnumpy(), atol=1e-5)
+    _, split_g = run(graph, True)
+    np.testing.assert_allclose(split_g[0].asnumpy(), eager_g[0].asnumpy(), atol=1e-5)   # B is right
+    w_split = all(g is not None for g in split_g[1:])
+    assert w_split == compat.JIT_SPLITS_BACKWARD, \
+        f"MindSpore now {'splits' if w_split else 'does not split'} a jit graph's backward: update compat.py"
+
+
+def test_a_compile_failure_stops_naming_rank_and_chunk_or_falls_back_logged(ms_cpu):
+    from mindspore import nn, ops, Tensor
+    from hyperparallel.mindspore.compiled import Body, CompileError
+
+    class Odd(nn.Cell):
+        def forward(self, x, t):
+            return x * 2
+
+        def graph_args(self, t):
+            return (object(),)   # not a graph value: the compile fails when first called
+
+        def graph_body(self, x, o):
+            return x * o
+
+    x = Tensor(np.ones((2, 2), np.float32))
+    with pytest.raises(CompileError) as e:
+        Body(("llm", 1), Odd(), "jit", "error", rank=3)(x, None)
+    assert str(e.value).startswith("rank 3: chunk llm/1: compile failed: ")
+    assert "mpipe.compile_fallback" in str(e.value)
+    lines = []
+    b = Body(("llm", 1), Odd(), "jit", "eager", rank=3, log=lines.append)
+    np.testing.assert_allclose(b(x, None).asnumpy(), 2.0)
+    assert b.mode == "eager" and len(lines) == 1 and lines[0].startswith("rank 3: chunk llm/1: compile failed: ")
+    assert "runs eager" in lines[0]
+    # a cell without a tensor-only body runs eager, and says why
+    plain = Body(("vision", 0), nn.Dense(2, 2), "jit")
+    assert plain.mode == "eager" and "no tensor-only body" in plain.reason
+    ops.stop_gradient(x)
+
+
+# -- a one-device runtime, compiled, against the reference ----------------------------------------
+
+@pytest.fixture(scope="module")
+def one_device_runs(ms_cpu):
+    """2 steps of the tiny MLLM on one device, per backward order and compile mode; the reference."""
+    from hyperparallel.mindspore.comm import LocalComm
+    from hyperparallel.mindspore.rank import RankRuntime
+    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.recipe import checked_plan
+    from hyperparallel.runconfig import run_config_of
+    ov = ["parallel_config.pipeline_stage=1", "train.steps=2", "mpipe.schedule=1f1b"]
+    out = {}
+    for sched, V, mode in (("1f1b", 1, "jit"), ("interleaved_zb", 2, "jit"), ("interleaved_zb", 2, "eager")):
+        recipe = load_recipe(TINY, ov + [f"parallel_config.pp_interleave_num={V}", f"mpipe.compile={mode}"])
+        rc = run_config_of(recipe)
+        plan = checked_plan(recipe, sched)
+        lines = []
+        rt = RankRuntime(plan, rc.model, rc.source(), rc.train, LocalComm(), compile=rc.compile, log=lines.append)
+        res = [rt.step(s) for s in range(2)]
+        out[(sched, mode)] = (res, rt.compile_stats(), lines, plan)
+    recipe = load_recipe(TINY, ov)
+    rc = run_config_of(recipe)
+    ref = Reference(rc, recipe.micro_batch_num, {r.name: r.trainable for r in recipe.profile.regions}, 2)
+    out["reference"] = [ref.step(s) for s in range(2)]
+    return out
+
+
+@pytest.mark.parametrize("sched", ["1f1b", "interleaved_zb"])
+def test_compiled_chunks_train_like_the_reference(one_device_runs, sched):
+    res, stats, lines, plan = one_device_runs[(sched, "jit")]
+    ref = one_device_runs["reference"]
+    for r, (loss, grads) in zip(res, ref):
+        assert abs(r.loss - loss) < 1e-5
+    g0 = res[0].grads
+    assert set(g0) == set(ref[0][1])
+    for name, want in ref[0][1].items():
+        np.testing.assert_allclose(g0[name].asnumpy(), want, atol=1e-5, err_msg=name)
+    assert all(s["mode"] == "jit" for s in stats), stats
+    # compiles are bounded: an LLM chunk after the first (fixed input shape) compiles once; a chunk whose input
+    # shape varies with the images compiles at most 3 graphs (then one dynamic-shape graph serves every shape)
+    for s in stats:
+        fixed = s["chunk"].startswith("llm/") and s["chunk"] != "llm/0"
+        assert (s["compiles"] == 1 and s["shapes"] == 1) if fixed else 1 <= s["compiles"] <= 3, s
+    assert max(s["shapes"] for s in stats) > 3   # the encoder saw more shapes than it compiled graphs
+    # the log says, once, what each chunk runs as (and how a compiled chunk's B and W run when split)
+    assert len(lines) == 1 and lines[0].startswith("compile: rank 0: ")
+    split = any(a.kind == "W" for a in plan.programs[0])
+    assert ("W adds them" in lines[0]) == split
+    # the steps that compiled say so; the second step compiled only shapes it had not seen
+    assert res[0].compiles >= len(stats) and res[0].compile_s > 0
+    assert sum(r.compiles for r in res) == sum(s["compiles"] for s in stats)
+
+
+def test_eager_mode_runs_no_graph_and_matches_jit(one_device_runs):
+    res, stats, lines, _ = one_device_runs[("interleaved_zb", "eager")]
+    jit = one_device_runs[("interleaved_zb", "jit")][0]
+    assert all(s["mode"] == "eager" and s["compiles"] == 0 for s in stats)
+    assert all(r.compiles == 0 for r in res)
+    for a, b in zip(res, jit):
+        assert abs(a.loss - b.loss) < 1e-5
