@@ -58,7 +58,7 @@ def _case(tmp, path, schedule, frozen, extra=(), steps=STEPS):
 
 
 def _run(tmp, cases, world):
-    launch_cases(tmp, cases, world, timeout=900)
+    launch_cases(tmp, cases, world, timeout=1800)   # compiled chunks: compiles add ~10-30 s per case
 
 
 def _dumped(case):

@@ -93,7 +93,7 @@ def two_rank(tmp_path_factory):
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first_sharded")))
     cases.append(_case(tmp, "transpose", False, steps=STEPS, save_dir=ckpt_s, resume=True,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_resumed_unsharded")))
-    launch_cases(tmp, cases, 2)
+    launch_cases(tmp, cases, 2, timeout=1500)   # compiled chunks: ~10-20 s of compiles per case on 2 loaded cores
     return {c["name"] if "ckpt" not in c["dump_dir"] else os.path.basename(c["dump_dir"]): c for c in cases}
 
 
@@ -207,11 +207,11 @@ def four_rank(tmp_path_factory):
              "p4_dualpipev": _case(tmp, "transpose(order=dualpipev)", False, p4v),
              "p4_zbv": _case(tmp, "zbv", False, p4v),
              "p4_sharded": _case(tmp, SHARDED, False, p4)}
-    launch_cases(tmp, list(cases.values()), 4)
+    launch_cases(tmp, list(cases.values()), 4, timeout=1500)
     cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
                 "dp2_sharded": _case(tmp, SHARDED, False, dp)}
     shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
-    launch_cases(tmp, list(cases_dp.values()), 4)
+    launch_cases(tmp, list(cases_dp.values()), 4, timeout=1500)
     cases.update(cases_dp)
     return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "p4_zbv": p4v,
                    "p4_sharded": p4, "dp2": dp, "dp2_frozen": dp, "dp2_sharded": dp}

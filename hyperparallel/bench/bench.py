@@ -29,6 +29,8 @@ def kept_steps(ranks: List[dict], warmup: int) -> List[tuple]:
     largest share of the step during which another process used a rank's core)."""
     by_step: Dict[int, list] = {}
     compiled = compile_steps(ranks)
+    if all(s["step"] in compiled for res in ranks for s in res["steps"] if s["step"] >= warmup):
+        compiled = set()   # every measured step compiled (too few steps for the shapes): keep them, said in the table
     for res in ranks:
         for s in res["steps"]:
             if s["step"] >= warmup and s["step"] not in compiled:
@@ -476,7 +478,8 @@ class _Bench:
             row["all_steps_kept_busy_machine"] = fell_back[name]
             row["contention"] = [c for _, c in self.steps_of[name]]
             row["compile"] = compile_totals(self.per_rank[name])
-            row["compile_steps_dropped"] = sum(len(compile_steps(rk) - set(range(a.warmup)))
+            row["compile_steps_dropped"] = sum(len({st["step"] for res in rk for st in res["steps"]
+                                                    if st["step"] >= a.warmup}) - len(kept_steps(rk, a.warmup))
                                                for rk in self.per_rank[name])
         return rows
 

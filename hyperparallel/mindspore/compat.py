@@ -25,7 +25,7 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   (input and weights as ``inputs``), but its backward does not split: after an input-grad call with
   ``keep_graph=True`` the later weight-grad call returns None for every parameter (2.9.0, CPU).
   :data:`JIT_SPLITS_BACKWARD` says so; a compiled chunk's ``B`` then computes its weight grads too
-  and ``W`` adds them (:mod:`.compiled`). ``tests/test_mindspore_compat.py`` fails when this changes.
+  and ``W`` adds them (:mod:`.compiled`). ``tests/test_compiled.py`` fails when this changes.
 * ``mint.distributed.barrier`` ends with ``mindspore.runtime.synchronize()``, which on CPU logs
   ``[ERROR] ... CPU device is not supported`` (``mindspore/runtime/device.py``, ``_is_supported``)
   and does nothing else: harmless, but it alarms every user at the end of every job. On CPU

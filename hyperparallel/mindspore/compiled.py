@@ -125,14 +125,15 @@ def build_bodies(chunks: dict, mode: str, fallback: str = "error", rank: int = 0
     return {key: Body(key, cell, mode, fallback, rank, log) for key, cell in sorted(chunks.items())}
 
 
-def describe(bodies: Dict[Tuple[str, int], Body], rank: int, split_needed: bool) -> str:
-    """The once-per-rank log line: every chunk's mode, and why a chunk runs eager or how its B/W run."""
+def describe(bodies: Dict[Tuple[str, int], Body], rank: int, split: set) -> str:
+    """The once-per-rank log line: every chunk's mode, and why a chunk runs eager or how its B/W run
+    (``split``: the chunks with separate W actions on this rank)."""
     parts = []
     for b in bodies.values():
         s = f"{b.name} {b.mode}"
         if b.asked == "jit" and not b.compiled:
             s += f" ({b.reason})"
-        elif b.compiled and split_needed and not b.splits:
+        elif b.compiled and b.key in split and not b.splits:
             s += " (B computes the weight grads too, W adds them: a jit graph's backward does not split)"
         parts.append(s)
     return f"compile: rank {rank}: " + "; ".join(parts)

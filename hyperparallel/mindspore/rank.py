@@ -95,7 +95,7 @@ class RankRuntime:
         # each chunk's forward, compiled (mpipe.compile: jit) or eager; logged once per rank
         self.bodies = compiled.build_bodies(self.chunks, compile, compile_fallback, comm.rank, log)
         self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks, self.bodies)
-        split = any(a.kind == ir.W for a in self.interp.program)
+        split = {(a.region, a.chunk) for a in self.interp.program if a.kind == ir.W}
         if log is not None and self.bodies:
             log(compiled.describe(self.bodies, comm.rank, split))
         shards = sharded.shards_of(plan, self.interp, comm, train, total_steps or train.steps)
