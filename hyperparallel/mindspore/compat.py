@@ -14,7 +14,11 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   default at ``GlobalComm.WORLD_COMM_GROUP``.
 * In-place tensor methods (``add_``, ``mul_``) silently do nothing on CPU: the
   runtime never uses them; gradients are accumulated out of place (:func:`acc`)
-  and parameters are written with ``Parameter.set_data``.
+  and parameters are written with :func:`write_param` (``ops.assign``).
+* ``Parameter.set_data`` gives the parameter a new buffer, but a ``mindspore.jit`` graph compiled
+  before keeps reading the old one (2.9.0, CPU: the graph's result stays the old weights', silently;
+  eager sees the new ones). Every parameter the runtime writes after set-up (broadcast replicas, a
+  sharded optimizer's gather, a checkpoint restore) goes through :func:`write_param`, in place.
 * ``mindspore.vjp`` only runs pending backwards newest-first, and
   ``GradOperation(sens_param=True)`` recomputes the forward. The runtime uses the
   tape autograd that PyNative itself uses (internal API):
@@ -98,6 +102,11 @@ def graphs_compiled() -> int:
     set of compiled phases that ``jit`` adds to on every compile), to count a chunk's compiles exactly."""
     from mindspore.graph import api
     return len(api.ms_compile_cache)
+
+
+def write_param(p, value) -> None:
+    """Write ``value`` into parameter ``p`` in place (``ops.assign``; never ``set_data``, see the docstring)."""
+    ops.assign(p, ops.stop_gradient(value).astype(p.dtype).reshape(p.shape))
 
 
 def leaf(t: ms.Tensor, requires_grad: bool) -> ms.Tensor:

@@ -43,7 +43,7 @@ from mindspore import Parameter, Tensor, ops
 from hyperparallel.data import DataSource
 from hyperparallel.models import ModelAdapter
 from hyperparallel.mpipe import ir
-from .compat import Tape, acc, leaf
+from .compat import Tape, acc, leaf, write_param
 from .compiled import build_bodies
 from .hooks import Hooks
 from .memory import HeldForwards, nbytes
@@ -342,7 +342,7 @@ class Interpreter:
         new = self._broadcast([ops.stop_gradient(p) * 1 for p in params], a.root, a.group)
         if self.device != a.root:
             for p, v in zip(params, new):
-                p.set_data(v.copy())
+                write_param(p, v)   # in place: a compiled chunk keeps reading the parameter's buffer
 
     def do_ALLGATHER(self, a: ir.Action) -> None:
         pass   # the end-of-step gather of a sharded region: done by the rank's optimizer step (.sharded)

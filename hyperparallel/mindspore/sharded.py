@@ -27,6 +27,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from hyperparallel.mpipe import ir
+from .compat import write_param
 from .optim import Optimizer
 
 SHARD = "shard."
@@ -77,7 +78,7 @@ class Shard:
     def _write(self, targets: List[Parameter], flat: Tensor) -> None:
         off = 0
         for p, n in zip(targets, self.sizes):
-            p.set_data(flat[off:off + n].reshape(p.shape).astype(p.dtype).copy())
+            write_param(p, flat[off:off + n])   # in place: compiled chunks keep reading the parameter's buffer
             off += n
 
     # -- the share's per-parameter state under the global names ------------------------------------
