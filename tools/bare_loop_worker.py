@@ -36,6 +36,7 @@ class BareLoop:
         :mod:`hyperparallel.mindspore.compiled`): the bare loop runs the same bodies."""
         from hyperparallel.mindspore.compat import Tape
         self.plan, self.rc, self.comm, self.source, self.tape = plan, rc, comm, source, Tape
+        self.bodies = bodies
         self.d, self.P, self.M = comm.device, plan.num_devices, plan.num_micro
         self.model = rc.model
         first = plan.regions()[0]
@@ -159,14 +160,17 @@ def timed_step(loop, opt, comm, step: int) -> dict:
     opt.step(loop.step_grads())
     loss = comm.all_reduce_scalar(part)
     t1 = time.perf_counter()
-    return {"step": step, "step_s": t1 - t0, "loss": loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())}
+    compiles = sum(len(b.take_new()) for b in loop.bodies.values())
+    return {"step": step, "step_s": t1 - t0, "loss": loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks()),
+            "compiles": compiles}
 
 
 def runtime_step(rt, step: int) -> dict:
     from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
     c0 = cpu_ticks()
     res = rt.step(step)
-    return {"step": step, "step_s": res.step_s, "loss": res.loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())}
+    return {"step": step, "step_s": res.step_s, "loss": res.loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks()),
+            "compiles": res.compiles}
 
 
 def main(argv=None) -> int:
