@@ -123,34 +123,53 @@ def test_a_compiled_graph_sees_parameters_written_in_place_not_set_data(ms_cpu):
     del ms
 
 
+_FAILING = """
+import numpy as np
+from mindspore import nn, Tensor
+from hyperparallel.mindspore import compat
+from hyperparallel.mindspore.compiled import Body, CompileError
+compat.setup_device("CPU")
+
+class Odd(nn.Cell):
+    def forward(self, x, t):
+        return x * 2
+
+    def graph_args(self, t):
+        return (object(),)   # not a graph value: the compile fails when first called
+
+    def graph_body(self, x, o):
+        return x * o
+
+x = Tensor(np.ones((2, 2), np.float32))
+try:
+    compat.Tape.forward(Body(("llm", 1), Odd(), "jit", "error", rank=3), x, None)
+    print("NO ERROR")
+except CompileError as e:
+    print("ERROR", e)
+lines = []
+b = Body(("llm", 1), Odd(), "jit", "eager", rank=3, log=lines.append)
+print("FALLBACK", float(compat.Tape.forward(b, x, None).asnumpy()[0, 0]), b.mode, lines)
+"""
+
+
 def test_a_compile_failure_stops_naming_rank_and_chunk_or_falls_back_logged(ms_cpu):
-    from mindspore import nn, ops, Tensor
-    from hyperparallel.mindspore.compiled import Body, CompileError
+    """In a fresh process: MindSpore 2.9 was seen to hang, not raise, on a failing compile once other graphs
+    had compiled in the process (a known problem of the fallback, named in the README)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _FAILING], capture_output=True, text=True, timeout=240, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT, GLOG_v="3"))
+    out = [ln for ln in r.stdout.splitlines() if ln.startswith(("ERROR", "NO ERROR", "FALLBACK"))]
+    assert r.returncode == 0 and len(out) == 2, r.stdout + r.stderr[-2000:]
+    assert out[0].startswith("ERROR rank 3: chunk llm/1: compile failed: ") and "mpipe.compile_fallback" in out[0]
+    assert out[1].startswith("FALLBACK 2.0 eager ['rank 3: chunk llm/1: compile failed: ") and "runs eager" in out[1]
 
-    class Odd(nn.Cell):
-        def forward(self, x, t):
-            return x * 2
 
-        def graph_args(self, t):
-            return (object(),)   # not a graph value: the compile fails when first called
-
-        def graph_body(self, x, o):
-            return x * o
-
-    x = Tensor(np.ones((2, 2), np.float32))
-    with pytest.raises(CompileError) as e:
-        Body(("llm", 1), Odd(), "jit", "error", rank=3)(x, None)
-    assert str(e.value).startswith("rank 3: chunk llm/1: compile failed: ")
-    assert "mpipe.compile_fallback" in str(e.value)
-    lines = []
-    b = Body(("llm", 1), Odd(), "jit", "eager", rank=3, log=lines.append)
-    np.testing.assert_allclose(b(x, None).asnumpy(), 2.0)
-    assert b.mode == "eager" and len(lines) == 1 and lines[0].startswith("rank 3: chunk llm/1: compile failed: ")
-    assert "runs eager" in lines[0]
-    # a cell without a tensor-only body runs eager, and says why
+def test_a_chunk_without_a_tensor_only_body_runs_eager_and_says_why(ms_cpu):
+    from mindspore import nn
+    from hyperparallel.mindspore.compiled import Body
     plain = Body(("vision", 0), nn.Dense(2, 2), "jit")
     assert plain.mode == "eager" and "no tensor-only body" in plain.reason
-    ops.stop_gradient(x)
 
 
 # -- a one-device runtime, compiled, against the reference ----------------------------------------
