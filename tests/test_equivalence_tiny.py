@@ -143,8 +143,9 @@ def assert_compiled(case, mode):
             assert s["compiles"] == 0
         elif s["chunk"].startswith("llm/") and s["chunk"] != "llm/0":
             assert s["compiles"] == 1, s
-        else:
-            assert s["compiles"] >= 1, s
+        else:   # the input shape varies with the images: bounded by the dynamic-shape compile, 3 graphs per
+            # grad mode (a chunk run both on the tape and off it, as central backward's device 0, up to 6)
+            assert 1 <= s["compiles"] <= 6 and s["shapes"] >= s["compiles"] / 2, s
 
 
 @pytest.mark.msrun

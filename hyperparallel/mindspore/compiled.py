@@ -10,7 +10,8 @@ whose shape varies, e.g. the text ids, reaches only the chunks that read it), an
 (:func:`~.compat.jit`): a chunk whose inputs keep one shape (every LLM chunk after the first)
 compiles once and never again; a chunk whose input shape varies (an encoder chunk: the images of
 each micro-batch) compiles static graphs for its first shapes, then one dynamic-shape graph that
-serves every later shape (at most 3 compiles measured, whatever the number of shapes). Every call
+serves every later shape (at most 3 compiles measured per grad mode, whatever the number of
+shapes; a chunk run both on the tape and off it compiles each mode's own). Every call
 that compiled is counted and timed (compile plus one run, :meth:`Body.stats`), so the step time of
 a step that compiled can be told apart.
 
