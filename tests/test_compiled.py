@@ -211,10 +211,10 @@ def test_compiled_chunks_train_like_the_reference(one_device_runs, sched):
         np.testing.assert_allclose(g0[name].asnumpy(), want, atol=1e-5, err_msg=name)
     assert all(s["mode"] == "jit" for s in stats), stats
     # compiles are bounded: an LLM chunk after the first (fixed input shape) compiles once; a chunk whose input
-    # shape varies with the images compiles at most 3 graphs (then one dynamic-shape graph serves every shape)
+    # shape varies with the images compiles one static graph per distinct shape it met
     for s in stats:
         fixed = s["chunk"].startswith("llm/") and s["chunk"] != "llm/0"
-        assert (s["compiles"] == 1 and s["shapes"] == 1) if fixed else 1 <= s["compiles"] <= 3, s
+        assert (s["compiles"] == 1 and s["shapes"] == 1) if fixed else s["compiles"] == s["shapes"] >= 1, s
     # the log says, once, what each chunk runs as (and how a compiled chunk's B and W run when split)
     assert len(lines) == 1 and lines[0].startswith("compile: rank 0: ")
     split = any(a.kind == "W" for a in plan.programs[0])

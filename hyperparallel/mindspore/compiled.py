@@ -6,12 +6,12 @@ A chunk Cell opts in to compiling by giving a tensor-only body (the adapter's si
 from the micro-batch's tensors (a fixed-length tuple; ``None`` where it reads nothing, so a side input
 whose shape varies, e.g. the text ids, reaches only the chunks that read it), and
 ``graph_body(self, x, *args)`` computes what ``forward(x, tensors)`` computes. :class:`Body` wraps
-``graph_body`` with ``mindspore.jit`` once, with MindSpore's automatic dynamic shapes
-(:func:`~.compat.jit`): a chunk whose inputs keep one shape (every LLM chunk after the first)
-compiles once and never again; a chunk whose input shape varies (an encoder chunk: the images of
-each micro-batch) compiles static graphs for its first shapes, then one dynamic-shape graph that
-serves every later shape (at most 3 compiles measured per grad mode, whatever the number of
-shapes; a chunk run both on the tape and off it compiles each mode's own). Every call
+``graph_body`` with ``mindspore.jit`` once, one static graph per distinct input shape
+(:func:`~.compat.jit`, which says why not MindSpore's dynamic shapes): a chunk whose inputs keep one
+shape (every LLM chunk after the first) compiles once and never again; a chunk whose input shape
+varies (an encoder chunk: the images of each micro-batch) compiles once per distinct shape it meets
+(per grad mode: a chunk run both on the tape and off it compiles each mode's own), so the data's
+distinct shapes bound its compiles. Every call
 that compiled is counted and timed (compile plus one run, :meth:`Body.stats`), so the step time of
 a step that compiled can be told apart.
 
