@@ -281,3 +281,23 @@ def test_the_stored_8_device_search_is_what_the_search_finds_today():
     from hyperparallel.recipe import checked_plan
     for name in ("1f1b", "transpose", "transpose(owners=balanced)"):
         assert out.table[0].step_ms <= simulate(checked_plan(sp.recipe, name), sp.recipe.profile).step_ms
+
+
+def test_a_profile_at_the_recipes_own_size_predicts_the_recipe_and_1f1b_cases_too():
+    """The verify cases of the recipe's own schedule and 1F1B are predicted with the profile ``tune`` uses at
+    the recipe's micro-batch size: a ``--profile`` measured there replaces the recipe's embedded one (it did
+    not: the candidates and the recipe's cases were predicted from different profiles)."""
+    from hyperparallel.bench.verify import cases
+    from hyperparallel.mpipe.cost import simulate
+    from hyperparallel.recipe import checked_plan
+    from hyperparallel.commands.tune import own_schedule, profiles
+    stem = os.path.join(os.path.dirname(recipe("bench_encoder_heavy.yaml")), "profiles", "bench_encoder_heavy")
+    files = profiles([f"{stem}.mbs{s}.profile.yaml" for s in (2, 4, 8)])
+    rec = load_recipe(recipe("bench_encoder_heavy.yaml"))
+    measured4 = next(p for p in files.values() if p.micro_batch_size == 4)
+    sp = Space(rec, profiles=files)
+    rows = cases(sp, search(sp, top=1), 1)
+    want = {s: simulate(checked_plan(rec, s), measured4).step_ms for s in ("transpose", "1f1b")}
+    assert want["transpose"] != pytest.approx(simulate(checked_plan(rec, "transpose"), rec.profile).step_ms)
+    assert [r["predicted_ms"] for r in rows[1:]] == [pytest.approx(want["transpose"]), pytest.approx(want["1f1b"])]
+    assert own_schedule(sp)["step_ms"] == pytest.approx(want["transpose"])

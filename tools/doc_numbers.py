@@ -446,7 +446,20 @@ def tune_paper() -> str:
     return "\n".join(out) + "\n"
 
 
-TUNE_VERIFY = ("tune_verify_encoder_heavy.json",)
+TUNE_VERIFY = ("tune_verify_encoder_heavy.json", "tune_verify_mf_llama.json")
+
+
+def tie_note(v: dict) -> str:
+    """A sentence when candidates share rank 1's prediction (within 1%): which of them is fastest is
+    then decided by the measurement, not by the cost model."""
+    cand = [r for r in v["cases"] if r["rank"] is not None]
+    first = next(r for r in cand if r["rank"] == 1)
+    tied = [r for r in cand if abs(r["predicted_ms"] / first["predicted_ms"] - 1) <= 0.01]
+    if len(tied) < 2:
+        return ""
+    ms = [r["measured_ms"] for r in tied]
+    return (f" Candidates {', '.join('#%d' % r['rank'] for r in tied)} are predicted within 1% of each other; "
+            f"measured they span {min(ms):.0f} to {max(ms):.0f} ms ({pct(max(ms) / min(ms) - 1)}).")
 
 
 def tune_verify() -> str:
@@ -456,7 +469,8 @@ def tune_verify() -> str:
         v = d["verify"]
         n = sum(1 for r in v["cases"] if r["rank"] is not None)
         load = v.get("os_load_avg")
-        out += [f"`hyperparallel tune {d['recipe']} --top {d['top']} --verify {n} --json` (one launch, {v['ranks']} "
+        cmd = d.get("command") or f"hyperparallel tune {d['recipe']} --top {d['top']} --verify {n} --json"
+        out += [f"`{cmd}` (one launch, {v['ranks']} "
                 f"{v['device']} ranks, {v['warmup']} warm-up + {v['steps']} measured steps per case in rotation, "
                 f"{v['wall_s']:.0f} s" + (f", load average {load[0]:.1f} to {load[1]:.1f} on 2 cores" if load else "")
                 + "):", "",
@@ -471,7 +485,7 @@ def tune_verify() -> str:
                     f"(**{'met' if v['first_faster_than_1f1b'] else 'missed'}**), {v['first_vs_recipe']:.2f}x "
                     f"against the recipe's own schedule. Step times of the first and last measured step per "
                     f"case: " + "; ".join(f"{r['step_ms_all'][0]:.0f} to {r['step_ms_all'][-1]:.0f} ms"
-                                          for r in v["cases"]) + ".", ""]
+                                          for r in v["cases"]) + "." + tie_note(v), ""]
     return "\n".join(out)
 
 

@@ -82,7 +82,7 @@ def own_schedule(space: Space) -> dict:
     except (SpecError, PlanError) as e:
         return {"schedule": str(recipe.schedule), "refused": str(e).splitlines()[0]}
     spill = any(x.get("spill") == "next_step" for x in plan.schedule)
-    rep = simulate(plan, recipe.profile, steps=3 if spill else 1)
+    rep = simulate(plan, space.profile_at(space.M0), steps=3 if spill else 1)
     peaks = [d.peak_memory_mb for d in rep.devices]
     return {"schedule": plan.meta["schedule_name"], "V": space.V0, "M": space.M0,
             "layers": [c.layers for c in plan.chunks if c.region == space.body.name],
