@@ -8,7 +8,6 @@ the model, resume, compare step 3 with the uninterrupted run).
 """
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -173,13 +172,11 @@ def four_rank(tmp_path_factory):
              "p4_spill_frozen": _case(tmp, SPILL_BALANCED, True, p4),
              "p4_dualpipev": _case(tmp, "transpose(order=dualpipev)", False, p4v),
              "p4_zbv": _case(tmp, "zbv", False, p4v),
-             "p4_sharded": _case(tmp, SHARDED, False, p4)}
+             "p4_sharded": _case(tmp, SHARDED, False, p4),
+             # P=2 x D=2 in the same launch: each case addresses the ranks by its own data_parallel
+             "dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
+             "dp2_sharded": _case(tmp, SHARDED, False, dp)}
     launch_cases(tmp, list(cases.values()), 4)
-    cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
-                "dp2_sharded": _case(tmp, SHARDED, False, dp)}
-    shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
-    launch_cases(tmp, list(cases_dp.values()), 4)
-    cases.update(cases_dp)
     return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "p4_zbv": p4v,
                    "p4_sharded": p4, "dp2": dp, "dp2_frozen": dp, "dp2_sharded": dp}
 

@@ -165,11 +165,12 @@ def main(argv=None) -> int:
     from hyperparallel.mindspore.job import end_job, start_job
     job = start_job(sys.argv[1:] if argv is None else argv)
     from hyperparallel.mindspore.comm import Comm
-    D = {int(c["plan"].get("data_parallel", 1)) for c in job["cases"]}
-    if len(D) != 1:
-        raise SystemExit("all cases of one launch must share data_parallel")
-    comm = Comm(D.pop())
-    for case in job["cases"]:
+    comm = None
+    for case in job["cases"]:   # the cases may differ in data_parallel: the addressing follows each plan
+        D = int(case["plan"].get("data_parallel", 1))
+        if comm is None:
+            comm = Comm(D)
+        comm.set_data_parallel(D)
         run_case(case, comm)
     return end_job(comm)
 
