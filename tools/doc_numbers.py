@@ -136,8 +136,11 @@ def bench_balance() -> str:
     d = bench("bench_skewed_2rank.json")
     rows = {r["schedule"]: r for r in d["schedules"]}
     base = _spread([x * 1e3 for x in rows["transpose"]["samples_s"]])
-    out = [f"Measured by `{d['command']}` ({d['repeats']} repeats x {d['steps']} steps, {d['ranks']} ranks; "
-           f"kept steps per case: the undisturbed ones):", "",
+    import shlex
+    out = [f"Measured by `{shlex.join(shlex.split(d['command']))}` ({d['repeats']} repeats x {d['steps']} steps, "
+           f"{d['ranks']} ranks; kept steps per case: those no other process disturbed, "
+           f"{sum(r['dropped_disturbed'] for r in rows.values())} of "
+           f"{sum(r['dropped_disturbed'] + r['samples'] for r in rows.values())} dropped):", "",
            "| case | median step (ms) | 90th percentile (ms) | mean (ms) | steps | median, p90, mean vs `transpose` |",
            "|---|---|---|---|---|---|"]
     for name, r in rows.items():
