@@ -197,8 +197,9 @@ class TrainConfig:
         keys = dict(self.keys)
         clip = (f"clip grad norm {self.max_grad_norm:g} ({keys.get('clip', 'runner_wrapper')})" if self.max_grad_norm
                 else "no clipping")
+        loss = "mean over answer tokens" if self.loss_normalization == "tokens" else "mean of micro-batch means"
         return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}, {self.schedule.describe(total_steps)}, "
-                f"{clip}, seed {self.seed} ({keys['seed']})")
+                f"{clip}, seed {self.seed} ({keys['seed']}), loss {loss}")
 
 
 def _typed(name: str, sec, classes: dict) -> str:
