@@ -52,7 +52,7 @@ def assign(work: Sequence[float], batch: int, owners: Sequence[Hashable]) -> Lis
     G = len(owners)
     if len(work) != G * batch:
         raise ValueError(f"{len(work)} samples for {G} micro-batches of {batch}")
-    keys = list(dict.fromkeys(sorted(set(owners), key=lambda k: owners.index(k))))
+    keys = list(dict.fromkeys(owners))   # in order of first appearance
     count = {k: sum(1 for o in owners if o == k) for k in keys}
     order = sorted(range(len(work)), key=lambda i: (-work[i], i))
     per_owner = _spread(order, work, keys, {k: count[k] * batch for k in keys}, count)
