@@ -69,6 +69,9 @@ def _plan_parsers(sub) -> None:
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--png", metavar="FILE.png", help="draw a Gantt timeline (matplotlib)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps to execute (steady state)")
+    p.add_argument("--data-steps", type=int, default=None, metavar="N",
+                   help="replay the encoder work of the first N steps of the recipe's data (conversations); "
+                        "a schedule may carry its own settings: 'transpose|data.balance=encoder'")
     p.set_defaults(func=simulate.run_simulate)
 
 

@@ -129,7 +129,7 @@ def test_mindformers_sections_honoured():
     assert cfg.schedule.fields_for(20)["total_steps"] == 20   # -1: the run's steps
     assert cfg.describe(20) == ("optimizer AdamW (betas=(0.9, 0.95), eps=1e-08, weight_decay=0.1), "
                                "CosineWithWarmUpLR (MindFormers) lr 0.001, 2 warm-up steps, total_steps 20, "
-                               "clip grad norm 0.5 (runner_wrapper), seed 42 (seed)")
+                               "clip grad norm 0.5 (runner_wrapper), seed 42 (seed), loss mean over answer tokens")
 
 
 def test_mindformers_defaults_when_sections_are_partial():

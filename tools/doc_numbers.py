@@ -116,6 +116,68 @@ def checkpoint_cost() -> str:
             + "".join("  " + line + "\n" for line in table(d).splitlines()))
 
 
+BALANCE_CASES = ("1f1b", "transpose", "transpose|data.balance=encoder")
+SKEWED_DATA = dict(num_samples=224, seed=0, skewed=0.15)   # python tools/make_demo_data.py data/skewed --samples 224 --skewed 0.15
+
+
+def _spread(xs) -> tuple:
+    sys.path.insert(0, ROOT)
+    from hyperparallel.util import median, quantile
+    return median(xs), quantile(xs, 0.9), sum(xs) / len(xs)
+
+
+def _cell(text: str) -> str:
+    """``text`` inside a table cell (a case's ``|`` escaped)."""
+    return text.replace("|", "\\|")
+
+
+def bench_balance() -> str:
+    """The skewed-mix bench: per case the step time's median, 90th percentile and mean over its kept steps."""
+    d = bench("bench_skewed_2rank.json")
+    rows = {r["schedule"]: r for r in d["schedules"]}
+    base = _spread([x * 1e3 for x in rows["transpose"]["samples_s"]])
+    import shlex
+    out = [f"Measured by `{shlex.join(shlex.split(d['command']))}` ({d['repeats']} repeats x {d['steps']} steps, "
+           f"{d['ranks']} ranks; kept steps per case: those no other process disturbed, "
+           f"{sum(r['dropped_disturbed'] for r in rows.values())} of "
+           f"{sum(r['dropped_disturbed'] + r['samples'] for r in rows.values())} dropped):", "",
+           "| case | median step (ms) | 90th percentile (ms) | mean (ms) | steps | median, p90, mean vs `transpose` |",
+           "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        med, p90, mean = _spread([x * 1e3 for x in r["samples_s"]])
+        out.append(f"| `{_cell(name)}` | {med:.1f} | {p90:.1f} | {mean:.1f} | {len(r['samples_s'])} | "
+                   f"{base[0] / med:.2f}x, {base[1] / p90:.2f}x, {base[2] / mean:.2f}x |")
+    return "\n".join(out) + "\n"
+
+
+def balance_replay() -> str:
+    """``simulate --data-steps 40`` on the skewed mix (written to a temp dir as the README's command writes it)."""
+    import tempfile
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from make_demo_data import write_demo
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_demo(tmp, SKEWED_DATA["num_samples"], SKEWED_DATA["seed"], skewed=SKEWED_DATA["skewed"])
+        cmd = [sys.executable, "-m", "hyperparallel", "simulate", "recipes/bench_skewed.yaml", "--data-steps", "40"]
+        for k, v in paths.items():
+            cmd += ["--set", f"data.{k}={v}"]
+        for c in BALANCE_CASES:
+            cmd += ["--schedule", c]
+        r = subprocess.run(cmd + ["--json"], cwd=ROOT, capture_output=True, text=True, check=False,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    objs = json.loads(r.stdout)
+    by = {o["schedule"]: o for o in objs}
+    t = by["transpose"]
+    out = ["| case | median (ms) | 90th percentile (ms) | mean (ms) | max (ms) | median, p90, mean vs `transpose` |",
+           "|---|---|---|---|---|---|"]
+    for o in objs:
+        out.append(f"| `{_cell(o['schedule'])}` | {o['median_step_ms']:.1f} | {o['p90_step_ms']:.1f} | "
+                   f"{o['mean_step_ms']:.1f} | {o['max_step_ms']:.1f} | {t['median_step_ms'] / o['median_step_ms']:.2f}x, "
+                   f"{t['p90_step_ms'] / o['p90_step_ms']:.2f}x, {t['mean_step_ms'] / o['mean_step_ms']:.2f}x |")
+    return "\n".join(out) + "\n"
+
+
 # -- simulated ---------------------------------------------------------------------------------
 def encoder_heavy() -> str:
     rec = recipe("recipes/mllm_encoder_heavy.yaml")
@@ -516,9 +578,12 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "checkpoint-cost": checkpoint_cost,
     "tune-paper": tune_paper,
     "tune-verify": tune_verify,
+    "bench-balance": bench_balance,
+    "balance-replay": balance_replay,
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
-SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "paper-memory", "schedule-orders", "schedule-torch")
+SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "paper-memory", "schedule-orders", "schedule-torch",
+             "balance-replay")
 
 
 def render(text: str, cache: Dict[str, str], only=None) -> str:

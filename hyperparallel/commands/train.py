@@ -30,6 +30,7 @@ def _prepare(args):
     plan = checked_plan(recipe, args.schedule)
     refuse_over_memory_limit(recipe, plan)   # the predicted peak of every device within mpipe.memory_limit_gb
     refuse_sharded_optimizer(plan, rc.train)
+    rc.check_plan(plan)
     from ..recipe.train import MAX_STEPS
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise SpecError("--steps", f"must be 1..{MAX_STEPS:,}, got {args.steps}")

@@ -32,5 +32,25 @@ def case_runtime(case: dict, comm, hooks=None):
     from .rank import RankRuntime
 
     rc = RunConfig.from_raw(case["raw"])
-    return rc, RankRuntime(ir.Plan.from_json(case["plan"]), rc.model, rc.source(), rc.train, comm, hooks,
+    plan = ir.Plan.from_json(case["plan"])
+    source = rc.source()
+    if balancing(rc):   # data.balance: encoder: every step's samples grouped by the plan's encoder owners
+        from hyperparallel.data.balance import owner_ranks
+        source.balance_by(owner_ranks(plan))
+    return rc, RankRuntime(plan, rc.model, source, rc.train, comm, hooks,
                            total_steps=int(case.get("steps") or rc.train.steps))
+
+
+def balancing(rc) -> bool:
+    return getattr(rc.data, "balance", "none") == "encoder"
+
+
+def encoder_record(rc, rt, raw: dict):
+    """``step -> metrics entry`` of the predicted encoder work per owner (:class:`~hyperparallel.data.balance.StepRecord`;
+    milliseconds from the recipe's ``mpipe.profile`` when it has one), or None when not balancing."""
+    if not balancing(rc):
+        return None
+    from hyperparallel.data.balance import StepRecord
+    from hyperparallel.mpipe.profile import parse_profile
+    prof = (raw.get("mpipe") or {}).get("profile") if isinstance(raw.get("mpipe"), dict) else None
+    return StepRecord(rt.source, rt.plan, parse_profile(prof) if isinstance(prof, dict) else None)

@@ -89,7 +89,8 @@ class RankRuntime:
         comm.ensure_groups(plan_groups(plan))
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
-        self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks)
+        self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks,
+                                  loss_normalization=getattr(train, "loss_normalization", "tokens"))
         shards = sharded.shards_of(plan, self.interp, comm, train, total_steps or train.steps)
         if shards:   # transpose(optimizer=sharded): each shard steps with the rest, after clipping
             self.optimizer = sharded.ShardedOptimizer(self.interp.updated, shards, train, total_steps or train.steps)

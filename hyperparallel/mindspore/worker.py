@@ -95,7 +95,7 @@ def _clock(s: float) -> str:
 def run_case(case: dict, comm) -> None:
     from hyperparallel.mindspore.checkpoint import recipe_hash
     from hyperparallel.mindspore.hooks import FaultInjection
-    from hyperparallel.mindspore.job import case_runtime
+    from hyperparallel.mindspore.job import case_runtime, encoder_record
     from hyperparallel.mindspore.memory import rank_memory
 
     from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
@@ -118,6 +118,7 @@ def run_case(case: dict, comm) -> None:
         os.makedirs(run_dir, exist_ok=True)
         metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
     losses, memory = [], []
+    encoder_work = encoder_record(rc, rt, case["raw"]) if comm.rank == 0 and run_dir else None
     skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
     if comm.rank == 0:
         print(f"[{name}] {rc.train.describe(steps)}", flush=True)
@@ -143,6 +144,8 @@ def run_case(case: dict, comm) -> None:
             print(log.line(rec), flush=True)
             if metrics:
                 rec["memory"] = mem_all
+                if encoder_work is not None:
+                    rec["encoder_work"] = encoder_work(step)
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
         if save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps):

@@ -22,6 +22,9 @@ from typing import Optional, Tuple
 from ..mpipe.errors import SpecError, unknown_key
 
 OPTIMIZERS = ("adam", "sgd")
+#: ``train.loss_normalization``: the step loss is the mean over the step's answer tokens (``tokens``,
+#: the default) or the mean of its micro-batches' own token means (``micro_batch``)
+LOSS_NORMALIZATIONS = ("tokens", "micro_batch")
 
 #: MindFormers optimizer types hyperparallel trains with, and the fields each class takes
 #: (``mindformers.core.optim.AdamW``, ``mindspore.nn.Adam``, ``mindspore.nn.SGD``); all run on CPU
@@ -115,6 +118,7 @@ class TrainConfig:
     lr: float = 0.01
     optimizer: str = "adam"       # train: section: adam | sgd
     save_every: int = 0           # checkpoint every N steps with --save-dir (0: only at the end)
+    loss_normalization: str = "tokens"   # tokens | micro_batch (LOSS_NORMALIZATIONS)
     # resolved (from_raw): the optimizer and schedule every rank builds, and gradient clipping
     opt: OptimizerSpec = field(default=None, compare=False)
     schedule: LRSpec = field(default=None, compare=False)
@@ -122,7 +126,7 @@ class TrainConfig:
     steps_given: bool = False               # train.steps was written (else the default, or runner_config.epochs)
     keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
 
-    TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every")
+    TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every", "loss_normalization")
 
     @staticmethod
     def from_section(sec: Optional[dict]) -> "TrainConfig":
@@ -147,6 +151,9 @@ class TrainConfig:
         if "optimizer" in sec and sec["optimizer"] not in OPTIMIZERS:
             raise SpecError("train.optimizer", f"{sec['optimizer']!r} unknown; allowed: {', '.join(OPTIMIZERS)} "
                                                "(or MindFormers' optimizer: section)")
+        norm = sec.get("loss_normalization", "tokens")
+        if norm not in LOSS_NORMALIZATIONS:
+            raise SpecError("train.loss_normalization", f"{norm!r} unknown; allowed: {', '.join(LOSS_NORMALIZATIONS)}")
         keys = {}
         seed = sec.get("seed", 0)
         keys["seed"] = "train.seed" if "seed" in sec else "default"
@@ -182,7 +189,7 @@ class TrainConfig:
         return TrainConfig(seed=seed, steps=sec.get("steps", 20), lr=sched.learning_rate,
                            optimizer=opt.type.lower() if opt.type in ("Adam", "SGD") and not opt.grouped else opt.type,
                            save_every=sec.get("save_every", 0), opt=opt, schedule=sched, max_grad_norm=clip,
-                           steps_given="steps" in sec, keys=tuple(sorted(keys.items())))
+                           steps_given="steps" in sec, keys=tuple(sorted(keys.items())), loss_normalization=norm)
 
     def describe(self, total_steps: int) -> str:
         """One line for the start of a run: optimizer, schedule, clipping, seed."""
@@ -190,8 +197,9 @@ class TrainConfig:
         keys = dict(self.keys)
         clip = (f"clip grad norm {self.max_grad_norm:g} ({keys.get('clip', 'runner_wrapper')})" if self.max_grad_norm
                 else "no clipping")
+        loss = "mean over answer tokens" if self.loss_normalization == "tokens" else "mean of micro-batch means"
         return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}, {self.schedule.describe(total_steps)}, "
-                f"{clip}, seed {self.seed} ({keys['seed']})")
+                f"{clip}, seed {self.seed} ({keys['seed']}), loss {loss}")
 
 
 def _typed(name: str, sec, classes: dict) -> str:
