@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..mpipe.cost import simulate
 from ..mpipe.errors import PlanError, SpecError
@@ -30,6 +30,9 @@ from ..recipe.recipe import READ_KEYS
 from ..tune.overlay import offset_line, write_overlay
 from ..tune.search import Outcome, Scored, lowest_peak, search
 from ..tune.space import Space
+
+if TYPE_CHECKING:
+    from ..recipe.recipe import Recipe
 
 GB = 1000.0   # MB per GB, as README's peak-memory figures
 
@@ -52,7 +55,7 @@ def _check_args(args) -> None:
             raise SpecError("--out", f"folder does not exist: {d}")
 
 
-def load(path: str, overrides) -> "Recipe":  # noqa: F821
+def load(path: str, overrides) -> "Recipe":
     """The recipe with ``--set`` applied; a key neither in the recipe nor read by the loader is refused."""
     raw = load_raw(path)
     for item in overrides:
