@@ -31,6 +31,10 @@ TRAIN = {
     "optimizer": "`adam` (MindSpore nn.Adam) or `sgd` (nn.SGD, momentum 0.9); MindFormers' `optimizer:` instead "
                  "for AdamW and its fields",
     "save_every": "with `--save-dir`: a checkpoint every N steps (0: only after the last step)",
+    "hang_timeout_s": "seconds without progress on every rank before the job is ended as hung, naming the rank "
+                      "(exit 124; the first step gets 5x)",
+    "stop_grace_s": "after SIGTERM/SIGINT: seconds the ranks get to finish the step and save it (exit 75); then, "
+                    "or on a second signal, they are killed at once",
 }
 
 SYNTHETIC = {
