@@ -130,7 +130,27 @@ def msrun_command(job_path: str, world: int, log_dir: str, port: int,
     if world <= (os.cpu_count() or 1):
         flags["bind_core"] = "True"
     flags.update(overrides or {})
-    return msrun_path() + [f"--{k}={v}" for k, v in flags.items()] + [script, job_path]
+    program = msrun_path()
+    if int(flags.get("node_rank", 0)) > 0 and _is_this_machine(flags.get("master_addr", "127.0.0.1")):
+        # another node of the job on node 0's machine: msrun would start a second scheduler (compat.msrun_node)
+        program = [sys.executable, "-m", "hyperparallel.mindspore.compat"]
+    return program + [f"--{k}={v}" for k, v in flags.items()] + [script, job_path]
+
+
+def _is_this_machine(addr: str) -> bool:
+    """Whether ``addr`` is an address of this machine (loopback, or one its interfaces can bind)."""
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError:
+        return False
+    if ip.startswith("127."):
+        return True
+    try:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
 
 
 @dataclass
@@ -254,6 +274,15 @@ def _role(pid: int) -> str:
     return ""
 
 
+def _runs(pid: int, path: str) -> bool:
+    """Whether the process's command line holds ``path`` (a rank runs the job file; msrun's log tails do not)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return path.encode() in f.read()
+    except OSError:
+        return False
+
+
 def _children(pid: int) -> List[int]:
     out = []
     for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
@@ -270,11 +299,11 @@ def _alive(pid: int, start: int) -> bool:
 
 
 class _Ranks:
-    """The ranks msrun started on this node, by pid (msrun's children with ``MS_ROLE=MS_WORKER``), kept
-    after msrun is gone; a recorded start time guards against a reused pid."""
+    """The ranks msrun started on this node, by pid (msrun's children with ``MS_ROLE=MS_WORKER`` that run the
+    job file), kept after msrun is gone; a recorded start time guards against a reused pid."""
 
-    def __init__(self, msrun_pid: int):
-        self.msrun = msrun_pid
+    def __init__(self, msrun_pid: int, job_path: str):
+        self.msrun, self.job_path = msrun_pid, job_path
         self.pids: Dict[int, int] = {}       # pid -> start time
         self.others: Dict[int, int] = {}     # msrun's other children (its scheduler)
 
@@ -282,7 +311,8 @@ class _Ranks:
         for pid in _children(self.msrun):
             st = _stat(pid)
             if st and pid not in self.pids and pid not in self.others:
-                (self.pids if _role(pid) == "MS_WORKER" else self.others)[pid] = st[2]
+                rank = _role(pid) == "MS_WORKER" and _runs(pid, self.job_path)
+                (self.pids if rank else self.others)[pid] = st[2]
 
     def alive(self) -> List[int]:
         return [p for p, t in self.pids.items() if _alive(p, t)]
@@ -372,7 +402,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     with open(os.path.join(log_dir, "msrun.log"), "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 preexec_fn=_die_with_parent)
-    ranks = _Ranks(proc.pid)
+    ranks = _Ranks(proc.pid, job_path)
     res = LaunchResult(returncode=0, log_dir=log_dir)
     pos, death_seen, stop_at, told, last_scan = 0, None, None, set(), 0.0
     try:
@@ -451,6 +481,10 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
         if saving:
             res.returncode, res.message = SAVE_FAILED, f"checkpoint save failed: {saving}"
             return res
+        missing = _missing_nodes(log_dir, world, overrides)
+        if missing:
+            res.message = missing
+            return res
         rank = find_failed_rank(log_dir, world)
         res.failed_rank = rank
         if rank is not None:
@@ -464,6 +498,29 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     elif res.killed:
         res.message = res.killed
     return res
+
+
+CLUSTER_FAILED = "Failed to initialize distributed job cluster"   # MindSpore's init() when the cluster never formed
+
+
+def _missing_nodes(log_dir: str, world: int, overrides: Dict[str, str]) -> str:
+    """On a multi-node job whose cluster never formed (this node's ranks failed in ``init()``): which other
+    nodes never joined, or '' (one node, or another failure)."""
+    local = int(overrides.get("local_worker_num", world))
+    if local >= world:
+        return ""
+    mine = local_ranks(world, overrides)
+    if not any(CLUSTER_FAILED in _read(_worker_log(log_dir, r)) for r in mine):
+        return ""
+    node, nodes = int(overrides.get("node_rank", 0)), world // local
+    others = [k for k in range(nodes) if k != node]
+    span = lambda k: f"ranks {k * local}-{k * local + local - 1}" if local > 1 else f"rank {k * local}"  # noqa: E731
+    names = "; ".join(f"node {k} ({span(k)})" for k in others)
+    where = f"{overrides.get('master_addr', '127.0.0.1')}:{overrides.get('master_port', '?')}"
+    who = f"{names} never joined" if len(others) == 1 else f"of {names}, at least one never joined"
+    return (f"{who} within --cluster_time_out {overrides.get('cluster_time_out', '600')} s (node {node} waited "
+            f"at {where}; start every node with the same --worker_num, --master_addr and --master_port) "
+            f"(logs: {log_dir})")
 
 
 def _saves(job: dict) -> bool:

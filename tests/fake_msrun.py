@@ -4,7 +4,7 @@
                                                     its result as JSON (the test signals this process)
     python fake_msrun.py msrun --flag=v... SCRIPT JOB    what launch() starts: 2 ranks, each in a session
                                                     of its own with MS_ROLE=MS_WORKER, as msrun does
-    python fake_msrun.py rank R LOG_DIR MODE        one rank: MODE ``ignore`` ignores SIGTERM (a step that
+    python fake_msrun.py rank R LOG_DIR MODE JOB    one rank: MODE ``ignore`` ignores SIGTERM (a step that
                                                     never ends), ``stop`` stops cleanly on it (rank 0 prints
                                                     the ``stopped on signal`` line)
 """
@@ -37,8 +37,9 @@ def msrun(argv) -> int:
     flags = dict(a[2:].split("=", 1) for a in argv if a.startswith("--"))
     log_dir, mode = flags["log_dir"], os.environ.get("HP_FAKE_RANK", "ignore")
     env = dict(os.environ, MS_ROLE="MS_WORKER")
-    procs = [subprocess.Popen([sys.executable, HERE, "rank", str(r), log_dir, mode], env=env, start_new_session=True)
-             for r in range(int(flags["worker_num"]))]
+    job = argv[-1]   # a rank's command line holds the job file, as msrun's do (the launcher looks for it)
+    procs = [subprocess.Popen([sys.executable, HERE, "rank", str(r), log_dir, mode, job], env=env,
+                              start_new_session=True) for r in range(int(flags["worker_num"]))]
     return max(p.wait() for p in procs)   # SIGTERM kills this process (default action), not the ranks
 
 

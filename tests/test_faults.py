@@ -3,7 +3,7 @@
 Fast: the hang verdict on synthetic heartbeats, refused settings, the launcher's signal handling
 against a fake msrun (tests/fake_msrun.py; no MindSpore). ``msrun``: one chain of real 2-rank
 ``hyperparallel train`` runs on one save directory, each interrupted another way, the last one
-finishing: its losses (steps 1-12, written by six runs) equal the single-process reference.
+finishing: its losses (steps 1-16, written by six runs) equal the single-process reference.
 
 1. SIGTERM to ``hyperparallel train``   -> the step finished and saved, exit 75
 2. SIGTERM to msrun                     -> the same (the ranks get SIGHUP when msrun dies)
@@ -28,7 +28,7 @@ from hyperparallel.watch import Heartbeat, hang_verdict, read_beats
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
 FAKE = os.path.join(ROOT, "tests", "fake_msrun.py")
-STEPS = 12
+STEPS = 16
 
 
 def beat(rank, kind, index=5, waits=(), since=0.0, step=3, what="llm/1 micro 2", first_step=0):
@@ -253,9 +253,12 @@ def chain(tmp_path_factory):
     # 4. the disk is full when rank 1 writes step k + 1
     out["full"] = Run(run, ckpt, "--resume", "--save-every", "1", env={"HP_FAULT": f"1:save:{k + 1}:enospc"}).finish()
     out["full_complete"] = [s for s, _ in cf().list_steps(str(ckpt))[0]]
+    out["full_resumes"] = cf().resolve(str(ckpt)).step
     # 5. rank 1 hangs in its second step (step index k + 1)
     out["hang"] = Run(run, ckpt, "--resume", "--set", "train.hang_timeout_s=4",
                       env={"HP_FAULT": f"1:{k + 1}:hang"}).finish()
+    logs = os.path.join(str(run), "logs")   # as the hung run left them (the next run starts new ones)
+    out["hang_logs"] = {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs) if f.startswith("worker_")}
     out["last"] = Run(run, ckpt, "--resume").finish()   # 6. to the end
     out["k"], out["ckpt"], out["run"] = k, str(ckpt), str(run)
     return out
@@ -303,7 +306,7 @@ def test_full_disk_ends_the_job_naming_path_and_error(chain):
                                       f"device (ENOSPC) (rank 1, step {k + 1}); newest complete checkpoint: "
                                       f"{os.path.join(chain['ckpt'], f'step_{k}')}"), run.stderr[-2000:]
     assert chain["full_complete"] == chain["rank_complete"]   # nothing older touched, step k + 1 not complete
-    assert cf().resolve(chain["ckpt"]).step == k
+    assert chain["full_resumes"] == k
     _no_rank_left(run)
 
 
@@ -318,10 +321,11 @@ def test_hung_rank_ends_the_job_naming_rank_index_kind_and_peer(chain):
                  r" newest complete checkpoint: ", err[0])
     assert m and int(m.group(1)) == chain["k"] + 1, err[0]
     assert int(m.group(2)) == int(m.group(3)) // 2   # where HP_FAULT stopped it: the middle of the program
-    for r in (0, 1):   # every worker's log kept
-        assert os.path.getsize(os.path.join(m.group(7), f"worker_{r}.log")) > 0
-    assert "fault injection (hang): rank 1 stops making progress" in open(os.path.join(m.group(7), "worker_1.log")).read()
-    assert "Recv failed" not in open(os.path.join(m.group(7), "worker_0.log")).read()   # before MCCL's own 30 s
+    logs = chain["hang_logs"]   # every worker's log kept
+    assert m.group(7) == os.path.join(chain["run"], "logs") and sorted(logs) == ["worker_0.log", "worker_1.log"]
+    assert f"] step {chain['k'] + 1}/{STEPS} " in logs["worker_0.log"]
+    assert "fault injection (hang): rank 1 stops making progress" in logs["worker_1.log"]
+    assert "Recv failed" not in logs["worker_0.log"]   # ended before MCCL's own 30 s receive timeout
     _no_rank_left(run)
 
 
