@@ -471,6 +471,10 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
         sigs.restore()
     res.wall_s = time.time() - t0
     res.stopped = _stop_line(log_dir, mine)
+    if sigs.got and not res.stopped and not res.killed and res.returncode != 0:
+        # a signal before the ranks could act on it (e.g. while they started): they did not stop cleanly
+        res.killed = f"{signal.Signals(sigs.got[0]).name} before the ranks could stop after a step; every rank stopped"
+        res.returncode = 128 + sigs.got[0]
     if res.stopped and not res.killed and not res.hung:
         res.returncode = PREEMPTED
         return res

@@ -202,9 +202,13 @@ def main(argv=None) -> int:
     from hyperparallel.mindspore.stop import StopRequest
     argv = sys.argv[1:] if argv is None else argv
     job = start_job(argv)
+    # the rank's own grace is the launcher's plus a margin: it matters only when the launcher is gone
+    stopper = StopRequest(int(os.environ.get("RANK_ID", 0) or 0), float(job.get("stop_grace_s", 30.0)) + 5.0)
+    stopper.install()   # a signal during init() is acted on after it (stop after the first step)
     from hyperparallel.mindspore.comm import Comm
     comm = Comm(1)   # each case takes its own data-parallel view (Comm.with_data_parallel)
-    stopper = StopRequest(comm.rank, float(job.get("stop_grace_s", 30.0)) + 5.0).install()
+    stopper.rank = comm.rank
+    stopper.install()   # again: init() may have set handlers of its own
     beat_dir = os.path.dirname(os.path.abspath(argv[0]))
     for case in job["cases"]:
         if run_case(case, comm, stopper, beat_dir):
