@@ -31,7 +31,7 @@ def progress_file(log_dir: str, rank: int) -> str:
 
 
 class Heartbeat:
-    """A rank's heartbeat file: :meth:`beat` records where the rank is now (one ``pwrite``, ~5 us)."""
+    """A rank's heartbeat file: :meth:`beat` records where the rank is now (one ``pwrite`` of a fixed-size record)."""
 
     def __init__(self, log_dir: str, rank: int, first_step: int = 0):
         self.rank, self.first_step = int(rank), int(first_step)
