@@ -85,3 +85,14 @@ def test_a_node_that_never_starts_ends_the_other_naming_it(tmp_path):
                        cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
     err = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and err.startswith("error: job failed (exit 1): node 1 (ranks 2-3) never joined"), p.stderr
+
+
+def test_only_node_0_starts_a_scheduler_on_a_shared_machine(monkeypatch):
+    """msrun starts a scheduler on every node whose addresses include --master_addr: a node rank above 0
+    on node 0's machine runs msrun through compat.msrun_node (no second scheduler); elsewhere plain msrun."""
+    from hyperparallel.launch import msrun_command, msrun_overrides
+    for addr, node, shim in (("127.0.0.1", "1", True), ("127.0.0.1", "0", False), ("10.255.255.1", "1", False)):
+        monkeypatch.setenv("HP_MSRUN_ARGS", f"--local_worker_num=2 --node_rank={node} --master_addr={addr}")
+        cmd = msrun_command("job.json", 4, "logs", 1234, msrun_overrides(4))
+        assert (cmd[1:3] == ["-m", "hyperparallel.mindspore.compat"]) == shim, cmd
+        assert f"--node_rank={node}" in cmd and cmd[-1] == "job.json"
