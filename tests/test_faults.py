@@ -119,6 +119,26 @@ def test_unwritable_save_dir_refused_before_launch(tmp_path):
     assert "cannot be" in lines[0] and not (tmp_path / "run" / "logs").exists()
 
 
+def test_save_errors_are_named_with_path_and_os_error():
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    import errno
+    from hyperparallel.mindspore.checkpoint import os_error_text
+    e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/ckpt/step_3/.tmp_rank_1.safetensors")
+    assert os_error_text(e) == "/ckpt/step_3/.tmp_rank_1.safetensors: No space left on device (ENOSPC)"
+    try:   # MindSpore re-raising over an OSError: the OSError is named
+        try:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/ro/step_1")
+        except OSError as inner:
+            raise RuntimeError("Failed to save the checkpoint file") from inner
+    except RuntimeError as outer:
+        assert os_error_text(outer) == "/ro/step_1: Permission denied (EACCES)"
+
+    class SafetensorError(Exception):   # what the safetensors writer raises (not an OSError)
+        pass
+    msg = 'Error while serializing: I/O error: No space left on device (os error 28) at path "/ckpt/.tmpX"'
+    assert os_error_text(SafetensorError(msg + "\nmore")) == msg
+
+
 # -- the launcher's signal handling, against a fake msrun (seconds, no MindSpore) -----------------------
 
 def _drive(tmp_path, mode, grace, send):

@@ -128,8 +128,11 @@ class Saver:
         why = ""
         try:
             phase(step)
-        except (OSError, RuntimeError) as e:   # MindSpore's save_checkpoint raises RuntimeError over an OSError
+        except Exception as e:   # noqa: BLE001  an OSError, or what save_checkpoint raises over one (the
+            # safetensors writer's SafetensorError "I/O error: No space left on device (os error 28) at path ...")
             why = os_error_text(e)
+            if not isinstance(e, OSError):
+                why = f"{step_dir(self.save_dir, step)}: {type(e).__name__}: {why}"
         failed = self.comm.all_reduce_values([1.0 if why else 0.0])[0]
         if why:
             print(f"{SAVE_FAILED}{why} (rank {self.comm.rank}, step {step})", flush=True)
