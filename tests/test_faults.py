@@ -3,14 +3,15 @@
 Fast: the hang verdict on synthetic heartbeats, refused settings, the launcher's signal handling
 against a fake msrun (tests/fake_msrun.py; no MindSpore). ``msrun``: one chain of real 2-rank
 ``hyperparallel train`` runs on one save directory, each interrupted another way, the last one
-finishing: its losses (steps 1-16, written by six runs) equal the single-process reference.
+finishing: its losses (steps 1-16, written by seven runs) equal the single-process reference.
 
 1. SIGTERM to ``hyperparallel train``   -> the step finished and saved, exit 75
 2. SIGTERM to msrun                     -> the same (the ranks get SIGHUP when msrun dies)
 3. SIGTERM to rank 1 alone              -> every rank stops after the same step, exit 75
 4. disk full while saving (fault hook)  -> exit 74 naming the path and ENOSPC; older steps intact
 5. rank 1 hangs (``HP_FAULT=1:S:hang``) -> exit 124 within train.hang_timeout_s, the rank named
-6. ``--resume`` to the end              -> exit 0, losses equal the reference
+6. SIGTERM twice to ``train``           -> every rank killed at once, exit 143, the last checkpoint intact
+7. ``--resume`` to the end              -> exit 0, losses equal the reference
 """
 import json
 import os
@@ -199,7 +200,7 @@ def test_msrun_killed_under_its_ranks_leaves_no_orphan(tmp_path):
     assert all(_gone(p) for p in pids.values())
 
 
-# -- real 2-rank runs: one save directory, six runs, each stopped another way --------------------------
+# -- real 2-rank runs: one save directory, seven runs, each stopped another way --------------------------
 
 class Run:
     """A ``hyperparallel train`` in the background, its console read line by line."""
@@ -279,7 +280,14 @@ def chain(tmp_path_factory):
                       env={"HP_FAULT": f"1:{k + 1}:hang"}).finish()
     logs = os.path.join(str(run), "logs")   # as the hung run left them (the next run starts new ones)
     out["hang_logs"] = {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs) if f.startswith("worker_")}
-    out["last"] = Run(run, ckpt, "--resume").finish()   # 6. to the end
+    r = Run(run, ckpt, "--resume")                       # 6. two SIGTERMs: stop at once
+    r.until(r" step \d+/%d " % STEPS)
+    r.p.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    r.p.send_signal(signal.SIGTERM)
+    out["twice"] = r.finish()
+    out["twice_resumes"] = cf().resolve(str(ckpt)).step
+    out["last"] = Run(run, ckpt, "--resume").finish()   # 7. to the end
     out["k"], out["ckpt"], out["run"] = k, str(ckpt), str(run)
     return out
 
@@ -350,7 +358,17 @@ def test_hung_rank_ends_the_job_naming_rank_index_kind_and_peer(chain):
 
 
 @pytest.mark.msrun
-def test_six_interrupted_runs_train_like_one_uninterrupted_run(chain):
+def test_second_signal_kills_every_rank_at_once_and_keeps_the_last_checkpoint(chain):
+    run = chain["twice"]
+    err = run.stderr.strip().splitlines()[-1]
+    assert run.code == 143 and err.startswith("error: job stopped (exit 143): stopped at once: second signal "
+                                              "(SIGTERM); every rank killed; newest complete checkpoint: "), err
+    assert chain["twice_resumes"] == chain["full_resumes"]   # what --resume takes is what it took before
+    _no_rank_left(run)
+
+
+@pytest.mark.msrun
+def test_seven_interrupted_runs_train_like_one_uninterrupted_run(chain):
     from helpers import reference_run
     from hyperparallel.recipe import load_recipe
     last = chain["last"]
