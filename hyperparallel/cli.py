@@ -232,6 +232,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return error(str(e).splitlines()[0])
     except OSError as e:   # the last guard: a file the checks above did not foresee, named, no traceback
         return error(f"{e.filename or 'file'}: {e.strerror or e}")
+    except KeyboardInterrupt:   # Ctrl-C before a launch (during one, the launcher handles it): no traceback
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

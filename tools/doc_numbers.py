@@ -472,6 +472,14 @@ TUNE_PAPER = (("docs/tune_paper_8dev.json", "recipes/paper_8dev_qwen_vit.yaml",
                ("1f1b", "transpose", "transpose(owners=balanced)", "transpose(order=zb_h1)")))
 
 
+def eight_ranks() -> str:
+    """The 8-rank launch's wall time (tools/eight_ranks.py wrote docs/eight_ranks.json)."""
+    d = bench("eight_ranks.json")
+    return (f"  Measured by `python tools/eight_ranks.py` on this {d['cores']}-core machine (load average "
+            f"{d['load_before']:.1f} at the start): one launch of {d['ranks']} CPU ranks running the three layouts, "
+            f"{d['steps']} steps each, took {d['wall_s']:.0f} s, msrun start-up included.\n")
+
+
 def _peak(c: dict) -> str:
     mb = c["peak_mb"]
     return (f"{mb / 1000:.1f} GB" if mb >= 1000 else f"{mb:.2f} MB") + f" (device {c['peak_device']})"
@@ -576,6 +584,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-mf-llama": bench_mf_llama,
     "bench-qwen-vl": bench_qwen_vl,
     "checkpoint-cost": checkpoint_cost,
+    "eight-ranks": eight_ranks,
     "tune-paper": tune_paper,
     "tune-verify": tune_verify,
     "bench-balance": bench_balance,

@@ -34,6 +34,10 @@ TRAIN = {
     "loss_normalization": "`tokens`: the step loss is the mean over every answer token of the global batch; "
                           "`micro_batch`: the mean of the micro-batches' own token means (README \"Balancing the "
                           "encoder's work\")",
+    "hang_timeout_s": "seconds without progress on every rank before the job is ended as hung, naming the rank "
+                      "(exit 124; the first step gets 5x)",
+    "stop_grace_s": "after SIGTERM/SIGINT: seconds the ranks get to finish the step and save it (exit 75); then, "
+                    "or on a second signal, they are killed at once",
 }
 
 SYNTHETIC = {

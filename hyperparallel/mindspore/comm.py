@@ -28,17 +28,23 @@ class Comm:
         compat.fix_default_comm_group()
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self._groups: Dict[Tuple[int, ...], str] = {}
-        self.set_data_parallel(data_parallel)
-
-    def set_data_parallel(self, data_parallel: int) -> None:
-        """Address devices for a plan with ``data_parallel`` replicas (rank = device x D + replica); one
-        launch may run plans of different D one after another (groups are kept by their ranks)."""
         self.D = int(data_parallel)
-        if self.D < 1 or self.world % self.D:
-            raise ValueError(f"data_parallel {self.D} does not divide the world size {self.world}")
         self.device = self.rank // self.D
         self.dp_index = self.rank % self.D
+        self._groups: Dict[Tuple[int, ...], str] = {}
+
+    def with_data_parallel(self, data_parallel: int) -> "Comm":
+        """This rank's communication under another data-parallel degree (one launch runs cases of several
+        layouts): the same process group and subgroups, another device / dp_index mapping."""
+        D = int(data_parallel)
+        if D == self.D:
+            return self
+        if D < 1 or self.world % D:
+            raise RuntimeError(f"data_parallel {D} does not divide the job's {self.world} ranks")
+        import copy
+        c = copy.copy(self)   # the subgroup cache (by global-rank tuples) is shared
+        c.D, c.device, c.dp_index = D, self.rank // D, self.rank % D
+        return c
 
     # -- addressing ---------------------------------------------------------
     def global_rank(self, device: int) -> int:

@@ -26,6 +26,13 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   and does nothing else: harmless, but it alarms every user at the end of every job. On CPU
   :func:`barrier` is a one-element blocking all-reduce instead (every rank must join it, so it is a
   barrier); on Ascend it is MindSpore's own.
+* msrun starts its scheduler on every node whose addresses include ``--master_addr``
+  (``mindspore/parallel/cluster/process_entity/_api.py``: ``is_master = _is_local_ip(master_addr)``),
+  whatever ``--node_rank`` says. Two nodes of one job on one machine (a test of the multi-node path,
+  or several "nodes" sharing a big host) then both start one: the second fails to bind the port and
+  its msrun ends the job as failed. :func:`msrun_node` (``python -m hyperparallel.mindspore.compat
+  MSRUN_FLAGS...``) runs msrun with the scheduler left to node 0; the launcher uses it only for a
+  node rank above 0 whose ``--master_addr`` is local.
 """
 from __future__ import annotations
 
@@ -115,3 +122,18 @@ class Tape:
         out = _run_backward(tuple(outputs), tuple(sens), keep_graph, False, tuple(inputs), True,
                             accumulate_grad=False)
         return tuple(out)
+
+
+def msrun_node(argv) -> int:
+    """msrun for a node rank above 0 whose ``--master_addr`` is this machine: no second scheduler."""
+    import sys
+    from mindspore.parallel.cluster import run
+    from mindspore.parallel.cluster.process_entity import _api
+    _api._is_local_ip = lambda _ip: False
+    sys.argv = ["msrun"] + list(argv)
+    return run.main()
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(msrun_node(sys.argv[1:]))

@@ -7,9 +7,13 @@ import os
 
 
 def start_job(argv) -> dict:
-    """Announce rank and pid, load the job file ``argv[0]``, set up the device."""
+    """Announce rank and pid, load the job file ``argv[0]``, set up the device. A worker (not msrun's
+    scheduler, which runs the same script) gets SIGHUP when msrun dies (:func:`.stop.follow_parent`)."""
     # the launcher maps msrun's "Worker process PID exit" reports to ranks with this line
     print(f"hyperparallel worker rank {os.environ.get('RANK_ID', '?')} pid {os.getpid()}", flush=True)
+    if os.environ.get("MS_ROLE") != "MS_SCHED":
+        from .stop import follow_parent
+        follow_parent()
     with open(argv[0]) as f:
         job = json.load(f)
     from . import compat

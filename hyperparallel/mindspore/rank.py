@@ -67,6 +67,7 @@ class StepResult:
     loss_reduce_s: float
     grad_norm: float = 0.0   # global gradient norm before clipping (every parameter counted once)
     lr: float = 0.0          # the learning rate of this update
+    stop: bool = False       # some rank asked to stop after this step (agreed by every rank)
 
     @property
     def step_s(self) -> float:
@@ -89,6 +90,7 @@ class RankRuntime:
         comm.ensure_groups(plan_groups(plan))
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
+        self.hooks = hooks or Hooks()
         self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks,
                                   loss_normalization=getattr(train, "loss_normalization", "tokens"))
         shards = sharded.shards_of(plan, self.interp, comm, train, total_steps or train.steps)
@@ -108,8 +110,10 @@ class RankRuntime:
         """This rank's parameters by name (MindSpore Parameters)."""
         return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
 
-    def step(self, step: Optional[int] = None) -> StepResult:
-        """Run optimizer step ``step`` (default: the next one) on this rank."""
+    def step(self, step: Optional[int] = None, stop: bool = False) -> StepResult:
+        """Run optimizer step ``step`` (default: the next one) on this rank. ``stop``: this rank wants to stop
+        after the step (a signal); the wish rides on the step's all-reduce, so ``StepResult.stop`` is the
+        same on every rank."""
         s = self.next_step if step is None else int(step)
         if not self._started:
             self.interp.run_prologue(s)   # next-step (spill) work of the first step; nothing for most plans
@@ -118,16 +122,19 @@ class RankRuntime:
         part = self.interp.run_step(s)
         grads = self.interp.step_grads()
         t1 = time.perf_counter()
-        # one all-reduce: the step loss and the global gradient norm's square (clipping needs it before
-        # the update)
-        loss, sq = self.comm.all_reduce_values([part, square_sum([g for n, g in grads.items() if n in self.counted])])
+        # one all-reduce: the step loss, the global gradient norm's square (clipping needs it before
+        # the update) and the stop wishes
+        self.hooks.phase(s, "reduce")
+        loss, sq, stops = self.comm.all_reduce_values(
+            [part, square_sum([g for n, g in grads.items() if n in self.counted]), 1.0 if stop else 0.0])
         t2 = time.perf_counter()
+        self.hooks.phase(s, "optimizer")
         norm = max(sq, 0.0) ** 0.5
         lr = self.optimizer.lr(s)
         self.optimizer.step(scaled(grads, clip_scale(norm, self.train.max_grad_norm)))
         t3 = time.perf_counter()
         self.next_step = s + 1
-        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr)
+        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, stop=stops > 0)
 
     # -- checkpoints --------------------------------------------------------------------------
     def saver(self, save_dir: str, fmt: str = "safetensors", meta: Optional[dict] = None,

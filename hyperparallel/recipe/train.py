@@ -59,6 +59,7 @@ def _number(key: str, v, least: float = 0.0, strict: bool = False) -> float:
 
 MAX_SEED = 2 ** 32 - 1        # numpy's and MindSpore's seeds are 32-bit
 MAX_STEPS = 10 ** 9           # train.steps, train.save_every
+MAX_SECONDS = 7 * 24 * 3600   # train.hang_timeout_s, train.stop_grace_s: a week
 
 
 def _whole(key: str, v, least: int, most: Optional[int] = None) -> int:
@@ -119,6 +120,8 @@ class TrainConfig:
     optimizer: str = "adam"       # train: section: adam | sgd
     save_every: int = 0           # checkpoint every N steps with --save-dir (0: only at the end)
     loss_normalization: str = "tokens"   # tokens | micro_batch (LOSS_NORMALIZATIONS)
+    hang_timeout_s: float = 20.0  # no rank moved for this long: the job is hung, ended naming the rank
+    stop_grace_s: float = 25.0    # after SIGTERM/SIGINT: time to finish the step and save (under k8s' 30 s)
     # resolved (from_raw): the optimizer and schedule every rank builds, and gradient clipping
     opt: OptimizerSpec = field(default=None, compare=False)
     schedule: LRSpec = field(default=None, compare=False)
@@ -126,7 +129,8 @@ class TrainConfig:
     steps_given: bool = False               # train.steps was written (else the default, or runner_config.epochs)
     keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
 
-    TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every", "loss_normalization")
+    TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every", "loss_normalization", "hang_timeout_s",
+                  "stop_grace_s")
 
     @staticmethod
     def from_section(sec: Optional[dict]) -> "TrainConfig":
@@ -148,6 +152,12 @@ class TrainConfig:
                 _whole(f"train.{key}", sec[key], least, most)
         if "lr" in sec:
             _number("train.lr", sec["lr"], 0.0, strict=True)
+        for key in ("hang_timeout_s", "stop_grace_s"):
+            if key in sec:
+                _number(f"train.{key}", sec[key], 0.0, strict=True)
+                if sec[key] > MAX_SECONDS:
+                    raise SpecError(f"train.{key}", f"must be a number of seconds > 0 and <= {MAX_SECONDS:,}, "
+                                                    f"got {sec[key]!r}")
         if "optimizer" in sec and sec["optimizer"] not in OPTIMIZERS:
             raise SpecError("train.optimizer", f"{sec['optimizer']!r} unknown; allowed: {', '.join(OPTIMIZERS)} "
                                                "(or MindFormers' optimizer: section)")
@@ -188,7 +198,9 @@ class TrainConfig:
         keys["clip"] = "runner_wrapper" if rw is not None else ("MindFormers' default" if mf_training else "none")
         return TrainConfig(seed=seed, steps=sec.get("steps", 20), lr=sched.learning_rate,
                            optimizer=opt.type.lower() if opt.type in ("Adam", "SGD") and not opt.grouped else opt.type,
-                           save_every=sec.get("save_every", 0), opt=opt, schedule=sched, max_grad_norm=clip,
+                           save_every=sec.get("save_every", 0), opt=opt,
+                           hang_timeout_s=float(sec.get("hang_timeout_s", 20.0)),
+                           stop_grace_s=float(sec.get("stop_grace_s", 25.0)), schedule=sched, max_grad_norm=clip,
                            steps_given="steps" in sec, keys=tuple(sorted(keys.items())), loss_normalization=norm)
 
     def describe(self, total_steps: int) -> str:
