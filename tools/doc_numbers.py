@@ -24,9 +24,9 @@ DOCS = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.pat
 BLOCK = re.compile(r"(<!-- numbers:([\w-]+) -->\n)(.*?)(<!-- /numbers:\2 -->)", re.S)
 
 
-def simulate(recipe: str, *schedules: str, sets=()) -> List[dict]:
-    """``hyperparallel simulate RECIPE --schedule S... [--set k=v]... --json``, as printed."""
-    cmd = [sys.executable, "-m", "hyperparallel", "simulate", recipe]
+def simulate(recipe: str, *schedules: str, sets=(), extra=()) -> List[dict]:
+    """``hyperparallel simulate RECIPE [EXTRA...] --set k=v... --schedule S... --json``, as printed."""
+    cmd = [sys.executable, "-m", "hyperparallel", "simulate", recipe, *extra]
     for s in sets:
         cmd += ["--set", s]
     for s in schedules:
@@ -157,16 +157,8 @@ def balance_replay() -> str:
     from make_demo_data import write_demo
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_demo(tmp, SKEWED_DATA["num_samples"], SKEWED_DATA["seed"], skewed=SKEWED_DATA["skewed"])
-        cmd = [sys.executable, "-m", "hyperparallel", "simulate", "recipes/bench_skewed.yaml", "--data-steps", "40"]
-        for k, v in paths.items():
-            cmd += ["--set", f"data.{k}={v}"]
-        for c in BALANCE_CASES:
-            cmd += ["--schedule", c]
-        r = subprocess.run(cmd + ["--json"], cwd=ROOT, capture_output=True, text=True, check=False,
-                           env=dict(os.environ, PYTHONPATH=ROOT))
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
-    objs = json.loads(r.stdout)
+        objs = simulate("recipes/bench_skewed.yaml", *BALANCE_CASES, extra=("--data-steps", "40"),
+                        sets=[f"data.{k}={v}" for k, v in paths.items()])
     by = {o["schedule"]: o for o in objs}
     t = by["transpose"]
     out = ["| case | median (ms) | 90th percentile (ms) | mean (ms) | max (ms) | median, p90, mean vs `transpose` |",
