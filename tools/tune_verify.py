@@ -19,6 +19,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from tune_paper import write_json  # noqa: E402  (the tools' one JSON writer)
 SAMPLES = 16   # micro_batch_num x micro_batch_size of both recipes
 #: recipe stem, the keys that hold the micro-batch size, the JSON written
 RUNS = (("bench_encoder_heavy", ("data.micro_batch_size",), "docs/tune_verify_encoder_heavy.json"),
@@ -64,10 +66,7 @@ def main(argv=None) -> int:
         print(f"{stem}: rank 1 {v['first']} {v['first_vs_fastest'] * 100:+.1f}% against the fastest measured "
               f"({v['fastest_measured']}), {v['first_vs_1f1b']:.2f}x over 1F1B")
         if args.write:
-            with open(os.path.join(ROOT, out), "w") as f:
-                json.dump(d, f, indent=1)
-                f.write("\n")
-            print(f"wrote {out}")
+            write_json(out, d)
     return 0
 
 
