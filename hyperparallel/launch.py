@@ -369,20 +369,22 @@ def _save_failure(log_dir: str, world: int) -> str:
 
 
 def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: bool = True,
-           grace_s: float = 15.0, script: str = WORKER_SCRIPT, hang_timeout_s: Optional[float] = None,
+           grace_s: float = 2.0, script: str = WORKER_SCRIPT, hang_timeout_s: Optional[float] = None,
            stop_grace_s: float = 30.0) -> LaunchResult:
     """Run the job on ``world`` ranks; returns when it ends, fails, hangs, is stopped or times out, and
     never while a rank it started is alive (see the module docstring).
 
     ``script``: the msrun entry (default the training worker; ``hyperparallel bench``
-    and ``hyperparallel profile`` pass their own). ``hang_timeout_s``: the hang verdict on the ranks'
+    and ``hyperparallel profile`` pass their own). ``grace_s``: once a rank is seen dead (its traceback, a
+    fault line, or msrun's report of its exit), how long its last lines get to reach the logs before every
+    rank is stopped. ``hang_timeout_s``: the hang verdict on the ranks'
     heartbeats (None: off; only the training worker beats). ``stop_grace_s``: after a first signal, how
     long the ranks get to finish their step and save."""
     overrides = msrun_overrides(world)
     log_dir = overrides.get("log_dir", log_dir)  # HP_MSRUN_ARGS may move the logs
     os.makedirs(log_dir, exist_ok=True)
     for name in os.listdir(log_dir):  # msrun appends to old worker logs: a previous run's lines would mislead
-        if re.match(r"(worker_\d+\.log|progress_\d+\.json)$", name):
+        if re.match(r"(worker_\d+\.log|progress_\d+\.json|done_\d+)$", name):
             os.remove(os.path.join(log_dir, name))
     job = dict(job, stop_grace_s=stop_grace_s)
     job_path = os.path.join(log_dir, "job.json")
@@ -412,6 +414,9 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
             if rc is None and now - last_scan > 0.5:
                 ranks.refresh()
                 last_scan = now
+            # every rank of this node finished its job: its last line written, only MindSpore's teardown
+            # left (checked before the log is read, so that the read holds their last lines)
+            finished = rc is None and _all_done(log_dir, mine, ranks)
             text = _read(_worker_log(log_dir, 0))
             new, pos = text[pos:], len(text)
             for line in new.splitlines():
@@ -451,6 +456,11 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
                 if alive:
                     res.killed = f"msrun ended and the ranks did not stop within {stop_grace_s:g} s; killed"
                 res.returncode = rc
+                break
+            if finished and not sigs.got:
+                # the ranks' teardown (1-2 s) and msrun's scheduler, which polls for their exit every 5 s
+                # (see mindspore.job.end_job), add nothing: end msrun and the ranks now (_end), status 0
+                res.returncode = 0
                 break
             if death_seen is None and find_failed_rank(log_dir, world) is not None:
                 death_seen = now
@@ -534,6 +544,12 @@ def _saves(job: dict) -> bool:
 def _hang(log_dir: str, ranks: List[int], timeout_s: float, now: float) -> str:
     from .watch import hang_verdict, read_beats
     return hang_verdict(read_beats(log_dir), timeout_s, now, ranks) or ""
+
+
+def _all_done(log_dir: str, mine: List[int], ranks: "_Ranks") -> bool:
+    """Every rank of this node started (msrun's children seen) and left its ``done_<rank>`` file."""
+    return (len(ranks.pids) >= len(mine) > 0
+            and all(os.path.exists(os.path.join(log_dir, f"done_{r}")) for r in mine))
 
 
 def _end(proc, ranks: "_Ranks") -> None:

@@ -162,6 +162,7 @@ def test_mindformers_defaults_when_sections_are_partial():
      "lr_schedule.warmup_ratio", "[0, 1]"),
     ({"runner_wrapper": {"max_grad_norm": 0}}, "runner_wrapper.max_grad_norm", "must be a number > 0"),
     ({"runner_wrapper": {"use_clip_grad": "yes"}}, "runner_wrapper.use_clip_grad", "true or false"),
+    ({"train": {"optimizer_compile": "graph"}}, "train.optimizer_compile", "'graph' unknown; allowed: jit, eager"),
 ])
 def test_training_settings_refused_naming_the_key(sections, key, words):
     with pytest.raises(SpecError) as e:

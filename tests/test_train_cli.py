@@ -38,6 +38,7 @@ def test_train_cli_imports_no_mindspore():
     ("model.llm_heads=3", "model.llm_heads"),
     ("model.bogus=1", "model.bogus"),
     ("train.optimizer=lbfgs", "train.optimizer"),
+    ("train.optimizer_compile=O2", "train.optimizer_compile"),
     ("parallel_config.pipeline_stage=0", "parallel_config.pipeline_stage"),
     ("device=TPU", "device"),
 ])

@@ -38,6 +38,9 @@ TRAIN = {
                       "(exit 124; the first step gets 5x)",
     "stop_grace_s": "after SIGTERM/SIGINT: seconds the ranks get to finish the step and save it (exit 75); then, "
                     "or on a second signal, they are killed at once",
+    "optimizer_compile": "`jit`: MindSpore's optimizer Cell runs its update as its own compiled graph (one compile "
+                         "per run, then fast steps); `eager`: the same update op by op, bit-identical, no compile "
+                         "(short runs, the test suite)",
 }
 
 SYNTHETIC = {

@@ -25,6 +25,12 @@ OPTIMIZERS = ("adam", "sgd")
 #: ``train.loss_normalization``: the step loss is the mean over the step's answer tokens (``tokens``,
 #: the default) or the mean of its micro-batches' own token means (``micro_batch``)
 LOSS_NORMALIZATIONS = ("tokens", "micro_batch")
+#: ``train.optimizer_compile``: how MindSpore's optimizer Cell runs its update: its own ``@jit`` graph
+#: (``jit``, the default: one compile per run, ~1 s on CPU, then a few ms a step) or the same
+#: ``construct`` op by op (``eager``: no compile, bit-identical results, slower per step; for runs of
+#: a few steps, such as the test suite's many short cases). MindFormers' AdamW has no ``@jit``: it runs
+#: op by op under both.
+OPTIMIZER_COMPILES = ("jit", "eager")
 
 #: MindFormers optimizer types hyperparallel trains with, and the fields each class takes
 #: (``mindformers.core.optim.AdamW``, ``mindspore.nn.Adam``, ``mindspore.nn.SGD``); all run on CPU
@@ -122,6 +128,7 @@ class TrainConfig:
     loss_normalization: str = "tokens"   # tokens | micro_batch (LOSS_NORMALIZATIONS)
     hang_timeout_s: float = 20.0  # no rank moved for this long: the job is hung, ended naming the rank
     stop_grace_s: float = 25.0    # after SIGTERM/SIGINT: time to finish the step and save (under k8s' 30 s)
+    optimizer_compile: str = "jit"   # jit | eager: how the optimizer Cell's update runs (OPTIMIZER_COMPILES)
     # resolved (from_raw): the optimizer and schedule every rank builds, and gradient clipping
     opt: OptimizerSpec = field(default=None, compare=False)
     schedule: LRSpec = field(default=None, compare=False)
@@ -130,7 +137,7 @@ class TrainConfig:
     keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
 
     TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every", "loss_normalization", "hang_timeout_s",
-                  "stop_grace_s")
+                  "stop_grace_s", "optimizer_compile")
 
     @staticmethod
     def from_section(sec: Optional[dict]) -> "TrainConfig":
@@ -164,6 +171,10 @@ class TrainConfig:
         norm = sec.get("loss_normalization", "tokens")
         if norm not in LOSS_NORMALIZATIONS:
             raise SpecError("train.loss_normalization", f"{norm!r} unknown; allowed: {', '.join(LOSS_NORMALIZATIONS)}")
+        compile_mode = sec.get("optimizer_compile", "jit")
+        if compile_mode not in OPTIMIZER_COMPILES:
+            raise SpecError("train.optimizer_compile",
+                            f"{compile_mode!r} unknown; allowed: {', '.join(OPTIMIZER_COMPILES)}")
         keys = {}
         seed = sec.get("seed", 0)
         keys["seed"] = "train.seed" if "seed" in sec else "default"
@@ -201,7 +212,8 @@ class TrainConfig:
                            save_every=sec.get("save_every", 0), opt=opt,
                            hang_timeout_s=float(sec.get("hang_timeout_s", 20.0)),
                            stop_grace_s=float(sec.get("stop_grace_s", 25.0)), schedule=sched, max_grad_norm=clip,
-                           steps_given="steps" in sec, keys=tuple(sorted(keys.items())), loss_normalization=norm)
+                           steps_given="steps" in sec, keys=tuple(sorted(keys.items())), loss_normalization=norm,
+                           optimizer_compile=compile_mode)
 
     def describe(self, total_steps: int) -> str:
         """One line for the start of a run: optimizer, schedule, clipping, seed."""
@@ -210,8 +222,9 @@ class TrainConfig:
         clip = (f"clip grad norm {self.max_grad_norm:g} ({keys.get('clip', 'runner_wrapper')})" if self.max_grad_norm
                 else "no clipping")
         loss = "mean over answer tokens" if self.loss_normalization == "tokens" else "mean of micro-batch means"
-        return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}, {self.schedule.describe(total_steps)}, "
-                f"{clip}, seed {self.seed} ({keys['seed']}), loss {loss}")
+        update = ", update op by op (train.optimizer_compile: eager)" if self.optimizer_compile == "eager" else ""
+        return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}{update}, "
+                f"{self.schedule.describe(total_steps)}, {clip}, seed {self.seed} ({keys['seed']}), loss {loss}")
 
 
 def _typed(name: str, sec, classes: dict) -> str:
