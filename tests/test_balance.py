@@ -8,6 +8,8 @@ Data sets are written into temp dirs by ``tools/make_demo_data.py --skewed``.
 """
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -173,7 +175,9 @@ def test_balance_needs_encoder_owners_and_per_sample_work(tmp_path, skewed):
 # -- the cost model replays the data's encoder work ----------------------------------------------
 
 def test_simulate_replays_the_encoder_work_and_predicts_the_balancing_gain(skewed):
-    p = run_cli("simulate", SKEWED, *_cli_sets(skewed), "--data-steps", "12", "--schedule", "1f1b",
+    # an encoder whose time follows its images (fixed_share 0): balancing them pays
+    prop = ["mpipe.profile.regions.0.fixed_share=0"]
+    p = run_cli("simulate", SKEWED, *_cli_sets(skewed, prop), "--data-steps", "12", "--schedule", "1f1b",
                 "--schedule", "transpose", "--schedule", "transpose|data.balance=encoder", "--json", timeout=120)
     assert p.returncode == 0, p.stderr
     one, plain, bal = json.loads(p.stdout)
@@ -182,11 +186,45 @@ def test_simulate_replays_the_encoder_work_and_predicts_the_balancing_gain(skewe
     assert bal["mean_step_ms"] < plain["mean_step_ms"] and bal["p90_step_ms"] <= plain["p90_step_ms"]
     # a step whose micro-batches carry the mean work is the plain cost model's step
     from hyperparallel.mpipe.cost import simulate
-    rec = load_recipe(SKEWED, overrides=_sets(skewed))
+    rec = load_recipe(SKEWED, overrides=_sets(skewed, prop))
     static = simulate(derive_recipe(rec, "transpose"), rec.profile).makespan_ms
     assert min(plain["step_ms"]) < static < max(plain["step_ms"])
     p = run_cli("simulate", os.path.join(ROOT, "recipes", "tiny_mllm.yaml"), "--data-steps", "3", timeout=60)
     _one_line(p, "--data-steps")
+
+
+def test_replay_scales_only_the_work_dependent_share_of_the_encoder(skewed):
+    """``fixed_share`` of the encoder's profile: 1 makes every replayed step the static cost model's step,
+    a share in between narrows the step-to-step spread of share 0; out of [0, 1] it is refused."""
+    from hyperparallel.mpipe.cost import simulate
+
+    def steps(share):
+        p = run_cli("simulate", SKEWED, *_cli_sets(skewed, [f"mpipe.profile.regions.0.fixed_share={share}"]),
+                    "--data-steps", "8", "--schedule", "transpose", "--json", timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)[0]["step_ms"]
+    rec = load_recipe(SKEWED, overrides=_sets(skewed, ["mpipe.profile.regions.0.fixed_share=1"]))
+    static = simulate(derive_recipe(rec, "transpose"), rec.profile).makespan_ms
+    assert steps(1) == pytest.approx([static] * 8, rel=1e-6)
+    prop, half = steps(0), steps(0.5)
+    assert max(half) - min(half) < max(prop) - min(prop)
+    p = run_cli("simulate", SKEWED, "--set", "mpipe.profile.regions.0.fixed_share=1.5", timeout=60)
+    assert "mpipe.profile.regions[0].fixed_share" in _one_line(p, "mpipe.profile.regions[0].fixed_share")
+
+
+def test_encoder_scaling_tool_fits_fixed_and_per_image_time(skewed, tmp_path):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    tool = [sys.executable, os.path.join(ROOT, "tools", "encoder_scaling.py"), SKEWED]
+    out = tmp_path / "scaling.json"
+    p = subprocess.run(tool + _cli_sets(skewed) + ["--images", "1", "16", "--repeats", "2", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads(out.read_text())
+    assert [q["images"] for q in d["points"]] == [1, 16] and d["region"] == "vision" and d["layers"] == 4
+    assert d["fixed_ms"] > 0 and d["per_image_ms"] > 0 and 0 < d["fixed_share"] < 1   # both parts are real
+    assert d["points"][1]["median_ms"] > d["points"][0]["median_ms"]
+    p = subprocess.run(tool + ["--images", "3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: --images")
 
 
 # -- 2 ranks, one msrun launch ---------------------------------------------------------------------

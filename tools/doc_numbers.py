@@ -150,14 +150,30 @@ def bench_balance() -> str:
     return "\n".join(out) + "\n"
 
 
+def encoder_scaling() -> str:
+    """``tools/encoder_scaling.py recipes/bench_skewed.yaml``: the encoder's time per micro-batch against its images."""
+    with open(os.path.join(ROOT, "docs", "encoder_scaling_bench_skewed.json")) as f:
+        d = json.load(f)
+    pts = ", ".join(f"{p['images']}: {p['median_ms']:.0f}" for p in d["points"])
+    return (f"Measured by `{d['command']}` (one core, median of {d['repeats']}): the {d['layers']}-layer "
+            f"`{d['region']}` encoder's forward + backward per micro-batch takes {d['fixed_ms']:.0f} ms fixed + "
+            f"{d['per_image_ms']:.1f} ms per image (images: ms = {pts}); at the data's mean of "
+            f"{d['mean_images_per_micro_batch']:.2f} images per micro-batch {d['fixed_share'] * 100:.0f}% of it "
+            f"does not depend on the images (`fixed_share: {d['fixed_share']:.2f}` in the recipe's profile).\n")
+
+
+BALANCE_PROFILE = "recipes/profiles/bench_skewed.measured.profile.yaml"   # the bench run's own profile
+
+
 def balance_replay() -> str:
-    """``simulate --data-steps 40`` on the skewed mix (written to a temp dir as the README's command writes it)."""
+    """``simulate --data-steps 40`` on the skewed mix (written to a temp dir as the README's command writes it),
+    with the profile the bench run measured."""
     import tempfile
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     from make_demo_data import write_demo
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_demo(tmp, SKEWED_DATA["num_samples"], SKEWED_DATA["seed"], skewed=SKEWED_DATA["skewed"])
-        objs = simulate("recipes/bench_skewed.yaml", *BALANCE_CASES, extra=("--data-steps", "40"),
+        objs = simulate(BALANCE_PROFILE, *BALANCE_CASES, extra=("--data-steps", "40"),
                         sets=[f"data.{k}={v}" for k, v in paths.items()])
     by = {o["schedule"]: o for o in objs}
     t = by["transpose"]
@@ -580,6 +596,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "tune-paper": tune_paper,
     "tune-verify": tune_verify,
     "bench-balance": bench_balance,
+    "encoder-scaling": encoder_scaling,
     "balance-replay": balance_replay,
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).

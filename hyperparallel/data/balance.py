@@ -130,6 +130,11 @@ class StepRecord:
         B = source.cfg.micro_batch_size
         self.ms = owner_ms_per_patch(plan, profile, source.mean_patches(), B) if profile is not None else None
         self.identity = identity(len(source.owners), B)
+        # milliseconds: the encoder profile's fixed share per micro-batch, the rest per patch
+        share = profile.region(_owners(plan)[0]).fixed_share if profile is not None else 0.0
+        self.fixed_ms = share * (self.ms or 0.0) * source.mean_patches() * B
+        self.patch_ms = (1.0 - share) * (self.ms or 0.0)
+        self.micros = {k: sum(1 for o in source.owners if o == k) for k in source.owners}
 
     def __call__(self, step: int) -> dict:
         src = self.source
@@ -139,5 +144,6 @@ class StepRecord:
             per = owner_work(work, groups, src.owners, src.filler_patches)
             out["patches" + name] = {str(k): int(v) for k, v in sorted(per.items())}
             if self.ms is not None:
-                out["ms" + name] = {str(k): round(v * self.ms, 3) for k, v in sorted(per.items())}
+                out["ms" + name] = {str(k): round(self.micros[k] * self.fixed_ms + v * self.patch_ms, 3)
+                                    for k, v in sorted(per.items())}
         return out
