@@ -6,7 +6,9 @@
                                                     of its own with MS_ROLE=MS_WORKER, as msrun does
     python fake_msrun.py rank R LOG_DIR MODE JOB    one rank: MODE ``ignore`` ignores SIGTERM (a step that
                                                     never ends), ``stop`` stops cleanly on it (rank 0 prints
-                                                    the ``stopped on signal`` line)
+                                                    the ``stopped on signal`` line), ``done`` finishes its job
+                                                    after 2 s (``done_<rank>``) and then never exits (a
+                                                    teardown that does not end; msrun waits for it)
 """
 import json
 import os
@@ -29,8 +31,14 @@ def rank(r: int, log_dir: str, mode: str) -> None:
                 print(f"{STOPPED}SIGTERM after step 3/9; no --save-dir: nothing saved")
             sys.exit(0)
     signal.signal(signal.SIGTERM, on_term if mode == "stop" else signal.SIG_IGN)
+    t0 = time.time()
     while True:
         time.sleep(0.05)
+        if mode == "done" and time.time() - t0 > 2.0 and not os.path.exists(os.path.join(log_dir, f"done_{r}")):
+            if r == 0:
+                print("job finished")
+            with open(os.path.join(log_dir, f"done_{r}"), "w") as f:
+                f.write(str(os.getpid()))
 
 
 def msrun(argv) -> int:

@@ -193,6 +193,14 @@ def test_clean_stop_is_reported_as_preempted(tmp_path):
     assert not res["killed"] and all(_gone(p) for p in pids.values())
 
 
+def test_finished_job_ends_on_the_ranks_done_files_without_waiting_for_msrun(tmp_path):
+    """Every rank wrote ``done_<rank>`` (its last act) but neither it nor msrun exits: the launcher ends the
+    job as finished (status 0; waiting for msrun would run into the 60 s timeout, status 124) and kills them."""
+    res, pids, _ = _drive(tmp_path, "done", 60.0, lambda p, m: None)
+    assert res["returncode"] == 0 and not res["killed"] and not res["message"], res
+    assert all(_gone(p) for p in pids.values())
+
+
 def test_msrun_killed_under_its_ranks_leaves_no_orphan(tmp_path):
     res, pids, err = _drive(tmp_path, "ignore", 1.0, lambda p, m: os.kill(m, signal.SIGTERM))
     assert res["msrun_gone"] and "msrun ended (status -15) with 2 rank(s) running" in err
