@@ -58,10 +58,11 @@ def _reads_produced_data(argv) -> bool:
     """``simulate --data-steps`` reads the recipe's data set: one an earlier README command writes."""
     if "--data-steps" not in argv:
         return False
-    import yaml
+    from hyperparallel.recipe import load_recipe
     recipe = next(a for a in argv[2:] if a.endswith((".yaml", ".yml")))
-    with open(os.path.join(ROOT, recipe)) as f:
-        return _produced(str((yaml.safe_load(f).get("data") or {}).get("path", "")))
+    raw = load_recipe(os.path.join(ROOT, recipe)).raw   # base_config merged (a profile inherits its recipe's data)
+    path = str((raw.get("data") or {}).get("path", ""))
+    return _produced(os.path.relpath(path, ROOT) if os.path.isabs(path) else path)
 
 
 @pytest.mark.parametrize("line,argv", COMMANDS, ids=[f"README:{n}" for n, _ in COMMANDS])
