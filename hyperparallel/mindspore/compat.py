@@ -124,6 +124,17 @@ class Tape:
         return tuple(out)
 
 
+def run_op_by_op(cell, *args) -> bool:
+    """Run ``cell.construct`` without its ``@jit`` graph: MindSpore's ``jit`` wraps the function with
+    ``functools.wraps``, so ``__wrapped__`` is the Python body it compiles (what ``MS_JIT=0`` runs, for
+    this Cell only). False (nothing run) when ``construct`` is not jit-wrapped."""
+    body = getattr(type(cell).construct, "__wrapped__", None)
+    if body is None:
+        return False
+    body(cell, *args)
+    return True
+
+
 def msrun_node(argv) -> int:
     """msrun for a node rank above 0 whose ``--master_addr`` is this machine: no second scheduler."""
     import sys

@@ -70,9 +70,8 @@ class Optimizer:
         compiled on the first call), or with ``train.optimizer_compile: eager`` the same ``construct``
         run op by op (the function ``@jit`` wraps; what MindSpore's ``MS_JIT=0`` does, for this Cell only)."""
         if getattr(self.cfg, "optimizer_compile", "jit") == "eager":
-            body = getattr(type(self.opt).construct, "__wrapped__", None)
-            if body is not None:
-                body(self.opt, grads)
+            from .compat import run_op_by_op
+            if run_op_by_op(self.opt, grads):
                 return
         self.opt(grads)
 
