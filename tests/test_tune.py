@@ -96,6 +96,31 @@ def test_pruned_search_finds_the_exhaustive_table_deriving_less():
     assert len({s.cand.family for s in fast.table}) == 5
 
 
+def test_spellings_of_one_plan_are_one_candidate_named_once():
+    # bench_encoder_heavy at V=1: zb_h1 and interleaved_zb derive the same programs (and, at some M,
+    # interleaved_zb_fast and owners min too); the table holds distinct plans, the others are its aliases
+    sp = Space(load_recipe(recipe("bench_encoder_heavy.yaml")))
+    out = search(sp, top=5, refine=0)
+    assert out.counts["same_plan"] > 0 and out.counts["kept"] + out.counts["same_plan"] == out.counts["derived"]
+    prints = [s.fingerprint for s in out.ranked]
+    assert len(set(prints)) == len(prints)   # every kept candidate is another plan
+    first = next(s for s in out.table if s.same_plan)
+    from hyperparallel.recipe.recipe import checked_plan
+    rec = sp.recipe_for(first.cand)
+    plans = [checked_plan(rec, name).to_json() for name in [first.name] + first.same_plan]
+    assert all(p["programs"] == plans[0]["programs"] and p["chunks"] == plans[0]["chunks"] for p in plans)
+    # the kept spelling is the best-ranked one: the shortest
+    assert all(len(first.name) <= len(n) for n in first.same_plan)
+    # a spelling that places the encoder differently is another plan, kept on its own
+    other = first.name.replace("transpose(", "transpose(owners=balanced, ") if "owners" not in first.name else None
+    if other:
+        assert checked_plan(rec, other).to_json()["programs"] != plans[0]["programs"]
+        assert other not in first.same_plan
+    # the exhaustive search collapses the same way and agrees
+    full = search(sp, top=5, prune=False, refine=0)
+    assert [(s.name, s.same_plan) for s in full.table] == [(s.name, s.same_plan) for s in out.table]
+
+
 def test_memory_limit_drops_candidates_and_every_kept_one_fits():
     sp = Space(load_recipe(recipe("paper_8dev_qwen_vit.yaml")))
     out = search(sp, limit_mb=100_000, top=3, refine=0)
@@ -129,7 +154,7 @@ def test_json_ranks_candidates_at_least_as_fast_as_every_named_schedule(cli):
     d = _json(cli, recipe("mllm_frozen_vit.yaml"), "--top", "3")
     c = d["counts"]
     assert c["searched"] == 231 and c["searched"] == c["derived"] + c["time_bound"] + c["memory_bound"]
-    assert c["kept"] == c["derived"] and c["refused"] == 0
+    assert c["kept"] + c["same_plan"] == c["derived"] and c["refused"] == 0
     steps = [x["step_ms"] for x in d["candidates"]]
     assert len(steps) == 3 and steps == sorted(steps)
     first = d["candidates"][0]

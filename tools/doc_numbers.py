@@ -514,7 +514,8 @@ def tune_paper() -> str:
             f"* `{os.path.basename(rec)}`: orders per V ({by_v}) x M in {{{', '.join(map(str, sp['M']))}}} x "
             f"{len(sp['encoders'])} encoder placements = {sp['families']} families, {sp['base_candidates']} base "
             f"candidates with their layer splits; searched {c['searched']} (refinement moves included), derived "
-            f"{c['derived']} (+ {c['body_bounds']} LLM-alone bounds), {c['time_bound']} cut by the time bound, "
+            f"{c['derived']} ({c.get('same_plan', 0)} of them another spelling of a kept plan, shown once; "
+            f"+ {c['body_bounds']} LLM-alone bounds), {c['time_bound']} cut by the time bound, "
             f"{c['memory_bound'] + c['memory']} by memory; {d['seconds']:.1f} s ({d['cpu_seconds']:.1f} s CPU, "
             f"load average {d['os_load_avg']:.1f} on 2 cores). Rank 1 `{first['schedule']}` (V={first['V']}, "
             f"M={first['M']}) {first['step_ms']:.0f} ms against the best schedule named above, `{best['schedule']}`, "
@@ -548,10 +549,12 @@ def tune_verify() -> str:
         n = sum(1 for r in v["cases"] if r["rank"] is not None)
         load = v.get("os_load_avg")
         cmd = d.get("command") or f"hyperparallel tune {d['recipe']} --top {d['top']} --verify {n} --json"
+        same = d["counts"].get("same_plan", 0)
         out += [f"`{cmd}` (one launch, {v['ranks']} "
                 f"{v['device']} ranks, {v['warmup']} warm-up + {v['steps']} measured steps per case in rotation, "
                 f"{v['wall_s']:.0f} s" + (f", load average {load[0]:.1f} to {load[1]:.1f} on 2 cores" if load else "")
-                + "):", "",
+                + f"; each candidate a distinct plan, {same} other spellings of the same plans collapsed into "
+                  f"them):", "",
                 "| case | predicted (ms) | measured (ms) | error | predicted order | measured order |",
                 "|---|---|---|---|---|---|"]
         for r in v["cases"]:

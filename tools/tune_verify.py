@@ -54,12 +54,15 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="measure the profiles again (recipes/profiles/)")
     ap.add_argument("--write", action="store_true", help="write docs/tune_verify_*.json")
     ap.add_argument("--top", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=16,
+                    help="measured steps per case (tune's default is 8; near-equal candidates need more)")
     args = ap.parse_args(argv)
     for stem, keys, out in RUNS:
         if args.profile:
             measure(stem, keys)
         profs = [a for s in SIZES for a in ("--profile", profile_path(stem, s))]
-        r = hp("tune", f"recipes/{stem}.yaml", *profs, "--top", str(args.top), "--verify", str(args.top), "--json",
+        r = hp("tune", f"recipes/{stem}.yaml", *profs, "--top", str(args.top), "--verify", str(args.top),
+               "--steps", str(args.steps), "--json",
                stdout=subprocess.PIPE)
         d = json.loads(r.stdout)
         v = d["verify"]
