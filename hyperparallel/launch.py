@@ -179,9 +179,10 @@ def _read(path: str) -> str:
         return ""
 
 
-def find_failed_rank(log_dir: str, world: int) -> Optional[int]:
+def find_failed_rank(log_dir: str, world: int, vanished: Optional[int] = None) -> Optional[int]:
     """The rank that failed first: a fault-injection line, else the first worker msrun
     reports as exited with an exception (PID mapped through the worker's start line),
+    else ``vanished`` (the first rank whose process the launcher saw end without finishing its job),
     else a rank whose traceback is not a failed receive, else any rank with a traceback."""
     texts = {r: _read(_worker_log(log_dir, r)) for r in range(world)}
     for r, t in texts.items():
@@ -195,6 +196,8 @@ def find_failed_rank(log_dir: str, world: int) -> Optional[int]:
     for m in re.finditer(r"Worker process (\d+) exit", _read(os.path.join(log_dir, "msrun.log"))):
         if int(m.group(1)) in pids:
             return pids[int(m.group(1))]
+    if vanished is not None:
+        return vanished
     for r, t in texts.items():
         if "Traceback" in t and "Recv failed" not in t:
             return r
@@ -376,7 +379,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
 
     ``script``: the msrun entry (default the training worker; ``hyperparallel bench``
     and ``hyperparallel profile`` pass their own). ``grace_s``: once a rank is seen dead (its traceback, a
-    fault line, or msrun's report of its exit), how long its last lines get to reach the logs before every
+    fault line, msrun's report of its exit, or its process gone without its done file), how long its last lines get to reach the logs before every
     rank is stopped. ``hang_timeout_s``: the hang verdict on the ranks'
     heartbeats (None: off; only the training worker beats). ``stop_grace_s``: after a first signal, how
     long the ranks get to finish their step and save."""
@@ -406,7 +409,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
                                 preexec_fn=_die_with_parent)
     ranks = _Ranks(proc.pid, job_path)
     res = LaunchResult(returncode=0, log_dir=log_dir)
-    pos, death_seen, stop_at, told, last_scan = 0, None, None, set(), 0.0
+    pos, death_seen, stop_at, told, last_scan, vanished = 0, None, None, set(), 0.0, None
     try:
         while True:
             rc = proc.poll()
@@ -462,7 +465,9 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
                 # (see mindspore.job.end_job), add nothing: end msrun and the ranks now (_end), status 0
                 res.returncode = 0
                 break
-            if death_seen is None and find_failed_rank(log_dir, world) is not None:
+            if death_seen is None and stop_at is None and vanished is None:
+                vanished = _vanished(log_dir, mine, ranks)
+            if death_seen is None and (find_failed_rank(log_dir, world) is not None or vanished is not None):
                 death_seen = now
             if hang_timeout_s and stop_at is None and death_seen is None:
                 verdict = _hang(log_dir, mine, hang_timeout_s, now)
@@ -499,7 +504,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
         if missing:
             res.message = missing
             return res
-        rank = find_failed_rank(log_dir, world)
+        rank = find_failed_rank(log_dir, world, vanished)
         res.failed_rank = rank
         if rank is not None:
             why = (_last_error_line(_read(_worker_log(log_dir, rank))) or _msrun_report(log_dir, rank)
@@ -544,6 +549,20 @@ def _saves(job: dict) -> bool:
 def _hang(log_dir: str, ranks: List[int], timeout_s: float, now: float) -> str:
     from .watch import hang_verdict, read_beats
     return hang_verdict(read_beats(log_dir), timeout_s, now, ranks) or ""
+
+
+def _vanished(log_dir: str, mine: List[int], ranks: "_Ranks") -> Optional[int]:
+    """A rank of this node whose process is gone without its ``done_<rank>`` file: it died (an error, a
+    kill, a refused input) -- seen at once, not when msrun's own check reports it seconds later. A rank
+    that stops on a signal still passes the job's end barrier and leaves its done file."""
+    for r in mine:
+        if os.path.exists(os.path.join(log_dir, f"done_{r}")):
+            continue
+        m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", _read(_worker_log(log_dir, r)))
+        pid = int(m.group(1)) if m else None
+        if pid in ranks.pids and not _alive(pid, ranks.pids[pid]):
+            return r
+    return None
 
 
 def _all_done(log_dir: str, mine: List[int], ranks: "_Ranks") -> bool:

@@ -201,6 +201,20 @@ def test_finished_job_ends_on_the_ranks_done_files_without_waiting_for_msrun(tmp
     assert all(_gone(p) for p in pids.values())
 
 
+def test_a_silently_killed_rank_is_seen_by_its_pid_and_named(tmp_path):
+    """Rank 1 SIGKILLed: no traceback, no fault line, and this msrun never reports a worker's exit. The
+    launcher sees the process gone without its done file and ends the job naming the rank (without the
+    pid check it would wait for the 60 s job timeout, status 124)."""
+    def kill_rank_1(p, m):
+        os.kill(int(re.search(r"pid (\d+)", (tmp_path / "log" / "worker_1.log").read_text()).group(1)),
+                signal.SIGKILL)
+    t0 = time.time()
+    res, pids, _ = _drive(tmp_path, "ignore", 60.0, kill_rank_1)
+    assert res["returncode"] == 1 and res["message"].startswith("rank 1 failed: "), res
+    assert time.time() - t0 < 30   # far from the 60 s timeout (the 2 s grace, start-up, a slow machine)
+    assert all(_gone(p) for p in pids.values())
+
+
 def test_msrun_killed_under_its_ranks_leaves_no_orphan(tmp_path):
     res, pids, err = _drive(tmp_path, "ignore", 1.0, lambda p, m: os.kill(m, signal.SIGTERM))
     assert res["msrun_gone"] and "msrun ended (status -15) with 2 rank(s) running" in err
