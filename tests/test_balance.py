@@ -202,7 +202,9 @@ def test_replay_scales_only_the_work_dependent_share_of_the_encoder(skewed):
         p = run_cli("simulate", SKEWED, *_cli_sets(skewed, [f"mpipe.profile.regions.0.fixed_share={share}"]),
                     "--data-steps", "8", "--schedule", "transpose", "--json", timeout=120)
         assert p.returncode == 0, p.stderr
-        return json.loads(p.stdout)[0]["step_ms"]
+        case = json.loads(p.stdout)[0]
+        assert case["fixed_share"] == share   # the share the replay used, reported per case
+        return case["step_ms"]
     rec = load_recipe(SKEWED, overrides=_sets(skewed, ["mpipe.profile.regions.0.fixed_share=1"]))
     static = simulate(derive_recipe(rec, "transpose"), rec.profile).makespan_ms
     assert steps(1) == pytest.approx([static] * 8, rel=1e-6)

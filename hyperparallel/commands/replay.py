@@ -7,7 +7,8 @@ ratio; of each task only the share that grows with the work is scaled (the regio
 ``fixed_share`` stays as it is: an encoder's per-micro-batch time on CPU is mostly fixed dispatch,
 ``tools/encoder_scaling.py``). Each ``--schedule`` may carry its own settings (``'transpose|data.balance=encoder'``: the
 step's samples grouped by :func:`hyperparallel.data.balance.assign`, as the ranks do). Prints the
-median, 90th percentile, mean and maximum step time per case (``--json``: the per-step times too).
+median, 90th percentile, mean and maximum step time per case (``--json``: the per-step times and the
+encoder's ``fixed_share`` too).
 With data parallelism a step takes its slowest replica. A next-step spill's work for the following
 step is scaled with this step's micro-batches (an approximation).
 """
@@ -71,7 +72,8 @@ def run_replay(args) -> int:
         rc.check_plan(plan)
         times = replay_case(recipe, rc, plan, args.data_steps)
         name = plan.meta["schedule_name"] + "".join(f"|{s}" for s in sets)
-        objs.append({"schedule": name, "median_step_ms": round(median(times), 6),
+        objs.append({"schedule": name, "fixed_share": recipe.profile.region(plan.regions()[0]).fixed_share,
+                     "median_step_ms": round(median(times), 6),
                      "p90_step_ms": round(quantile(times, 0.9), 6), "mean_step_ms": round(sum(times) / len(times), 6),
                      "max_step_ms": round(max(times), 6), "step_ms": [round(t, 6) for t in times]})
     base = objs[0]["mean_step_ms"]
@@ -80,9 +82,11 @@ def run_replay(args) -> int:
     if args.json:
         print(json.dumps(objs, indent=1))
         return 0
-    fixed = load_recipe(args.recipe, list(args.overrides)).profile.regions[0].fixed_share
+    shares = sorted({o["fixed_share"] for o in objs})
+    but = ("" if shares == [0.0] else f", all but the fixed share {shares[0]:g}" if len(shares) == 1
+           else ", all but each case's fixed share")
     print(f"recipe {args.recipe}: {args.data_steps} steps of its data replayed (encoder tasks scaled by each "
-          f"micro-batch's patches over the mean" + (f", all but the fixed share {fixed:g}" if fixed else "") + ")")
+          f"micro-batch's patches over the mean{but})")
     print(text_table(["case", "median_ms", "p90_ms", "mean_ms", "max_ms", "speedup (mean)"],
                      [[o["schedule"], f"{o['median_step_ms']:.2f}", f"{o['p90_step_ms']:.2f}",
                        f"{o['mean_step_ms']:.2f}", f"{o['max_step_ms']:.2f}", f"{o['speedup_mean']:.2f}x"]
