@@ -179,6 +179,13 @@ def _read(path: str) -> str:
         return ""
 
 
+def _rank_pid(text: str) -> Optional[int]:
+    """The pid in a worker log's start line (``hyperparallel worker rank R pid P``, written by
+    :func:`hyperparallel.mindspore.job.start_job`), or None."""
+    m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", text)
+    return int(m.group(1)) if m else None
+
+
 def find_failed_rank(log_dir: str, world: int, vanished: Optional[int] = None) -> Optional[int]:
     """The rank that failed first: a fault-injection line, else the first worker msrun
     reports as exited with an exception (PID mapped through the worker's start line),
@@ -188,11 +195,7 @@ def find_failed_rank(log_dir: str, world: int, vanished: Optional[int] = None) -
     for r, t in texts.items():
         if "fault injection: rank" in t:
             return r
-    pids = {}
-    for r, t in texts.items():
-        m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", t)
-        if m:
-            pids[int(m.group(1))] = r
+    pids = {pid: r for r, pid in ((r, _rank_pid(t)) for r, t in texts.items()) if pid is not None}
     for m in re.finditer(r"Worker process (\d+) exit", _read(os.path.join(log_dir, "msrun.log"))):
         if int(m.group(1)) in pids:
             return pids[int(m.group(1))]
@@ -217,11 +220,11 @@ def _last_error_line(text: str) -> str:
 
 def _msrun_report(log_dir: str, rank: int) -> str:
     """msrun's own line about this rank's process (exit code), if any."""
-    m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", _read(_worker_log(log_dir, rank)))
-    if not m:
+    pid = _rank_pid(_read(_worker_log(log_dir, rank)))
+    if pid is None:
         return ""
     for line in _read(os.path.join(log_dir, "msrun.log")).splitlines():
-        if f"Worker process {m.group(1)} exit" in line:
+        if f"Worker process {pid} exit" in line:
             return line[line.index("Worker process"):].strip()
     return ""
 
@@ -379,8 +382,8 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
 
     ``script``: the msrun entry (default the training worker; ``hyperparallel bench``
     and ``hyperparallel profile`` pass their own). ``grace_s``: once a rank is seen dead (its traceback, a
-    fault line, msrun's report of its exit, or its process gone without its done file), how long its last lines get to reach the logs before every
-    rank is stopped. ``hang_timeout_s``: the hang verdict on the ranks'
+    fault line, msrun's report of its exit, or its process gone without its done file), how long its last
+    lines get to reach the logs before every rank is stopped. ``hang_timeout_s``: the hang verdict on the ranks'
     heartbeats (None: off; only the training worker beats). ``stop_grace_s``: after a first signal, how
     long the ranks get to finish their step and save."""
     overrides = msrun_overrides(world)
@@ -558,8 +561,7 @@ def _vanished(log_dir: str, mine: List[int], ranks: "_Ranks") -> Optional[int]:
     for r in mine:
         if os.path.exists(os.path.join(log_dir, f"done_{r}")):
             continue
-        m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", _read(_worker_log(log_dir, r)))
-        pid = int(m.group(1)) if m else None
+        pid = _rank_pid(_read(_worker_log(log_dir, r)))
         if pid in ranks.pids and not _alive(pid, ranks.pids[pid]):
             return r
     return None
