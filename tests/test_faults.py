@@ -208,10 +208,8 @@ def test_a_silently_killed_rank_is_seen_by_its_pid_and_named(tmp_path):
     def kill_rank_1(p, m):
         os.kill(int(re.search(r"pid (\d+)", (tmp_path / "log" / "worker_1.log").read_text()).group(1)),
                 signal.SIGKILL)
-    t0 = time.time()
     res, pids, _ = _drive(tmp_path, "ignore", 60.0, kill_rank_1)
-    assert res["returncode"] == 1 and res["message"].startswith("rank 1 failed: "), res
-    assert time.time() - t0 < 30   # far from the 60 s timeout (the 2 s grace, start-up, a slow machine)
+    assert res["returncode"] == 1 and res["message"].startswith("rank 1 failed: "), res   # a timeout is 124
     assert all(_gone(p) for p in pids.values())
 
 

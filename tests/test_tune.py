@@ -113,10 +113,10 @@ def test_spellings_of_one_plan_are_one_candidate_named_once():
     # the kept spelling is the best-ranked one: the shortest
     assert all(len(first.name) <= len(n) for n in first.same_plan)
     # a spelling that places the encoder differently is another plan, kept on its own
-    other = first.name.replace("transpose(", "transpose(owners=balanced, ") if "owners" not in first.name else None
-    if other:
-        assert checked_plan(rec, other).to_json()["programs"] != plans[0]["programs"]
-        assert other not in first.same_plan
+    assert first.name.startswith("transpose(") and "owners" not in first.name, first.name
+    other = first.name.replace("transpose(", "transpose(owners=balanced, ")
+    assert checked_plan(rec, other).to_json()["programs"] != plans[0]["programs"]
+    assert other not in first.same_plan
     # the exhaustive search collapses the same way and agrees
     full = search(sp, top=5, prune=False, refine=0)
     assert [(s.name, s.same_plan) for s in full.table] == [(s.name, s.same_plan) for s in out.table]
