@@ -20,9 +20,9 @@ demo: install
 
 # the suite in TEST_WORKERS pytest processes, one test module per process at a time (module-scoped msrun
 # launches run once); TEST_WORKERS=0 runs it in this process
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 4
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder tests
 
 # the fast subset for the inner loop: every test that launches no msrun job (about 5 minutes)
 test-fast: install

@@ -297,7 +297,7 @@ def chain(tmp_path_factory):
     out["full_complete"] = [s for s, _ in cf().list_steps(str(ckpt))[0]]
     out["full_resumes"] = cf().resolve(str(ckpt)).step
     # 5. rank 1 hangs in its second step (step index k + 1)
-    out["hang"] = Run(run, ckpt, "--resume", "--set", "train.hang_timeout_s=4",
+    out["hang"] = Run(run, ckpt, "--resume", "--set", "train.hang_timeout_s=6",
                       env={"HP_FAULT": f"1:{k + 1}:hang"}).finish()
     logs = os.path.join(str(run), "logs")   # as the hung run left them (the next run starts new ones)
     out["hang_logs"] = {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs) if f.startswith("worker_")}
@@ -364,7 +364,7 @@ def test_hung_rank_ends_the_job_naming_rank_index_kind_and_peer(chain):
     run = chain["hang"]
     err = run.stderr.strip().splitlines()
     assert run.code == 124 and len(err) == 1, run.stderr[-2000:]
-    m = re.match(r"error: job hung \(exit 124\): rank 1 hung: no progress for [\d.]+ s \(train.hang_timeout_s 4\) in "
+    m = re.match(r"error: job hung \(exit 124\): rank 1 hung: no progress for [\d.]+ s \(train.hang_timeout_s 6\) in "
                  r"step (\d+) at program index (\d+)/(\d+) \((\w+) [^)]*\), (not waiting on a peer|waiting on rank 0); "
                  r"rank 0 waits on it at (?:program index \d+/\d+ )?\((RECV|reduce)[^)]*\) \(logs: (\S+)/worker_<rank>.log\);"
                  r" newest complete checkpoint: ", err[0])
