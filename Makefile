@@ -22,7 +22,7 @@ demo: install
 # launches run once); TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 4
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
 
 # the fast subset for the inner loop: every test that launches no msrun job (about 5 minutes)
 test-fast: install
