@@ -24,7 +24,7 @@ TEST_WORKERS ?= 4
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
 
-# the fast subset for the inner loop: every test that launches no msrun job (about 5 minutes)
+# the fast subset for the inner loop: every test that launches no msrun job
 test-fast: install
 	$(PY) -m pytest -q -m "not msrun" tests
 
