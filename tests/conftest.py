@@ -26,4 +26,3 @@ def cli():
 
 def recipe(name: str) -> str:
     return os.path.join(RECIPES, name)
-
