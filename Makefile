@@ -18,8 +18,15 @@ demo: install
 	test -f data/demo/train.jsonl || $(PY) tools/make_demo_data.py data/demo
 	$(VENV)/bin/hyperparallel train recipes/qwen2_5_vl_tiny.yaml --run-dir runs/demo
 
+# the suite in TEST_WORKERS pytest processes, one test module per process at a time (module-scoped msrun
+# launches run once); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 4
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
+
+# the fast subset for the inner loop: every test that launches no msrun job
+test-fast: install
+	$(PY) -m pytest -q -m "not msrun" tests
 
 # the fuzz test's longer mode (CI runs a bounded number of examples): HP_FUZZ_EXAMPLES per fuzz test
 fuzz: install
@@ -29,4 +36,4 @@ fuzz: install
 demo-data: install
 	$(PY) tools/make_demo_data.py data/demo
 
-.PHONY: install demo test demo-data fuzz
+.PHONY: install demo test test-fast demo-data fuzz

@@ -96,6 +96,9 @@ def _plan_parsers(sub) -> None:
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--png", metavar="FILE.png", help="draw a Gantt timeline (matplotlib)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps to execute (steady state)")
+    p.add_argument("--data-steps", type=int, default=None, metavar="N",
+                   help="replay the encoder work of the first N steps of the recipe's data (conversations); "
+                        "a schedule may carry its own settings: 'transpose|data.balance=encoder'")
     p.set_defaults(func=simulate.run_simulate)
 
 
@@ -260,6 +263,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return error(str(e).splitlines()[0])
     except OSError as e:   # the last guard: a file the checks above did not foresee, named, no traceback
         return error(f"{e.filename or 'file'}: {e.strerror or e}")
+    except KeyboardInterrupt:   # Ctrl-C before a launch (during one, the launcher handles it): no traceback
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,10 +1,18 @@
-"""Launch a job with msrun and watch it: progress, exit status, failed rank.
+"""Launch a job with msrun and watch it: progress, exit status, failed rank, hang, signals.
 
 No MindSpore import here: the launcher only builds the msrun command, streams
 rank 0's progress lines, and on failure names the rank that failed from
 ``LOG_DIR/worker_N.log``. A watchdog stops the whole job soon after any worker
 dies (msrun itself may wait for the survivors, which block in a receive for
-~30 s before MCCL gives up).
+~30 s before MCCL gives up), and, with ``hang_timeout_s``, when no rank has moved
+for that long (the ranks' heartbeats, :mod:`hyperparallel.watch`), naming the rank that stopped.
+
+Signals (preemption): the first SIGTERM/SIGINT/SIGHUP is forwarded as SIGTERM to this node's ranks,
+which finish their step, save it and exit (:mod:`hyperparallel.mindspore.stop`); a second signal or
+``stop_grace_s`` running out kills them at once. msrun dying under the ranks (SIGTERM to msrun) is
+handled the same way. The launcher never returns while a rank it started is alive: msrun starts every
+worker in a session of its own, so the ranks are found as msrun's children (``MS_ROLE=MS_WORKER``)
+and killed by pid when they outlive the job.
 """
 from __future__ import annotations
 
@@ -39,6 +47,11 @@ def msrun_path() -> List[str]:
 MSRUN_FLAGS = ("worker_num", "local_worker_num", "master_addr", "master_port", "node_rank", "log_dir",
                "join", "cluster_time_out", "bind_core")
 
+# exit statuses of a launch beyond 0 (done), 1 (a rank failed) and 2 (bad input, nothing launched)
+PREEMPTED = 75     # stopped on a signal after a complete step (checkpointed with --save-dir): --resume
+SAVE_FAILED = 74   # a checkpoint could not be written (path and OS error named)
+HUNG = 124         # no rank moved for train.hang_timeout_s (the rank named), or the job's --timeout
+
 
 def msrun_overrides(world: int) -> Dict[str, str]:
     """msrun flags from ``HP_MSRUN_ARGS`` (multi-node runs: node rank, master address, ...).
@@ -62,10 +75,33 @@ def msrun_overrides(world: int) -> Dict[str, str]:
             raise SpecError(f"HP_MSRUN_ARGS --{key}", f"unknown; allowed: {', '.join(MSRUN_FLAGS)}")
         out[key] = val
         i += 1
+    for key in ("worker_num", "local_worker_num", "master_port", "node_rank", "cluster_time_out"):
+        if key in out and not re.fullmatch(r"\d+", out[key]):
+            raise SpecError(f"HP_MSRUN_ARGS --{key}", f"must be a whole number, got {out[key]!r}")
+    for key in ("join", "bind_core"):
+        if key in out and out[key] not in ("True", "False"):
+            raise SpecError(f"HP_MSRUN_ARGS --{key}", f"must be True or False, got {out[key]!r}")
     if "worker_num" in out and out["worker_num"] != str(world):
         raise SpecError("HP_MSRUN_ARGS --worker_num", f"{out['worker_num']} but the plan needs "
                                                       f"pipeline_stage x data_parallel = {world} ranks")
+    local = int(out.get("local_worker_num", world))
+    if not 1 <= local <= world or world % local:
+        raise SpecError("HP_MSRUN_ARGS --local_worker_num", f"{local} must divide the job's {world} ranks "
+                                                            f"(pipeline_stage x data_parallel) into whole nodes")
+    nodes = world // local
+    if int(out.get("node_rank", 0)) >= nodes:
+        raise SpecError("HP_MSRUN_ARGS --node_rank", f"{out['node_rank']} but {world} ranks of {local} per node make "
+                                                     f"{nodes} node(s): 0..{nodes - 1}")
+    if "master_port" in out and not 1024 <= int(out["master_port"]) <= 65535:
+        raise SpecError("HP_MSRUN_ARGS --master_port", f"must be 1024..65535, got {out['master_port']}")
     return out
+
+
+def local_ranks(world: int, overrides: Dict[str, str]) -> List[int]:
+    """The global ranks msrun starts on this node: ``local_worker_num`` of them from ``node_rank x local``."""
+    local = int(overrides.get("local_worker_num", world))
+    node = int(overrides.get("node_rank", 0))
+    return list(range(node * local, node * local + local))
 
 
 def device_present(device: str) -> bool:
@@ -94,7 +130,27 @@ def msrun_command(job_path: str, world: int, log_dir: str, port: int,
     if world <= (os.cpu_count() or 1):
         flags["bind_core"] = "True"
     flags.update(overrides or {})
-    return msrun_path() + [f"--{k}={v}" for k, v in flags.items()] + [script, job_path]
+    program = msrun_path()
+    if int(flags.get("node_rank", 0)) > 0 and _is_this_machine(flags.get("master_addr", "127.0.0.1")):
+        # another node of the job on node 0's machine: msrun would start a second scheduler (compat.msrun_node)
+        program = [sys.executable, "-m", "hyperparallel.mindspore.compat"]
+    return program + [f"--{k}={v}" for k, v in flags.items()] + [script, job_path]
+
+
+def _is_this_machine(addr: str) -> bool:
+    """Whether ``addr`` is an address of this machine (loopback, or one its interfaces can bind)."""
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError:
+        return False
+    if ip.startswith("127."):
+        return True
+    try:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
 
 
 @dataclass
@@ -105,6 +161,10 @@ class LaunchResult:
     message: str = ""
     wall_s: float = 0.0
     lines: List[str] = field(default_factory=list)
+    stopped: str = ""     # rank 0's "stopped on signal" line: a clean stop after a step (PREEMPTED)
+    killed: str = ""      # why the ranks were killed at once (second signal, grace over)
+    hung: str = ""        # the hang verdict
+    msrun_gone: bool = False
 
 
 def _worker_log(log_dir: str, rank: int) -> str:
@@ -119,22 +179,28 @@ def _read(path: str) -> str:
         return ""
 
 
-def find_failed_rank(log_dir: str, world: int) -> Optional[int]:
+def _rank_pid(text: str) -> Optional[int]:
+    """The pid in a worker log's start line (``hyperparallel worker rank R pid P``, written by
+    :func:`hyperparallel.mindspore.job.start_job`), or None."""
+    m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def find_failed_rank(log_dir: str, world: int, vanished: Optional[int] = None) -> Optional[int]:
     """The rank that failed first: a fault-injection line, else the first worker msrun
     reports as exited with an exception (PID mapped through the worker's start line),
+    else ``vanished`` (the first rank whose process the launcher saw end without finishing its job),
     else a rank whose traceback is not a failed receive, else any rank with a traceback."""
     texts = {r: _read(_worker_log(log_dir, r)) for r in range(world)}
     for r, t in texts.items():
         if "fault injection: rank" in t:
             return r
-    pids = {}
-    for r, t in texts.items():
-        m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", t)
-        if m:
-            pids[int(m.group(1))] = r
+    pids = {pid: r for r, pid in ((r, _rank_pid(t)) for r, t in texts.items()) if pid is not None}
     for m in re.finditer(r"Worker process (\d+) exit", _read(os.path.join(log_dir, "msrun.log"))):
         if int(m.group(1)) in pids:
             return pids[int(m.group(1))]
+    if vanished is not None:
+        return vanished
     for r, t in texts.items():
         if "Traceback" in t and "Recv failed" not in t:
             return r
@@ -154,11 +220,11 @@ def _last_error_line(text: str) -> str:
 
 def _msrun_report(log_dir: str, rank: int) -> str:
     """msrun's own line about this rank's process (exit code), if any."""
-    m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", _read(_worker_log(log_dir, rank)))
-    if not m:
+    pid = _rank_pid(_read(_worker_log(log_dir, rank)))
+    if pid is None:
         return ""
     for line in _read(os.path.join(log_dir, "msrun.log")).splitlines():
-        if f"Worker process {m.group(1)} exit" in line:
+        if f"Worker process {pid} exit" in line:
             return line[line.index("Worker process"):].strip()
     return ""
 
@@ -169,18 +235,164 @@ def _progress(line: str) -> bool:
             or "] optimizer " in line or "] data: " in line)
 
 
+class _Signals:
+    """SIGTERM / SIGINT / SIGHUP to the launcher, counted (installed for one launch, then restored)."""
+
+    NAMES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self):
+        self.got: List[int] = []
+        self._old = {}
+
+    def install(self) -> "_Signals":
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for s in self.NAMES:
+                self._old[s] = signal.signal(s, self._on)
+        return self
+
+    def _on(self, signum, frame) -> None:
+        self.got.append(signum)
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _stat(pid: int):
+    """(parent pid, state, start time) of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return int(rest[1]), rest[0], int(rest[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _role(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for kv in f.read().split(b"\0"):
+                if kv.startswith(b"MS_ROLE="):
+                    return kv[8:].decode()
+    except OSError:
+        pass
+    return ""
+
+
+def _runs(pid: int, path: str) -> bool:
+    """Whether the process's command line holds ``path`` (a rank runs the job file; msrun's log tails do not)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return path.encode() in f.read()
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> List[int]:
+    out = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if name.isdigit():
+            st = _stat(int(name))
+            if st and st[0] == pid:
+                out.append(int(name))
+    return out
+
+
+def _alive(pid: int, start: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[1] != "Z" and st[2] == start
+
+
+class _Ranks:
+    """The ranks msrun started on this node, by pid (msrun's children with ``MS_ROLE=MS_WORKER`` that run the
+    job file), kept after msrun is gone; a recorded start time guards against a reused pid."""
+
+    def __init__(self, msrun_pid: int, job_path: str):
+        self.msrun, self.job_path = msrun_pid, job_path
+        self.pids: Dict[int, int] = {}       # pid -> start time
+        self.others: Dict[int, int] = {}     # msrun's other children (its scheduler)
+
+    def refresh(self) -> None:
+        for pid in _children(self.msrun):
+            st = _stat(pid)
+            if st and pid not in self.pids and pid not in self.others:
+                rank = _role(pid) == "MS_WORKER" and _runs(pid, self.job_path)
+                (self.pids if rank else self.others)[pid] = st[2]
+
+    def alive(self) -> List[int]:
+        return [p for p, t in self.pids.items() if _alive(p, t)]
+
+    def signal(self, sig: int, pids=None) -> None:
+        for p in (self.alive() if pids is None else pids):
+            try:
+                os.kill(p, sig)
+            except OSError:
+                pass
+
+    def kill_all(self, wait_s: float = 10.0) -> None:
+        """SIGKILL every rank and msrun's other children still alive; wait until they are gone."""
+        deadline = time.time() + wait_s
+        while True:
+            left = self.alive() + [p for p, t in self.others.items() if _alive(p, t)]
+            if not left or time.time() > deadline:
+                return
+            for p in left:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+
+def _die_with_parent() -> None:
+    """In msrun, before exec: SIGTERM when the launcher dies, even by SIGKILL (msrun's death then reaches
+    the ranks as SIGHUP, and they stop after their step)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_line(log_dir: str, ranks: List[int]) -> str:
+    """A rank's ``stopped on signal: ...`` line (rank 0's, if this node has it), or ''."""
+    from .mindspore.stop import STOPPED
+    for r in ranks:
+        for line in _read(_worker_log(log_dir, r)).splitlines():
+            if line.startswith(STOPPED):
+                return line[len(STOPPED):].strip()
+    return ""
+
+
+def _save_failure(log_dir: str, world: int) -> str:
+    from .mindspore.ckpt_files import SAVE_FAILED as prefix
+    for r in range(world):
+        for line in _read(_worker_log(log_dir, r)).splitlines():
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+    return ""
+
+
 def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: bool = True,
-           grace_s: float = 15.0, script: str = WORKER_SCRIPT) -> LaunchResult:
-    """Run the job on ``world`` ranks; returns when it ends, fails or times out.
+           grace_s: float = 2.0, script: str = WORKER_SCRIPT, hang_timeout_s: Optional[float] = None,
+           stop_grace_s: float = 30.0) -> LaunchResult:
+    """Run the job on ``world`` ranks; returns when it ends, fails, hangs, is stopped or times out, and
+    never while a rank it started is alive (see the module docstring).
 
     ``script``: the msrun entry (default the training worker; ``hyperparallel bench``
-    and ``hyperparallel profile`` pass their own)."""
+    and ``hyperparallel profile`` pass their own). ``grace_s``: once a rank is seen dead (its traceback, a
+    fault line, msrun's report of its exit, or its process gone without its done file), how long its last
+    lines get to reach the logs before every rank is stopped. ``hang_timeout_s``: the hang verdict on the ranks'
+    heartbeats (None: off; only the training worker beats). ``stop_grace_s``: after a first signal, how
+    long the ranks get to finish their step and save."""
     overrides = msrun_overrides(world)
     log_dir = overrides.get("log_dir", log_dir)  # HP_MSRUN_ARGS may move the logs
     os.makedirs(log_dir, exist_ok=True)
     for name in os.listdir(log_dir):  # msrun appends to old worker logs: a previous run's lines would mislead
-        if re.match(r"worker_\d+\.log$", name):
+        if re.match(r"(worker_\d+\.log|progress_\d+\.json|done_\d+)$", name):
             os.remove(os.path.join(log_dir, name))
+    job = dict(job, stop_grace_s=stop_grace_s)
     job_path = os.path.join(log_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
@@ -192,44 +404,110 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = msrun_command(job_path, world, log_dir, free_port(), overrides, script)
+    mine = local_ranks(world, overrides)
+    sigs = _Signals().install()
     t0 = time.time()
     with open(os.path.join(log_dir, "msrun.log"), "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    ranks = _Ranks(proc.pid, job_path)
     res = LaunchResult(returncode=0, log_dir=log_dir)
-    pos, death_seen = 0, None
-    while True:
-        rc = proc.poll()
-        text = _read(_worker_log(log_dir, 0))
-        new, pos = text[pos:], len(text)
-        for line in new.splitlines():
-            if "[WARNING]" in line or "[INFO]" in line or not line.strip():
-                continue
-            res.lines.append(line)
-            if echo and _progress(line):
-                print(line, flush=True)
-        if rc is not None:
-            res.returncode = rc
-            break
-        now = time.time()
-        if death_seen is None and find_failed_rank(log_dir, world) is not None:
-            death_seen = now
-        # watchdog: a dead rank leaves its peers blocked; stop the job after a grace period
-        if (death_seen is not None and now - death_seen > grace_s) or now - t0 > timeout_s:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            res.returncode = proc.returncode or 1
-            if now - t0 > timeout_s and death_seen is None:
-                res.message = f"job timed out after {timeout_s:.0f} s"
-            break
-        time.sleep(0.2)
+    pos, death_seen, stop_at, told, last_scan, vanished = 0, None, None, set(), 0.0, None
+    try:
+        while True:
+            rc = proc.poll()
+            now = time.time()
+            if rc is None and now - last_scan > 0.5:
+                ranks.refresh()
+                last_scan = now
+            # every rank of this node finished its job: its last line written, only MindSpore's teardown
+            # left (checked before the log is read, so that the read holds their last lines)
+            finished = rc is None and _all_done(log_dir, mine, ranks)
+            text = _read(_worker_log(log_dir, 0))
+            new, pos = text[pos:], len(text)
+            for line in new.splitlines():
+                if "[WARNING]" in line or "[INFO]" in line or not line.strip():
+                    continue
+                res.lines.append(line)
+                if echo and _progress(line):
+                    print(line, flush=True)
+            alive = ranks.alive()
+            if sigs.got:   # preemption: every rank finishes its step and saves, within stop_grace_s
+                if stop_at is None:
+                    stop_at = now + stop_grace_s
+                    name = signal.Signals(sigs.got[0]).name
+                    print(f"{name}: every rank finishes its step{' and saves it' if _saves(job) else ''}, then "
+                          f"exits (up to {stop_grace_s:g} s; a second signal stops at once)", file=sys.stderr,
+                          flush=True)
+                fresh = [p for p in alive if p not in told]
+                ranks.signal(signal.SIGTERM, fresh)   # ranks that start after the signal get it too
+                told.update(fresh)
+                if len(sigs.got) > 1 or now > stop_at:
+                    why = (f"second signal ({signal.Signals(sigs.got[1]).name})" if len(sigs.got) > 1
+                           else f"the {stop_grace_s:g} s grace ran out")
+                    res.killed = f"stopped at once: {why}; every rank killed"
+                    res.returncode = 128 + sigs.got[-1]
+                    break
+            if rc is not None:
+                if alive and rc != 0 and (stop_at is None or now <= stop_at):
+                    # msrun is gone but its ranks are not (SIGTERM to msrun): they got SIGHUP and stop after
+                    # their step; wait for them as for a signal to the launcher
+                    if stop_at is None:
+                        stop_at = now + stop_grace_s
+                        print(f"msrun ended (status {rc}) with {len(alive)} rank(s) running: they finish their "
+                              f"step and exit (up to {stop_grace_s:g} s)", file=sys.stderr, flush=True)
+                        res.msrun_gone = True
+                    time.sleep(0.2)
+                    continue
+                if alive:
+                    res.killed = f"msrun ended and the ranks did not stop within {stop_grace_s:g} s; killed"
+                res.returncode = rc
+                break
+            if finished and not sigs.got:
+                # the ranks' teardown (1-2 s) and msrun's scheduler, which polls for their exit every 5 s
+                # (see mindspore.job.end_job), add nothing: end msrun and the ranks now (_end), status 0
+                res.returncode = 0
+                break
+            if death_seen is None and stop_at is None and vanished is None:
+                vanished = _vanished(log_dir, mine, ranks)
+            if death_seen is None and (find_failed_rank(log_dir, world) is not None or vanished is not None):
+                death_seen = now
+            if hang_timeout_s and stop_at is None and death_seen is None:
+                verdict = _hang(log_dir, mine, hang_timeout_s, now)
+                if verdict:
+                    res.hung, res.returncode = verdict, HUNG
+                    break
+            # watchdog: a dead rank leaves its peers blocked; stop the job after a grace period
+            if (death_seen is not None and now - death_seen > grace_s) or now - t0 > timeout_s:
+                res.returncode = 1
+                if now - t0 > timeout_s and death_seen is None:
+                    res.message, res.returncode = f"job timed out after {timeout_s:.0f} s", HUNG
+                break
+            time.sleep(0.2)
+    finally:
+        _end(proc, ranks)
+        sigs.restore()
     res.wall_s = time.time() - t0
-    if res.returncode != 0:
-        res.returncode = res.returncode if res.returncode > 0 else 1
-        rank = find_failed_rank(log_dir, world)
+    res.stopped = _stop_line(log_dir, mine)
+    if sigs.got and not res.stopped and not res.killed and res.returncode != 0:
+        # a signal before the ranks could act on it (e.g. while they started): they did not stop cleanly
+        res.killed = f"{signal.Signals(sigs.got[0]).name} before the ranks could stop after a step; every rank stopped"
+        res.returncode = 128 + sigs.got[0]
+    if res.stopped and not res.killed and not res.hung:
+        res.returncode = PREEMPTED
+        return res
+    if res.returncode < 0:   # msrun killed by a signal
+        res.returncode = 128 - res.returncode
+    if res.returncode != 0 and not res.killed and not res.hung:
+        saving = _save_failure(log_dir, world)
+        if saving:
+            res.returncode, res.message = SAVE_FAILED, f"checkpoint save failed: {saving}"
+            return res
+        missing = _missing_nodes(log_dir, world, overrides)
+        if missing:
+            res.message = missing
+            return res
+        rank = find_failed_rank(log_dir, world, vanished)
         res.failed_rank = rank
         if rank is not None:
             why = (_last_error_line(_read(_worker_log(log_dir, rank))) or _msrun_report(log_dir, rank)
@@ -237,4 +515,70 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
             res.message = f"rank {rank} failed: {why} (log: {_worker_log(log_dir, rank)})"
         elif not res.message:
             res.message = f"msrun exited with status {res.returncode} (logs in {log_dir})"
+    elif res.hung:
+        res.message = f"{res.hung} (logs: {log_dir}/worker_<rank>.log)"
+    elif res.killed:
+        res.message = res.killed
     return res
+
+
+CLUSTER_FAILED = "Failed to initialize distributed job cluster"   # MindSpore's init() when the cluster never formed
+
+
+def _missing_nodes(log_dir: str, world: int, overrides: Dict[str, str]) -> str:
+    """On a multi-node job whose cluster never formed (this node's ranks failed in ``init()``): which other
+    nodes never joined, or '' (one node, or another failure)."""
+    local = int(overrides.get("local_worker_num", world))
+    if local >= world:
+        return ""
+    mine = local_ranks(world, overrides)
+    if not any(CLUSTER_FAILED in _read(_worker_log(log_dir, r)) for r in mine):
+        return ""
+    node, nodes = int(overrides.get("node_rank", 0)), world // local
+    others = [k for k in range(nodes) if k != node]
+    span = lambda k: f"ranks {k * local}-{k * local + local - 1}" if local > 1 else f"rank {k * local}"  # noqa: E731
+    names = "; ".join(f"node {k} ({span(k)})" for k in others)
+    where = f"{overrides.get('master_addr', '127.0.0.1')}:{overrides.get('master_port', '?')}"
+    who = f"{names} never joined" if len(others) == 1 else f"of {names}, at least one never joined"
+    return (f"{who} within --cluster_time_out {overrides.get('cluster_time_out', '600')} s (node {node} waited "
+            f"at {where}; start every node with the same --worker_num, --master_addr and --master_port) "
+            f"(logs: {log_dir})")
+
+
+def _saves(job: dict) -> bool:
+    return any(c.get("save_dir") for c in job.get("cases", []))
+
+
+def _hang(log_dir: str, ranks: List[int], timeout_s: float, now: float) -> str:
+    from .watch import hang_verdict, read_beats
+    return hang_verdict(read_beats(log_dir), timeout_s, now, ranks) or ""
+
+
+def _vanished(log_dir: str, mine: List[int], ranks: "_Ranks") -> Optional[int]:
+    """A rank of this node whose process is gone without its ``done_<rank>`` file: it died (an error, a
+    kill, a refused input) -- seen at once, not when msrun's own check reports it seconds later. A rank
+    that stops on a signal still passes the job's end barrier and leaves its done file."""
+    for r in mine:
+        if os.path.exists(os.path.join(log_dir, f"done_{r}")):
+            continue
+        pid = _rank_pid(_read(_worker_log(log_dir, r)))
+        if pid in ranks.pids and not _alive(pid, ranks.pids[pid]):
+            return r
+    return None
+
+
+def _all_done(log_dir: str, mine: List[int], ranks: "_Ranks") -> bool:
+    """Every rank of this node started (msrun's children seen) and left its ``done_<rank>`` file."""
+    return (len(ranks.pids) >= len(mine) > 0
+            and all(os.path.exists(os.path.join(log_dir, f"done_{r}")) for r in mine))
+
+
+def _end(proc, ranks: "_Ranks") -> None:
+    """msrun and every process it started gone (killed when still there), before the launch returns."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)   # msrun and its scheduler (the ranks have sessions of their own)
+        except OSError:
+            pass
+        proc.wait()
+    ranks.kill_all()

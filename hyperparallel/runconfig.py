@@ -37,12 +37,21 @@ class RunConfig:
         model.check_device(device)
         _check_data_fits(data, model)
         mode, fallback = compile_settings(raw)
+        if getattr(data, "balance", "none") == "encoder" and train.loss_normalization != "tokens":
+            raise SpecError("data.balance", f"encoder needs train.loss_normalization: tokens (with "
+                                            f"{train.loss_normalization} the loss depends on how the step's samples "
+                                            "are grouped into micro-batches)")
         return RunConfig(model=model, data=data, train=train, device=device, compile=mode,
                          compile_fallback=fallback)
 
     def source(self) -> DataSource:
         """A fresh data source of this run (every rank, the reference and the bench build their own)."""
         return data_source(self.data, self.train.seed, self.model.data_format)
+
+    def check_plan(self, plan) -> None:
+        """What the data settings need from the plan, before launch (``data.balance: encoder``: owners)."""
+        from .data.balance import check_plan
+        check_plan(plan, getattr(self.data, "balance", "none"))
 
 
 def _with_batch_size(raw: dict) -> dict:

@@ -1,11 +1,11 @@
 """Checkpoints on real msrun jobs, against the single-process reference.
 
-Five launches: (1) 1f1b P=2 saving every step, rank 1 SIGKILLed while saving step 2;
+Four launches: (1) 1f1b P=2 saving every step, rank 1 SIGKILLed while saving step 2;
 (2) ``--resume`` with transpose P=2 takes step 1 (the newest complete one) and trains to step 4;
-(3) 4 ranks, 1f1b P=4: resume from (2)'s transpose step 2, and start from a plain single-process
-MindSpore file; (4) 4 ranks, D=2 x P=2 (2 micro-batches each, the same global batch): resume
-from (1)'s D=1 step 1, saving ``.ckpt``; (5) a checkpoint of another model refused by the ranks.
-The step directories of (2) and (4) load into the reference model with MindSpore's own
+(3) 4 ranks, three cases: 1f1b P=4 resuming from (2)'s transpose step 2, 1f1b P=4 starting from a plain
+single-process MindSpore file, and D=2 x P=2 (2 micro-batches each, the same global batch) resuming
+from (1)'s D=1 step 1, saving ``.ckpt``; (4) a checkpoint of another model refused by the ranks.
+The step directories of (2) and (3)'s D=2 case load into the reference model with MindSpore's own
 ``load_checkpoint`` / ``load_param_into_net`` and its next step equals the reference's.
 """
 import glob
@@ -31,6 +31,8 @@ DP2 = ("parallel_config.data_parallel=2", "parallel_config.micro_batch_num=2")
 
 
 def train(*args, env=None, timeout=300):
+    # the optimizer's update op by op (bit-identical, tested): no ~4 s first-step compile in each run
+    args = (*args, "--set", "train.optimizer_compile=eager")
     return subprocess.run([sys.executable, "-m", "hyperparallel", "train", RECIPE, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
 
@@ -107,22 +109,28 @@ def _run(tmp, cases, world):
 
 
 @pytest.fixture(scope="module")
-def p4(resumed, pretrained, tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("p4"))
+def four(resumed, pretrained, faulted, tmp_path_factory):
+    """One 4-rank launch of three cases: 1f1b P=4 from (2)'s transpose step 2 and from the single-process
+    file, and D=2 x P=2 from (1)'s D=1 step 1 saving ``.ckpt`` (a launch's cases may differ in D)."""
+    tmp = str(tmp_path_factory.mktemp("four"))
     _, ckpt, _ = resumed
+    save = os.path.join(tmp, "ckpt")
     cases = [_case(tmp, "from_transpose_p2", "1f1b", P4, os.path.join(ckpt, "step_2")),
-             _case(tmp, "from_single_process", "1f1b", P4, pretrained[0], steps=2)]
-    return _run(tmp, cases, 4)
+             _case(tmp, "from_single_process", "1f1b", P4, pretrained[0], steps=2),
+             _case(tmp, "from_d1", "transpose", DP2, os.path.join(faulted[1], "step_1"), save_dir=save,
+                   save_format="ckpt")]
+    out, res = _run(tmp, cases, 4)
+    return out, res, save
 
 
 @pytest.fixture(scope="module")
-def dp2(faulted, tmp_path_factory):
-    tmp = str(tmp_path_factory.mktemp("dp2"))
-    _, ckpt, _, _ = faulted
-    save = os.path.join(tmp, "ckpt")
-    cases = [_case(tmp, "from_d1", "transpose", DP2, os.path.join(ckpt, "step_1"), save_dir=save,
-                   save_format="ckpt")]
-    return _run(tmp, cases, 4), save
+def p4(four):
+    return four[0], four[1]
+
+
+@pytest.fixture(scope="module")
+def dp2(four):
+    return (four[0], four[1]), four[2]
 
 
 @pytest.mark.msrun

@@ -123,6 +123,36 @@ def test_a_compiled_graph_sees_parameters_written_in_place_not_set_data(ms_cpu):
     del ms
 
 
+def test_optimizer_state_loads_without_replacing_the_model_parameters(ms_cpu):
+    """A MindSpore optimizer Cell holds the model's parameters too: load_param_into_net on it would set_data
+    them (a graph compiled before then reads stale weights; found when a GraphPool case resumed a
+    checkpoint). compat.load_optimizer_state loads its own state and leaves the parameters' buffers."""
+    from mindspore import nn, ops, Parameter, Tensor
+    from hyperparallel.mindspore import compat
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")
+
+        def body(self, x):
+            return ops.matmul(x, self.w)
+
+    net = Net()
+    opt = nn.Adam([net.w], learning_rate=0.1)
+    assert "w" in {p.name for p in opt.get_parameters()}   # the fact that makes this necessary
+    g = compat.jit(net.body)
+    x = Tensor(np.ones((1, 2), np.float32))
+    assert g(x).asnumpy()[0, 0] == 2.0
+    moment = {p.name: p for p in opt.get_parameters()}["moment1.w"]
+    compat.load_optimizer_state(opt, {"w": Parameter(Tensor(np.full((2, 2), 9.0, np.float32)), name="w"),
+                                      "moment1.w": Parameter(Tensor(np.full((2, 2), 0.5, np.float32)),
+                                                             name="moment1.w")})
+    assert float(moment.asnumpy()[0, 0]) == 0.5 and float(net.w.asnumpy()[0, 0]) == 1.0   # state in, w untouched
+    compat.write_param(net.w, Tensor(np.full((2, 2), 3.0, np.float32)))
+    assert g(x).asnumpy()[0, 0] == 6.0   # the compiled graph still reads w's buffer
+
+
 _FAILING = """
 import numpy as np
 from mindspore import nn, Tensor
@@ -182,16 +212,22 @@ def one_device_runs(ms_cpu):
     from hyperparallel.mindspore.reference import Reference
     from hyperparallel.recipe import checked_plan
     from hyperparallel.runconfig import run_config_of
+    from hyperparallel.mindspore.compiled import GraphPool
     ov = ["parallel_config.pipeline_stage=1", "train.steps=2", "mpipe.schedule=1f1b"]
     out = {}
-    for sched, V, mode in (("1f1b", 1, "jit"), ("interleaved_zb", 2, "jit"), ("interleaved_zb", 2, "eager")):
+    pool = GraphPool()   # 1f1b runs twice through it: the second run takes the first one's compiled chunks
+    for sched, V, mode, name in (("1f1b", 1, "jit", "jit"), ("interleaved_zb", 2, "jit", "jit"),
+                                 ("interleaved_zb", 2, "eager", "eager"), ("1f1b", 1, "jit", "pooled")):
         recipe = load_recipe(TINY, ov + [f"parallel_config.pp_interleave_num={V}", f"mpipe.compile={mode}"])
         rc = run_config_of(recipe)
         plan = checked_plan(recipe, sched)
         lines = []
-        rt = RankRuntime(plan, rc.model, rc.source(), rc.train, LocalComm(), compile=rc.compile, log=lines.append)
+        rt = RankRuntime(plan, rc.model, rc.source(), rc.train, LocalComm(), compile=rc.compile, log=lines.append,
+                         pool=pool if sched == "1f1b" else None,
+                         pool_model=(recipe.raw.get("model"), rc.data.shapes(), rc.train.seed))
         res = [rt.step(s) for s in range(2)]
-        out[(sched, mode)] = (res, rt.compile_stats(), lines, plan)
+        out[(sched, name)] = (res, rt.compile_stats(), lines, plan)
+        rt.close()
     recipe = load_recipe(TINY, ov)
     rc = run_config_of(recipe)
     ref = Reference(rc, recipe.micro_batch_num, {r.name: r.trainable for r in recipe.profile.regions}, 2)
@@ -222,6 +258,30 @@ def test_compiled_chunks_train_like_the_reference(one_device_runs, sched):
     # the steps that compiled say so; the second step compiled only shapes it had not seen
     assert res[0].compiles >= len(stats) and res[0].compile_s > 0
     assert sum(r.compiles for r in res) == sum(s["compiles"] for s in stats)
+
+
+def test_a_later_case_runs_the_graphs_an_earlier_one_compiled(one_device_runs):
+    """GraphPool: the second 1f1b runtime of the process takes the first one's Cells and graphs, with its
+    own initial values written in: nothing compiles again, and it trains exactly like the first."""
+    first, first_stats, _, _ = one_device_runs[("1f1b", "jit")]
+    res, stats, _, _ = one_device_runs[("1f1b", "pooled")]
+    assert all(r.compiles == 0 for r in res) and all(s["compiles"] == 0 for s in stats), stats
+    assert [s["reused"] for s in stats] == [s["compiles"] for s in first_stats] and all(s["reused"] for s in stats)
+    for a, b in zip(res, first):
+        assert a.loss == b.loss
+        for name, g in b.grads.items():
+            np.testing.assert_array_equal(a.grads[name].asnumpy(), g.asnumpy(), err_msg=name)
+
+
+def test_pool_keys_tell_apart_what_builds_a_different_chunk():
+    from hyperparallel.mindspore.compiled import pool_key
+    base = pool_key({"type": "tiny", "hidden": 8}, {"seq": 4}, 0, "llm", 0, 2)
+    assert base == pool_key({"hidden": 8, "type": "tiny"}, {"seq": 4}, 0, "llm", 0, 2)
+    for other in (pool_key({"type": "tiny", "hidden": 16}, {"seq": 4}, 0, "llm", 0, 2),
+                  pool_key({"type": "tiny", "hidden": 8}, {"seq": 8}, 0, "llm", 0, 2),
+                  pool_key({"type": "tiny", "hidden": 8}, {"seq": 4}, 1, "llm", 0, 2),
+                  pool_key({"type": "tiny", "hidden": 8}, {"seq": 4}, 0, "llm", 1, 2)):
+        assert other != base
 
 
 def test_eager_mode_runs_no_graph_and_matches_jit(one_device_runs):

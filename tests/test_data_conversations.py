@@ -187,7 +187,7 @@ def test_loss_only_on_answer_tokens_and_padding_rule(clean):
     src = _source(clean, ["data.shuffle=false"])
     tok = Tok(clean["tokenizer"])
     recs = {r["id"]: r for r in _records(clean)}
-    S, V = src.cfg.seq_len, src.vocab
+    S = src.cfg.seq_len
     seen_video = seen_text_only = False
     for step in range(3):
         for g in range(src.cfg.micro_per_step):

@@ -458,3 +458,25 @@ def test_header_size_is_width_then_height(demo):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_qwen_answer_tokens_and_encoder_work_from_the_index(demo):
+    """``train.loss_normalization: tokens`` and ``data.balance: encoder`` on the qwen_vl layout: the index's
+    answer-token count is the labels the model's shifted loss counts, a sample's encoder work the patches
+    of its grids (each image at its own resolution), and a balanced step holds the same samples."""
+    src = _source(demo)
+    G = src.cfg.micro_per_step
+    for step in range(3):
+        for g in range(G):
+            mb = src.micro_batch(step, g)
+            assert src.loss_tokens(step, g) == int((mb.labels[:, 1:] != -100).sum()) == mb.loss_tokens > 0
+        work = src.encoder_work(step)
+        grids = [int(np.prod(gr)) for s in src.step_samples(step) for gr in s.enc.grids]
+        assert sum(work) == sum(grids) and len(set(work)) > 1   # images of different sizes
+    bal = _source(demo)
+    bal.balance_by([0, 1])
+    for step in range(3):
+        ids = sorted(s.id for g in range(G) for s in bal.batch_samples(step, g))
+        assert ids == sorted(s.id for g in range(G) for s in src.batch_samples(step, g))
+        assert sum(bal.micro_batch(step, g).num_patches - bal.micro_batch(step, g).extra_images * 4
+                   for g in range(G)) == sum(src.encoder_work(step))

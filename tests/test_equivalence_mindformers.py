@@ -127,7 +127,8 @@ def test_llama_chunks_ran_compiled(two_rank, schedule):
     """MindFormers' decoder layers compile: every chunk ran jit, an LLM chunk after the first once."""
     stats = compile_stats(two_rank[_name(LLAMA, schedule, False)])
     assert stats and all(s["mode"] == "jit" for s in stats), stats
-    assert all(s["compiles"] == 1 for s in stats if s["chunk"].startswith("llm/") and s["chunk"] != "llm/0")
+    # one graph (compiled in this case or by an earlier case of the launch, GraphPool)
+    assert all(s["compiles"] + s["reused"] == 1 for s in stats if s["chunk"].startswith("llm/") and s["chunk"] != "llm/0")
 
 
 @pytest.mark.msrun

@@ -8,7 +8,6 @@ the model, resume, compare step 3 with the uninterrupted run).
 """
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -139,13 +138,14 @@ def assert_compiled(case, mode):
             seen += json.load(f)
     assert seen and all(s["mode"] == mode for s in seen), seen
     for s in seen:
+        graphs = s["compiles"] + s["reused"]   # compiled in this case, or by an earlier case of the launch
         if mode == "eager":
-            assert s["compiles"] == 0
+            assert graphs == 0
         elif s["chunk"].startswith("llm/") and s["chunk"] != "llm/0":
-            assert s["compiles"] == 1, s
+            assert graphs == 1, s
         else:   # the input shape varies with the images: one static graph per distinct shape and grad mode (a
             # chunk run both on the tape and off it, as central backward's device 0, compiles a shape twice)
-            assert 1 <= s["shapes"] <= s["compiles"] <= 2 * s["shapes"], s
+            assert 1 <= s["shapes"] <= graphs <= 2 * s["shapes"], s
 
 
 @pytest.mark.msrun
@@ -207,13 +207,11 @@ def four_rank(tmp_path_factory):
              "p4_spill_frozen": _case(tmp, SPILL_BALANCED, True, p4),
              "p4_dualpipev": _case(tmp, "transpose(order=dualpipev)", False, p4v),
              "p4_zbv": _case(tmp, "zbv", False, p4v),
-             "p4_sharded": _case(tmp, SHARDED, False, p4)}
+             "p4_sharded": _case(tmp, SHARDED, False, p4),
+             # P=2 x D=2 in the same launch: each case addresses the ranks by its own data_parallel
+             "dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
+             "dp2_sharded": _case(tmp, SHARDED, False, dp)}
     launch_cases(tmp, list(cases.values()), 4, timeout=1500)
-    cases_dp = {"dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
-                "dp2_sharded": _case(tmp, SHARDED, False, dp)}
-    shutil.rmtree(os.path.join(tmp, "log"), ignore_errors=True)
-    launch_cases(tmp, list(cases_dp.values()), 4, timeout=1500)
-    cases.update(cases_dp)
     return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "p4_zbv": p4v,
                    "p4_sharded": p4, "dp2": dp, "dp2_frozen": dp, "dp2_sharded": dp}
 

@@ -53,22 +53,34 @@ print("LR" + json.dumps([float(lr(ms.Tensor(s, ms.int32)).asnumpy()) for s in ra
 """ % (STEPS, STEPS)
 
 
+def _start(*args):
+    """``python -m hyperparallel ARGS`` started, not waited for (read with ``.communicate()``)."""
+    return subprocess.Popen([sys.executable, "-m", "hyperparallel", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("mftrain")
     out = {"dir": d}
     launcher_default = {k: v for k, v in os.environ.items() if k != "LOCAL_DEFAULT_PATH"}   # MindFormers' logs
+    # the single-process references and MindFormers' schedule run beside the 2-rank job (each is its own
+    # process; their start-up overlaps the job's)
+    refs = {"ref": _start("train", RECIPE, "--reference", "--steps", str(STEPS), "--run-dir", str(d / "ref")),
+            "ref_wd0": _start("train", RECIPE, "--reference", "--steps", "2", "--set", "optimizer.weight_decay=0.0",
+                              "--run-dir", str(d / "ref_wd0")),
+            "ref_seed": _start("train", RECIPE, "--reference", "--steps", "1", "--set", "seed=43",
+                               "--run-dir", str(d / "ref_seed"))}
+    lr = subprocess.Popen([sys.executable, "-c", _LR], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
     out["pipe"] = run_cli("train", RECIPE, "--steps", str(STEPS), "--run-dir", str(d / "pipe"), "--save-dir",
                           str(d / "ckpt"), timeout=600, env=launcher_default)
-    out["ref"] = run_cli("train", RECIPE, "--reference", "--steps", str(STEPS), "--run-dir", str(d / "ref"),
-                         timeout=600)
-    out["ref_wd0"] = run_cli("train", RECIPE, "--reference", "--steps", "2", "--set", "optimizer.weight_decay=0.0",
-                             "--run-dir", str(d / "ref_wd0"), timeout=600)
-    out["ref_seed"] = run_cli("train", RECIPE, "--reference", "--steps", "1", "--set", "seed=43",
-                              "--run-dir", str(d / "ref_seed"), timeout=600)
-    p = subprocess.run([sys.executable, "-c", _LR], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out["mf_lr"] = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("LR")][0][2:])
+    for k, proc in refs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        out[k] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    stdout, stderr = lr.communicate(timeout=300)
+    assert lr.returncode == 0, stderr[-2000:]
+    out["mf_lr"] = json.loads([ln for ln in stdout.splitlines() if ln.startswith("LR")][0][2:])
     for k in ("pipe", "ref", "ref_wd0", "ref_seed"):
         assert out[k].returncode == 0, (k, out[k].stdout[-3000:] + out[k].stderr[-3000:])
     return out

@@ -73,7 +73,6 @@ def test_checker_reports_use_before_receive():
 
 def test_checker_reports_deadlock_naming_what_is_awaited():
     # both devices receive before they send: every program is locally fine and FIFO-paired
-    a = Action(RECV, "llm", 1, 0, peer=1, tensor="act")
     plan = Plan(num_devices=2, num_micro=1, programs={
         0: [Action(RECV, "llm", 9, 0, peer=1, tensor="act"), Action(SEND, "llm", 8, 0, peer=1, tensor="act")],
         1: [Action(RECV, "llm", 8, 0, peer=0, tensor="act"), Action(SEND, "llm", 9, 0, peer=0, tensor="act")]})

@@ -129,7 +129,7 @@ def test_mindformers_sections_honoured():
     assert cfg.schedule.fields_for(20)["total_steps"] == 20   # -1: the run's steps
     assert cfg.describe(20) == ("optimizer AdamW (betas=(0.9, 0.95), eps=1e-08, weight_decay=0.1), "
                                "CosineWithWarmUpLR (MindFormers) lr 0.001, 2 warm-up steps, total_steps 20, "
-                               "clip grad norm 0.5 (runner_wrapper), seed 42 (seed)")
+                               "clip grad norm 0.5 (runner_wrapper), seed 42 (seed), loss mean over answer tokens")
 
 
 def test_mindformers_defaults_when_sections_are_partial():
@@ -162,6 +162,7 @@ def test_mindformers_defaults_when_sections_are_partial():
      "lr_schedule.warmup_ratio", "[0, 1]"),
     ({"runner_wrapper": {"max_grad_norm": 0}}, "runner_wrapper.max_grad_norm", "must be a number > 0"),
     ({"runner_wrapper": {"use_clip_grad": "yes"}}, "runner_wrapper.use_clip_grad", "true or false"),
+    ({"train": {"optimizer_compile": "graph"}}, "train.optimizer_compile", "'graph' unknown; allowed: jit, eager"),
 ])
 def test_training_settings_refused_naming_the_key(sections, key, words):
     with pytest.raises(SpecError) as e:

@@ -58,7 +58,7 @@ def test_bad_data_section_names_the_field():
 
 
 def test_any_cut_of_the_model_equals_the_whole():
-    ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.mindspore import compat
     from hyperparallel.runconfig import RunConfig
     from hyperparallel.models.cells import MicroTensors

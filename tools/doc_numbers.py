@@ -24,9 +24,9 @@ DOCS = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.pat
 BLOCK = re.compile(r"(<!-- numbers:([\w-]+) -->\n)(.*?)(<!-- /numbers:\2 -->)", re.S)
 
 
-def simulate(recipe: str, *schedules: str, sets=()) -> List[dict]:
-    """``hyperparallel simulate RECIPE --schedule S... [--set k=v]... --json``, as printed."""
-    cmd = [sys.executable, "-m", "hyperparallel", "simulate", recipe]
+def simulate(recipe: str, *schedules: str, sets=(), extra=()) -> List[dict]:
+    """``hyperparallel simulate RECIPE [EXTRA...] --set k=v... --schedule S... --json``, as printed."""
+    cmd = [sys.executable, "-m", "hyperparallel", "simulate", recipe, *extra]
     for s in sets:
         cmd += ["--set", s]
     for s in schedules:
@@ -114,6 +114,76 @@ def checkpoint_cost() -> str:
     d = bench("checkpoint_cost.json")
     return (f"  Measured by `{d['command']}` (load average {d['os_load_avg']:.1f} during the run):\n\n"
             + "".join("  " + line + "\n" for line in table(d).splitlines()))
+
+
+BALANCE_CASES = ("1f1b", "transpose", "transpose|data.balance=encoder")
+SKEWED_DATA = dict(num_samples=224, seed=0, skewed=0.15)   # python tools/make_demo_data.py data/skewed --samples 224 --skewed 0.15
+
+
+def _spread(xs) -> tuple:
+    sys.path.insert(0, ROOT)
+    from hyperparallel.util import median, quantile
+    return median(xs), quantile(xs, 0.9), sum(xs) / len(xs)
+
+
+def _cell(text: str) -> str:
+    """``text`` inside a table cell (a case's ``|`` escaped)."""
+    return text.replace("|", "\\|")
+
+
+def bench_balance() -> str:
+    """The skewed-mix bench: per case the step time's median, 90th percentile and mean over its kept steps."""
+    d = bench("bench_skewed_2rank.json")
+    rows = {r["schedule"]: r for r in d["schedules"]}
+    base = _spread([x * 1e3 for x in rows["transpose"]["samples_s"]])
+    import shlex
+    out = [f"Measured by `{shlex.join(shlex.split(d['command']))}` ({d['repeats']} repeats x {d['steps']} steps, "
+           f"{d['ranks']} ranks; kept steps per case: those no other process disturbed, "
+           f"{sum(r['dropped_disturbed'] for r in rows.values())} of "
+           f"{sum(r['dropped_disturbed'] + r['samples'] for r in rows.values())} dropped):", "",
+           "| case | median step (ms) | 90th percentile (ms) | mean (ms) | steps | median, p90, mean vs `transpose` |",
+           "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        med, p90, mean = _spread([x * 1e3 for x in r["samples_s"]])
+        out.append(f"| `{_cell(name)}` | {med:.1f} | {p90:.1f} | {mean:.1f} | {len(r['samples_s'])} | "
+                   f"{base[0] / med:.2f}x, {base[1] / p90:.2f}x, {base[2] / mean:.2f}x |")
+    return "\n".join(out) + "\n"
+
+
+def encoder_scaling() -> str:
+    """``tools/encoder_scaling.py recipes/bench_skewed.yaml``: the encoder's time per micro-batch against its images."""
+    with open(os.path.join(ROOT, "docs", "encoder_scaling_bench_skewed.json")) as f:
+        d = json.load(f)
+    pts = ", ".join(f"{p['images']}: {p['median_ms']:.0f}" for p in d["points"])
+    return (f"Measured by `{d['command']}` (one core, median of {d['repeats']}): the {d['layers']}-layer "
+            f"`{d['region']}` encoder's forward + backward per micro-batch takes {d['fixed_ms']:.0f} ms fixed + "
+            f"{d['per_image_ms']:.1f} ms per image (images: ms = {pts}); at the data's mean of "
+            f"{d['mean_images_per_micro_batch']:.2f} images per micro-batch {d['fixed_share'] * 100:.0f}% of it "
+            f"does not depend on the images (`fixed_share: {d['fixed_share']:.2f}` in the recipe's profile).\n")
+
+
+BALANCE_PROFILE = "recipes/profiles/bench_skewed.measured.profile.yaml"   # the bench run's own profile
+
+
+def balance_replay() -> str:
+    """``simulate --data-steps 40`` on the skewed mix (written to a temp dir as the README's command writes it),
+    with the profile the bench run measured."""
+    import tempfile
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from make_demo_data import write_demo
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_demo(tmp, SKEWED_DATA["num_samples"], SKEWED_DATA["seed"], skewed=SKEWED_DATA["skewed"])
+        objs = simulate(BALANCE_PROFILE, *BALANCE_CASES, extra=("--data-steps", "40"),
+                        sets=[f"data.{k}={v}" for k, v in paths.items()])
+    by = {o["schedule"]: o for o in objs}
+    t = by["transpose"]
+    out = ["| case | median (ms) | 90th percentile (ms) | mean (ms) | max (ms) | median, p90, mean vs `transpose` |",
+           "|---|---|---|---|---|---|"]
+    for o in objs:
+        out.append(f"| `{_cell(o['schedule'])}` | {o['median_step_ms']:.1f} | {o['p90_step_ms']:.1f} | "
+                   f"{o['mean_step_ms']:.1f} | {o['max_step_ms']:.1f} | {t['median_step_ms'] / o['median_step_ms']:.2f}x, "
+                   f"{t['p90_step_ms'] / o['p90_step_ms']:.2f}x, {t['mean_step_ms'] / o['mean_step_ms']:.2f}x |")
+    return "\n".join(out) + "\n"
 
 
 # -- simulated ---------------------------------------------------------------------------------
@@ -440,6 +510,14 @@ TUNE_PAPER = (("docs/tune_paper_8dev.json", "recipes/paper_8dev_qwen_vit.yaml",
                ("1f1b", "transpose", "transpose(owners=balanced)", "transpose(order=zb_h1)")))
 
 
+def eight_ranks() -> str:
+    """The 8-rank launch's wall time (tools/eight_ranks.py wrote docs/eight_ranks.json)."""
+    d = bench("eight_ranks.json")
+    return (f"  Measured by `python tools/eight_ranks.py` on this {d['cores']}-core machine (load average "
+            f"{d['load_before']:.1f} at the start): one launch of {d['ranks']} CPU ranks running the three layouts, "
+            f"{d['steps']} steps each, took {d['wall_s']:.0f} s, msrun start-up included.\n")
+
+
 def _peak(c: dict) -> str:
     mb = c["peak_mb"]
     return (f"{mb / 1000:.1f} GB" if mb >= 1000 else f"{mb:.2f} MB") + f" (device {c['peak_device']})"
@@ -466,7 +544,8 @@ def tune_paper() -> str:
             f"* `{os.path.basename(rec)}`: orders per V ({by_v}) x M in {{{', '.join(map(str, sp['M']))}}} x "
             f"{len(sp['encoders'])} encoder placements = {sp['families']} families, {sp['base_candidates']} base "
             f"candidates with their layer splits; searched {c['searched']} (refinement moves included), derived "
-            f"{c['derived']} (+ {c['body_bounds']} LLM-alone bounds), {c['time_bound']} cut by the time bound, "
+            f"{c['derived']} ({c.get('same_plan', 0)} of them another spelling of a kept plan, shown once; "
+            f"+ {c['body_bounds']} LLM-alone bounds), {c['time_bound']} cut by the time bound, "
             f"{c['memory_bound'] + c['memory']} by memory; {d['seconds']:.1f} s ({d['cpu_seconds']:.1f} s CPU, "
             f"load average {d['os_load_avg']:.1f} on 2 cores). Rank 1 `{first['schedule']}` (V={first['V']}, "
             f"M={first['M']}) {first['step_ms']:.0f} ms against the best schedule named above, `{best['schedule']}`, "
@@ -476,7 +555,20 @@ def tune_paper() -> str:
     return "\n".join(out) + "\n"
 
 
-TUNE_VERIFY = ("tune_verify_encoder_heavy.json",)
+TUNE_VERIFY = ("tune_verify_encoder_heavy.json", "tune_verify_mf_llama.json")
+
+
+def tie_note(v: dict) -> str:
+    """A sentence when candidates share rank 1's prediction (within 1%): which of them is fastest is
+    then decided by the measurement, not by the cost model."""
+    cand = [r for r in v["cases"] if r["rank"] is not None]
+    first = next(r for r in cand if r["rank"] == 1)
+    tied = [r for r in cand if abs(r["predicted_ms"] / first["predicted_ms"] - 1) <= 0.01]
+    if len(tied) < 2:
+        return ""
+    ms = [r["measured_ms"] for r in tied]
+    return (f" Candidates {', '.join('#%d' % r['rank'] for r in tied)} are predicted within 1% of each other; "
+            f"measured they span {min(ms):.0f} to {max(ms):.0f} ms ({pct(max(ms) / min(ms) - 1)}).")
 
 
 def tune_verify() -> str:
@@ -486,10 +578,13 @@ def tune_verify() -> str:
         v = d["verify"]
         n = sum(1 for r in v["cases"] if r["rank"] is not None)
         load = v.get("os_load_avg")
-        out += [f"`hyperparallel tune {d['recipe']} --top {d['top']} --verify {n} --json` (one launch, {v['ranks']} "
+        cmd = d.get("command") or f"hyperparallel tune {d['recipe']} --top {d['top']} --verify {n} --json"
+        same = d["counts"].get("same_plan", 0)
+        out += [f"`{cmd}` (one launch, {v['ranks']} "
                 f"{v['device']} ranks, {v['warmup']} warm-up + {v['steps']} measured steps per case in rotation, "
                 f"{v['wall_s']:.0f} s" + (f", load average {load[0]:.1f} to {load[1]:.1f} on 2 cores" if load else "")
-                + "):", "",
+                + f"; each candidate a distinct plan, {same} other spellings of the same plans collapsed into "
+                  f"them):", "",
                 "| case | predicted (ms) | measured (ms) | error | predicted order | measured order |",
                 "|---|---|---|---|---|---|"]
         for r in v["cases"]:
@@ -501,7 +596,7 @@ def tune_verify() -> str:
                     f"(**{'met' if v['first_faster_than_1f1b'] else 'missed'}**), {v['first_vs_recipe']:.2f}x "
                     f"against the recipe's own schedule. Step times of the first and last measured step per "
                     f"case: " + "; ".join(f"{r['step_ms_all'][0]:.0f} to {r['step_ms_all'][-1]:.0f} ms"
-                                          for r in v["cases"]) + ".", ""]
+                                          for r in v["cases"]) + "." + tie_note(v), ""]
     return "\n".join(out)
 
 
@@ -532,11 +627,16 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-mf-llama": bench_mf_llama,
     "bench-qwen-vl": bench_qwen_vl,
     "checkpoint-cost": checkpoint_cost,
+    "eight-ranks": eight_ranks,
     "tune-paper": tune_paper,
     "tune-verify": tune_verify,
+    "bench-balance": bench_balance,
+    "encoder-scaling": encoder_scaling,
+    "balance-replay": balance_replay,
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
-SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "paper-memory", "schedule-orders", "schedule-torch")
+SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "paper-memory", "schedule-orders", "schedule-torch",
+             "balance-replay")
 
 
 def render(text: str, cache: Dict[str, str], only=None) -> str:

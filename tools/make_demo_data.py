@@ -2,6 +2,7 @@
 
     python tools/make_demo_data.py data/demo            # what recipes/tiny_mllm_data.yaml reads
     python tools/make_demo_data.py /tmp/bad --broken    # plus one sample per kind of bad input
+    python tools/make_demo_data.py data/skewed --skewed 0.15   # a skewed image mix (data.balance)
 
 Deterministic: the same arguments write the same files. The set is in the ``conversations``
 format. Images are PNG renderings of the synthetic source's class prototypes (see
@@ -11,6 +12,9 @@ stream, so the square ones are the same files as before); a sample holds 0 to 3 
 "video" of 4 to 6 frames (the prototype shifted frame by frame), and a conversation whose answer
 names the classes shown, so the answer needs the images. ``videos=False`` (``--no-video``)
 writes single-image samples instead of videos (the ``qwen_vl`` layout takes images only).
+``skewed=p`` (``--skewed P``) writes a skewed image mix instead: a sample has 4 to 6 images of 16 to
+48 pixels with probability ``p`` and none otherwise (a counting question), so the encoder's work per
+micro-batch ranges from the filler image to a few dozen images (``data.balance: encoder``).
 
 A tiny word-level tokenizer (Hugging Face ``tokenizers`` JSON) is trained on the
 conversations and the role words of both layouts; its special tokens have fixed ids, Qwen's
@@ -123,6 +127,16 @@ def _multi_image_sample(i: int, k: int, rng: np.random.Generator, protos, img_di
     return rec
 
 
+def _skewed_sample(i: int, heavy_prob: float, rng: np.random.Generator, protos, img_dir: str) -> dict:
+    """With probability ``heavy_prob`` a sample of 4 to 6 images of different sizes, else text only."""
+    if rng.random() < heavy_prob:
+        return _multi_image_sample(i, 4, rng, protos, img_dir)
+    a, b = sorted(int(x) for x in rng.choice(len(NUMBERS) - 1, 2, replace=False))
+    return {"id": f"s{i:04d}", "conversations": [
+        {"from": "human", "value": f"count from {NUMBERS[a]} to {NUMBERS[b]} ."},
+        {"from": "gpt", "value": " ".join(NUMBERS[a:b + 1]) + " ."}]}
+
+
 def _broken(img_dir: str, good_image: str) -> List[str]:
     """One JSON line per BROKEN_KINDS entry (a malformed line is returned as is)."""
     with open(os.path.join(img_dir, "broken.png"), "wb") as f:
@@ -158,18 +172,21 @@ def token_ids(tokenizer: str) -> Dict[str, int]:
 
 
 def write_demo(out: str, num_samples: int = 160, seed: int = 0, broken: bool = False,
-               videos: bool = True, images: int = 0) -> Dict[str, str]:
+               videos: bool = True, images: int = 0, skewed: float = 0.0) -> Dict[str, str]:
     """Write ``out/train.jsonl``, ``out/images/*.png`` and ``out/tokenizer.json``; returns their paths
     (as ``data:`` keys). With ``broken``, the bad samples are interleaved (every 7th line from line 3);
     ``videos=False``: no video samples; ``images=k``: an encoder-heavy set instead, every sample with
-    ``k`` to ``k + 2`` images of 16 to 48 pixels."""
+    ``k`` to ``k + 2`` images of 16 to 48 pixels; ``skewed=p``: a skewed image mix (module docstring)."""
     img_dir = os.path.join(out, "images")
     os.makedirs(img_dir, exist_ok=True)
     protos = _prototypes(DataConfig(num_classes=len(CLASSES), image_size=8, channels=3), 1234)
     rng = np.random.default_rng([int(seed), 31337])
     shape_rng = np.random.default_rng([int(seed), 4242])
-    recs = [_multi_image_sample(i, images, rng, protos, img_dir) if images else
-            _sample(i, rng, protos, img_dir, shape_rng, videos) for i in range(num_samples)]
+    if skewed:
+        recs = [_skewed_sample(i, skewed, rng, protos, img_dir) for i in range(num_samples)]
+    else:
+        recs = [_multi_image_sample(i, images, rng, protos, img_dir) if images else
+                _sample(i, rng, protos, img_dir, shape_rng, videos) for i in range(num_samples)]
     lines = [json.dumps(r) for r in recs]
     if broken:
         good = next(r["image"] for r in recs if isinstance(r.get("image"), str))
@@ -194,11 +211,21 @@ def main() -> int:
     ap.add_argument("--no-video", action="store_true", help="single-image samples instead of videos")
     ap.add_argument("--images", type=int, default=0, metavar="K",
                     help="an encoder-heavy set: every sample shows K to K+2 images of 16 to 48 pixels")
+    ap.add_argument("--skewed", type=float, default=0.0, metavar="P",
+                    help="a skewed image mix: 4 to 6 images of different sizes with probability P, else none")
     args = ap.parse_args()
-    paths = write_demo(args.out, args.samples, args.seed, args.broken, videos=not args.no_video, images=args.images)
+    if not 0 <= args.skewed <= 1:
+        print(f"error: --skewed: a probability in [0, 1], got {args.skewed}", file=sys.stderr)
+        return 2
+    if args.skewed and args.images:
+        print("error: --skewed: give --skewed or --images, not both", file=sys.stderr)
+        return 2
+    paths = write_demo(args.out, args.samples, args.seed, args.broken, videos=not args.no_video, images=args.images,
+                       skewed=args.skewed)
     n = len(os.listdir(os.path.join(args.out, "images")))
     print(f"wrote {paths['path']} ({args.samples} samples{' + broken ones' if args.broken else ''}"
-          f"{', no videos' if args.no_video else ''}{f', {args.images}+ images each' if args.images else ''}), "
+          f"{', no videos' if args.no_video else ''}{f', {args.images}+ images each' if args.images else ''}"
+          f"{f', skewed: {args.skewed:g} with 4-6 images, the rest none' if args.skewed else ''}), "
           f"{n} images, tokenizer {paths['tokenizer']}")
     print("token ids: " + ", ".join(f"{t} {i}" for t, i in token_ids(paths["tokenizer"]).items()))
     return 0

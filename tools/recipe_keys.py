@@ -31,6 +31,16 @@ TRAIN = {
     "optimizer": "`adam` (MindSpore nn.Adam) or `sgd` (nn.SGD, momentum 0.9); MindFormers' `optimizer:` instead "
                  "for AdamW and its fields",
     "save_every": "with `--save-dir`: a checkpoint every N steps (0: only after the last step)",
+    "loss_normalization": "`tokens`: the step loss is the mean over every answer token of the global batch; "
+                          "`micro_batch`: the mean of the micro-batches' own token means (README \"Balancing the "
+                          "encoder's work\")",
+    "hang_timeout_s": "seconds without progress on every rank before the job is ended as hung, naming the rank "
+                      "(exit 124; the first step gets 5x)",
+    "stop_grace_s": "after SIGTERM/SIGINT: seconds the ranks get to finish the step and save it (exit 75); then, "
+                    "or on a second signal, they are killed at once",
+    "optimizer_compile": "`jit`: MindSpore's optimizer Cell runs its update as its own compiled graph (one compile "
+                         "per run, then fast steps); `eager`: the same update op by op, bit-identical, no compile "
+                         "(short runs, the test suite)",
 }
 
 SYNTHETIC = {
@@ -46,6 +56,8 @@ SYNTHETIC = {
     "images_per_sample": "probabilities of 0, 1, 2, ... images per sample",
     "video_prob": "probability that a sample is a video",
     "video_frames": "frames of a video",
+    "balance": "`none`, or `encoder`: each step's samples regrouped into micro-batches so every encoder owner "
+               "gets even work (conversations only: the generator has no per-sample encoder work)",
 }
 CONVERSATIONS = {
     "type": "`conversations`",
@@ -70,11 +82,14 @@ CONVERSATIONS = {
     "prefetch": "mindspore.dataset prefetch size",
     "on_bad_sample": "`error` (stop before launch, naming them) or `skip` (leave bad samples out, counted)",
     "vocab": "vocabulary size the model must cover (default: the tokenizer's)",
+    "balance": "`none`, or `encoder`: each step's samples regrouped into micro-batches so every encoder owner "
+               "(transpose) gets even work; needs `train.loss_normalization: tokens`",
 }
 
 METRICS = {
     "step": "optimizer step, 1-based (as on the console)",
-    "loss": "mean loss of the step's micro-batches",
+    "loss": "the step loss: mean over the step's answer tokens (`train.loss_normalization: tokens`) or of its "
+            "micro-batches' means (`micro_batch`)",
     "lr": "learning rate of the step's update",
     "grad_norm": "global gradient norm before clipping (every parameter counted once over the ranks)",
     "step_time_s": "wall time of the step",
@@ -88,6 +103,9 @@ METRICS = {
     "compiles": "graphs rank 0 compiled in this step (first calls of a new input shape)",
     "compile_s": "time of those first calls (compile + one run), part of `step_time_s`",
     "memory": "every rank's memory record of the step, one object per rank (below)",
+    "encoder_work": "with `data.balance: encoder`: the step's predicted encoder work per owner rank, "
+                    "`patches` and `ms` (from the recipe's profile), and the same as position order would have "
+                    "grouped it (`patches_unbalanced`, `ms_unbalanced`)",
 }
 
 

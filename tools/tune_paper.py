@@ -22,6 +22,14 @@ RUNS = (("recipes/paper_8dev_qwen_vit.yaml", "docs/tune_paper_8dev.json"),
         ("recipes/paper_512dev_deepseek_vit.yaml", "docs/tune_paper_512dev.json"))
 
 
+def write_json(out: str, d: dict) -> None:
+    """Keep ``d`` as ``out`` (relative to the repository), as README's blocks read it."""
+    with open(os.path.join(ROOT, out), "w") as f:
+        json.dump(d, f, indent=1)
+        f.write("\n")
+    print(f"wrote {out}")
+
+
 def tune(recipe: str, top: int) -> tuple:
     cmd = [sys.executable, "-m", "hyperparallel", "tune", recipe, "--top", str(top), "--json"]
     t0 = time.perf_counter()
@@ -51,10 +59,7 @@ def main(argv=None) -> int:
               f"{c['memory_bound']} (memory bound); rank 1 {first['schedule']} V={first['V']} M={first['M']} "
               f"{first['step_ms']:.0f} ms")
         if args.write:
-            with open(os.path.join(ROOT, out), "w") as f:
-                json.dump(d, f, indent=1)
-                f.write("\n")
-            print(f"wrote {out}")
+            write_json(out, d)
     print("target < 60 s per recipe: " + ("SLOW" if slow else "OK"))
     return 0
 

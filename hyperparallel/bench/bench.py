@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 
 from ..mpipe.errors import PlanError, SpecError
 from ..util import error, median, quantile, slug
+from ..recipe.cases import split_case
 from .profile import BENCH_WORKER
 
 
@@ -320,10 +321,22 @@ def prepare(args):
     scheds = args.schedule or [recipe.schedule if isinstance(recipe.schedule, str) else json.dumps(recipe.schedule)]
     if len(set(scheds)) != len(scheds):
         raise SpecError("--schedule", "each schedule once (repeats come from --repeats)")
-    plans = [(s, checked_plan(recipe, s)) for s in scheds]
-    for _, plan in plans:
-        refuse_over_memory_limit(recipe, plan)
-        refuse_sharded_optimizer(plan, rc.train)
+    plans = []
+    args.case_raw = {}   # a case's own recipe (SCHEDULE|key=value: its settings applied), by name
+    for s in scheds:
+        sched, sets = split_case(s)
+        rec, rc_ = recipe, rc
+        if sets:
+            rec = load_with_profile(args.recipe, list(args.overrides) + sets, args.profile)
+            rc_ = run_config_of(rec)
+            if (rec.pipeline_stage, rec.data_parallel) != (recipe.pipeline_stage, recipe.data_parallel):
+                raise SpecError("--schedule", f"{s!r}: a case's settings must keep pipeline_stage and data_parallel")
+            args.case_raw[s] = rec.raw
+        plan = checked_plan(rec, sched)
+        refuse_over_memory_limit(rec, plan)
+        refuse_sharded_optimizer(plan, rc_.train)
+        rc_.check_plan(plan)
+        plans.append((s, plan))
     if getattr(args, "profile_schedule", None):
         ref = checked_plan(recipe, args.profile_schedule)
         if ref.num_devices * ref.data_parallel != plans[0][1].num_devices * plans[0][1].data_parallel:
@@ -391,7 +404,8 @@ class _Bench:
         if part == "reference":
             return reference_job(self.recipe, self.rc, self.ref_plan, a.profile_schedule, a.warmup + a.steps, out)
         name, plan = self.plans[i]
-        return {"mode": "bench", "device": self.rc.device, "name": name, "schedule": name, "raw": self.recipe.raw,
+        raw = getattr(a, "case_raw", {}).get(name, self.recipe.raw)
+        return {"mode": "bench", "device": self.rc.device, "name": name, "schedule": name, "raw": raw,
                 "plan": plan.to_json(), "data_parallel": plan.data_parallel, "steps": a.warmup + a.steps,
                 "out_dir": out, "action_times": bool(os.environ.get("HP_BENCH_ACTION_TIMES"))}
 

@@ -5,7 +5,8 @@ Every case is the candidate's own recipe (its M, micro-batch size, V, split: wha
 and its checked plan; the launch steps them in rotation (:func:`hyperparallel.bench.measure.bench_rotation`,
 as ``bench --rotate steps``), so all of them meet the same drift of the machine. The medians leave
 out warm-up steps and steps disturbed by other processes as ``bench`` does. Predictions are the ones
-``tune`` ranked by (the recipe's profile, at each candidate's micro-batch size).
+``tune`` ranked by (the measured profiles, at each case's micro-batch size: a ``--profile`` measured
+at the recipe's own size replaces the recipe's profile for the recipe's and 1F1B's cases too).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def cases(space, outcome, n: int) -> List[dict]:
         seen[key] = len(out)
         out.append({"name": f"{role}: {name} V={space.V0} M={space.M0}", "schedule": name, "rank": None,
                     "V": space.V0, "M": space.M0, "layers": layers,
-                    "predicted_ms": simulate(plan, rec.profile, steps=3 if spill else 1).step_ms,
+                    "predicted_ms": simulate(plan, space.profile_at(space.M0), steps=3 if spill else 1).step_ms,
                     "recipe": rec, "spec": sched, "roles": [role]})
     return out
 

@@ -22,6 +22,13 @@ from ..util import output_file
 
 
 def run_simulate(args) -> int:
+    if getattr(args, "data_steps", None) is not None:
+        from .replay import run_replay
+        return run_replay(args)
+    for s in args.schedule or []:
+        if isinstance(s, str) and "|" in s:
+            raise SpecError("--schedule", f"{s!r}: settings after '|' are read by --data-steps and bench only (the "
+                                          "plain cost model does not read the data)")
     if args.trace:
         output_file("--trace", args.trace)
     if args.png:

@@ -30,6 +30,7 @@ def _prepare(args):
     plan = checked_plan(recipe, args.schedule)
     refuse_over_memory_limit(recipe, plan)   # the predicted peak of every device within mpipe.memory_limit_gb
     refuse_sharded_optimizer(plan, rc.train)
+    rc.check_plan(plan)
     from ..recipe.train import MAX_STEPS
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise SpecError("--steps", f"must be 1..{MAX_STEPS:,}, got {args.steps}")
@@ -42,6 +43,8 @@ def _prepare(args):
         print(line, flush=True)
     args.total_steps, args.steps_from = run_steps(args.steps, recipe.raw, rc.train, usable,
                                                   plan.num_micro * plan.data_parallel * rc.data.micro_batch_size)
+    if args.save_dir and not getattr(args, "reference", False):
+        _check_save_dir(args.save_dir)   # last: a refused recipe leaves no folder behind
     return recipe, rc, plan
 
 
@@ -78,6 +81,21 @@ def run_steps(flag, raw: dict, train, usable, samples_per_step: int):
     if stop:
         return stop, "runner_config.stop_step"
     return train.steps, "default"
+
+
+def _check_save_dir(path: str) -> None:
+    """``--save-dir`` can be created and written (a probe file), before any rank is launched: SpecError
+    naming the path and the OS error (a read-only folder or file system, a file in the way)."""
+    probe = os.path.join(path, f".hp_write_probe_{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("probe")
+        os.remove(probe)
+    except OSError as e:
+        import errno
+        name = errno.errorcode.get(e.errno, str(e.errno))
+        raise SpecError("--save-dir", f"{e.filename or path} cannot be written: {e.strerror} ({name})") from None
 
 
 def _source(args):
@@ -135,17 +153,35 @@ def run(args) -> int:
         print(f"not used by hyperparallel's runtime (no effect on this run): {', '.join(notes)}", flush=True)
     if recipe.estimated:
         print(f"note: {recipe.costs}", flush=True)
-    from ..launch import launch
+    from ..launch import HUNG, PREEMPTED, SAVE_FAILED, launch, local_ranks, msrun_overrides
     res = launch({"device": rc.device, "cases": [case]}, world, os.path.join(run_dir, "logs"),
-                 timeout_s=args.timeout)
+                 timeout_s=args.timeout, hang_timeout_s=rc.train.hang_timeout_s, stop_grace_s=rc.train.stop_grace_s)
+    if res.returncode == PREEMPTED:
+        print(f"stopped (exit {PREEMPTED}): {res.stopped}" + ("; continue with --resume" if args.save_dir else ""),
+              file=sys.stderr, flush=True)
+        return PREEMPTED
     if res.returncode != 0:
         refused = _refusal(res.log_dir, world, "--resume" if args.resume else "--resume-from")
         if refused:
             return _error(refused)
-        print(f"error: job failed (exit {res.returncode}): {res.message}", file=sys.stderr)
+        what = {HUNG: "job hung" if res.hung else "job timed out", SAVE_FAILED: "job failed"}.get(
+            res.returncode, "job stopped" if res.killed else "job failed")
+        print(f"error: {what} (exit {res.returncode}): {res.message}" + _newest(args), file=sys.stderr)
         return res.returncode
-    print(f"done in {res.wall_s:.1f} s; metrics in {os.path.join(run_dir, 'metrics.jsonl')}", flush=True)
+    node0 = 0 in local_ranks(world, msrun_overrides(world))
+    where = (f"metrics in {os.path.join(run_dir, 'metrics.jsonl')}" if node0 else
+             "this node has no rank 0: node 0's run directory has the metrics")
+    print(f"done in {res.wall_s:.1f} s; {where}", flush=True)
     return 0
+
+
+def _newest(args) -> str:
+    """``; newest complete checkpoint: PATH`` of ``--save-dir`` after a failed run ('' without one)."""
+    if not args.save_dir:
+        return ""
+    from ..mindspore.ckpt_files import list_steps
+    complete, _ = list_steps(args.save_dir)
+    return f"; newest complete checkpoint: {complete[0][1]}" if complete else "; no complete checkpoint"
 
 
 def _position_note(src, plan) -> str:

@@ -9,7 +9,8 @@ on the recipe's ranks in one ``bench`` run (:mod:`hyperparallel.bench.verify`).
 ``--json`` prints one object: ``recipe``, ``overrides``, ``memory_limit_gb``, ``top``, ``batch``,
 ``space``, ``counts``, ``refused``, ``seconds``, ``candidates`` (``rank``, ``schedule``, ``spec``,
 ``V``, ``M``, ``micro_batch_size``, ``layers``, ``offset``, ``split``, ``step_ms``, ``bubble_ratio``,
-``peak_memory_mb`` per device, ``peak_mb``, ``peak_device``, ``keys``), ``recipe_schedule``, ``out``
+``peak_memory_mb`` per device, ``peak_mb``, ``peak_device``, ``keys``, ``same_plan``: the other spellings
+that derived this very plan), ``recipe_schedule``, ``out``
 and, with ``--verify``, ``verify``.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextlib
 import json
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..mpipe.cost import simulate
 from ..mpipe.errors import PlanError, SpecError
@@ -30,6 +31,9 @@ from ..recipe.recipe import READ_KEYS
 from ..tune.overlay import offset_line, write_overlay
 from ..tune.search import Outcome, Scored, lowest_peak, search
 from ..tune.space import Space
+
+if TYPE_CHECKING:
+    from ..recipe.recipe import Recipe
 
 GB = 1000.0   # MB per GB, as README's peak-memory figures
 
@@ -52,7 +56,7 @@ def _check_args(args) -> None:
             raise SpecError("--out", f"folder does not exist: {d}")
 
 
-def load(path: str, overrides) -> "Recipe":  # noqa: F821
+def load(path: str, overrides) -> "Recipe":
     """The recipe with ``--set`` applied; a key neither in the recipe nor read by the loader is refused."""
     raw = load_raw(path)
     for item in overrides:
@@ -82,7 +86,7 @@ def own_schedule(space: Space) -> dict:
     except (SpecError, PlanError) as e:
         return {"schedule": str(recipe.schedule), "refused": str(e).splitlines()[0]}
     spill = any(x.get("spill") == "next_step" for x in plan.schedule)
-    rep = simulate(plan, recipe.profile, steps=3 if spill else 1)
+    rep = simulate(plan, space.profile_at(space.M0), steps=3 if spill else 1)
     peaks = [d.peak_memory_mb for d in rep.devices]
     return {"schedule": plan.meta["schedule_name"], "V": space.V0, "M": space.M0,
             "layers": [c.layers for c in plan.chunks if c.region == space.body.name],
@@ -97,12 +101,13 @@ def candidate_json(space: Space, rank: int, s: Scored) -> dict:
             "micro_batch_size": space.batch.samples // c.M, "batch_keys": sizes, "layers": list(c.layers),
             "offset": space.offset(c), "split": c.split, "step_ms": round(s.step_ms, 6),
             "bubble_ratio": round(s.bubble, 6), "peak_memory_mb": [round(x, 3) for x in s.peaks_mb],
-            "peak_mb": round(s.peak_mb, 3), "peak_device": s.peak_device, "keys": space.keys(c)}
+            "peak_mb": round(s.peak_mb, 3), "peak_device": s.peak_device, "keys": space.keys(c),
+            "same_plan": list(s.same_plan)}
 
 
 def result_json(args, space: Space, out: Outcome, own: dict) -> dict:
-    counts = {k: out.counts.get(k, 0) for k in ("searched", "derived", "kept", "time_bound", "memory_bound",
-                                               "memory", "refused", "body_bounds")}
+    counts = {k: out.counts.get(k, 0) for k in ("searched", "derived", "kept", "same_plan", "time_bound",
+                                               "memory_bound", "memory", "refused", "body_bounds")}
     return {"recipe": args.recipe, "command": "hyperparallel " + " ".join(sys.argv[1:]),
             "overrides": list(args.overrides), "profiles": {
                 str(p.micro_batch_size or space.batch.size0): f for f, p in
@@ -145,7 +150,8 @@ def _space_lines(space: Space, out: Outcome) -> list:
     by_v = "; ".join(f"V={v}: {', '.join(o)}" for v, o in d["orders_by_V"].items())
     c = out.counts
     dropped = [f"{c.get('time_bound', 0)} by the time bound", f"{c.get('memory_bound', 0)} by the memory bound"]
-    derived = (f"derived {c.get('derived', 0)} (kept {c.get('kept', 0)}, over the memory limit {c.get('memory', 0)}, "
+    derived = (f"derived {c.get('derived', 0)} (kept {c.get('kept', 0)}, the same plan as a kept spelling "
+               f"{c.get('same_plan', 0)}, over the memory limit {c.get('memory', 0)}, "
                f"refused {c.get('refused', 0)}"
                + (f": {', '.join(f'{k} {v}' for k, v in out.refused.items())}" if out.refused else "") + ")")
     return [f"space: orders ({by_v}) x M in {{{', '.join(map(str, d['M']))}}} x {len(d['encoders'])} encoder "
@@ -207,6 +213,9 @@ def run(args) -> int:
     for line in _space_lines(space, out):
         print(line)
     print(_table(space, out))
+    for i, s in enumerate(out.table):
+        if s.same_plan:
+            print(f"rank {i + 1} is also spelled (the same plan): {'; '.join(s.same_plan)}")
     if "refused" in own:
         print(f"recipe's own schedule {own['schedule']}: refused: {own['refused']}")
     else:

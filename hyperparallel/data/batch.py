@@ -53,6 +53,11 @@ class MicroBatch:
         self._patches, self._load = patches, load
 
     @property
+    def loss_tokens(self) -> int:
+        """Positions the loss is a mean over (``mask`` ones)."""
+        return int(np.count_nonzero(self.mask))
+
+    @property
     def num_images(self) -> int:
         """Images the encoder sees (a shape fact: known without loading pixels)."""
         return sum(self.images_per_sample) + self.extra_images
@@ -100,6 +105,11 @@ class QwenVLBatch:
         self.sample_ids = sample_ids
         self.merge_size = int(merge_size)
         self._pixels, self._load = None, load
+
+    @property
+    def loss_tokens(self) -> int:
+        """Positions the loss is a mean over: labels after the model's shift that are not -100."""
+        return int(np.count_nonzero(self.labels[:, 1:] != -100))
 
     @property
     def num_images(self) -> int:

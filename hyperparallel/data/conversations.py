@@ -131,9 +131,14 @@ class ConversationsSource(IndexedSource):
         super().__init__(cfg, layout, seed)
         self.k = layout.k
         self.vocab = cfg.shapes()["vocab"]
+        self.filler_patches = cfg.num_patches
         from .pixels import PixelStream, transforms
         self.pixels = PixelStream(self.files_of, lambda: transforms(cfg.image_size, cfg.mean, cfg.std),
                                   cfg.num_parallel_workers, cfg.prefetch)
+
+    def sample_patches(self, s) -> int:
+        """Every image (and video frame) is resized to ``image_size``: ``num_patches`` patches each."""
+        return len(s.files) * self.cfg.num_patches
 
     def micro_batch(self, step: int, micro: int) -> MicroBatch:
         key = (int(step), int(micro))

@@ -68,12 +68,14 @@ class ConversationsConfig(PatchGeometry):
     prefetch: int = 8
     on_bad_sample: str = "error"
     vocab: Optional[int] = None
+    balance: str = "none"     # none | encoder (:mod:`.balance`)
     micro_per_step: int = 1   # set from parallel_config (micro_batch_num x data_parallel), not a recipe key
     given: Tuple[str, ...] = ()   # the recipe keys the section sets, not a recipe key
 
     RECIPE_KEYS = ("type", "path", "tokenizer", "image_root", "seq_len", "micro_batch_size", "image_size", "patch",
                    "mean", "std", "min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config",
-                   "system_prompt", "shuffle", "seed", "num_parallel_workers", "prefetch", "on_bad_sample", "vocab")
+                   "system_prompt", "shuffle", "seed", "num_parallel_workers", "prefetch", "on_bad_sample", "vocab",
+                   "balance")
 
     @staticmethod
     def from_section(sec: dict, micro_per_step: int) -> "ConversationsConfig":
@@ -110,6 +112,9 @@ class ConversationsConfig(PatchGeometry):
             raise SpecError("data.image_root", f"must be a folder name, got {self.image_root!r}")
         if not os.path.isdir(self.root):
             raise SpecError("data.image_root", f"folder not found: {self.root}")
+        from .balance import MODES
+        if self.balance not in MODES:
+            raise SpecError("data.balance", f"{self.balance!r} unknown; allowed: {', '.join(MODES)}")
         if self.on_bad_sample not in POLICIES:
             raise SpecError("data.on_bad_sample", f"{self.on_bad_sample!r} unknown (error, skip)")
         for k, bound in INT_BOUNDS.items():

@@ -24,6 +24,11 @@ class Sample:
     files: Tuple[str, ...]   # image files in encoder order (images, then video frames), absolute
     enc: Any                 # the layout's encoded sample (text.Encoded, qwen_chat.QwenEncoded)
 
+    @property
+    def loss_tokens(self) -> int:
+        """Positions whose next token is an answer token: what the loss of this sample is a mean over."""
+        return int(self.enc.answer[1:].sum())
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -1,11 +1,14 @@
 """What both conversations sources share: the index, the bad-sample policy, the sample order,
-the data position and seek (rules: :mod:`.conversations`, "Order")."""
+the data position and seek (rules: :mod:`.conversations`, "Order"), the answer-token counts
+(``train.loss_normalization: tokens``) and the per-step sample assignment (``data.balance: encoder``,
+:mod:`.balance`)."""
 from __future__ import annotations
 
 from typing import Dict, List
 
 import numpy as np
 
+from .balance import assign
 from .index import Sample, build_index, summary
 from .source import DataSource
 from ..mpipe.errors import SpecError
@@ -16,6 +19,7 @@ class IndexedSource(DataSource):
     (a :class:`~.pixels.PixelStream`) and makes the micro-batches."""
 
     pixels = None
+    has_encoder_work = True
 
     def __init__(self, cfg, layout, seed: int):
         self.cfg, self.layout = cfg, layout
@@ -31,6 +35,8 @@ class IndexedSource(DataSource):
         self.base = 0
         self._orders: Dict[int, np.ndarray] = {}
         self._meta: Dict = {}
+        self.owners = None            # owner of each global micro-batch (balance_by), None: position order
+        self._groups: Dict[int, List[List[int]]] = {}
 
     # -- order and position ------------------------------------------------------------------
     @property
@@ -49,9 +55,53 @@ class IndexedSource(DataSource):
         return self.samples[int(self.order(epoch)[index])]
 
     def batch_samples(self, step: int, micro: int) -> List[Sample]:
+        """The samples of global micro-batch ``micro`` of ``step``: positions ``micro*B .. micro*B + B - 1``
+        of the step, or with :meth:`balance_by` the step's samples assigned to it (:func:`.balance.assign`)."""
         B = self.cfg.micro_batch_size
-        p0 = self.base + (int(step) * self.cfg.micro_per_step + int(micro)) * B
-        return [self.sample_at(p0 + b) for b in range(B)]
+        p0 = self.base + int(step) * self.samples_per_step
+        idx = range(int(micro) * B, (int(micro) + 1) * B) if self.owners is None else self.groups(step)[int(micro)]
+        return [self.sample_at(p0 + i) for i in idx]
+
+    def loss_tokens(self, step: int, micro: int) -> int:
+        return sum(s.loss_tokens for s in self.batch_samples(step, micro))
+
+    # -- per-step sample assignment (data.balance: encoder) ------------------------------------
+    def sample_patches(self, s: Sample) -> int:
+        """Encoder patches of one sample (its encoder work); the subclass knows its layout."""
+        raise NotImplementedError
+
+    #: encoder patches of the filler image of a micro-batch without images (set by the subclass)
+    filler_patches = 0
+
+    def step_samples(self, step: int) -> List[Sample]:
+        p0 = self.base + int(step) * self.samples_per_step
+        return [self.sample_at(p0 + i) for i in range(self.samples_per_step)]
+
+    def encoder_work(self, step: int) -> List[int]:
+        """Encoder patches of each sample of step ``step``, in position order (from the index)."""
+        return [self.sample_patches(s) for s in self.step_samples(step)]
+
+    def mean_patches(self) -> float:
+        """Mean encoder patches of a sample over the usable samples."""
+        return float(np.mean([self.sample_patches(s) for s in self.samples]))
+
+    def balance_by(self, owners) -> None:
+        """Assign every step's samples to micro-batches by encoder work; ``owners[g]``: the owner rank of
+        global micro-batch ``g`` (its encoder forward's rank)."""
+        if len(owners) != self.cfg.micro_per_step:
+            raise ValueError(f"{len(owners)} owners for {self.cfg.micro_per_step} micro-batches per step")
+        self.owners = list(owners)
+        self._groups.clear()
+        self._meta.clear()
+
+    def groups(self, step: int) -> List[List[int]]:
+        """Step ``step``'s sample indices (into :meth:`step_samples`) of every global micro-batch."""
+        step = int(step)
+        if step not in self._groups:
+            if len(self._groups) > 8:
+                self._groups.clear()
+            self._groups[step] = assign(self.encoder_work(step), self.cfg.micro_batch_size, self.owners)
+        return self._groups[step]
 
     def position(self, step: int) -> dict:
         """Where step ``step`` starts: {"epoch", "index", "num_samples"} (for a checkpoint)."""
@@ -66,6 +116,7 @@ class IndexedSource(DataSource):
                              f"{len(self.samples)} now (data set or on_bad_sample changed)")
         self.base = int(position["epoch"]) * n + int(position["index"]) - int(step) * self.samples_per_step
         self._meta.clear()
+        self._groups.clear()
         self.pixels.reset()   # a running pipeline read ahead in the old order
 
     # -- micro-batches ----------------------------------------------------------------------

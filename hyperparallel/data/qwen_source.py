@@ -30,6 +30,7 @@ class QwenVLSource(IndexedSource):
             raise TypeError("QwenVLSource lays out qwen_vl micro-batches; merge_index: ConversationsSource")
         super().__init__(cfg, layout, seed)
         self.fmt, self.special = layout.fmt, layout.special
+        self.filler_patches = int(np.prod(self.filler_grid))
         from .pixels import PixelStream
         self.pixels = PixelStream(self.files_of, lambda: [layout.pixels()], cfg.num_parallel_workers, cfg.prefetch,
                                   outputs=("pixel_values", "grid"))
@@ -42,6 +43,10 @@ class QwenVLSource(IndexedSource):
     def patch_dim(self) -> int:
         f = self.fmt
         return self.cfg.channels * f.temporal_patch_size * f.patch_size * f.patch_size
+
+    def sample_patches(self, s) -> int:
+        """Patches of every image at its own resolution (t*h*w of its grid, from the header's size)."""
+        return int(sum(int(np.prod(g)) for g in s.enc.grids))
 
     def micro_batch(self, step: int, micro: int) -> QwenVLBatch:
         key = (int(step), int(micro))

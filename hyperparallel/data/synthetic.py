@@ -45,6 +45,7 @@ class DataConfig(PatchGeometry):
     images_per_sample: List[float] = field(default_factory=lambda: list(SYNTHETIC_IMAGES["images_per_sample"]))
     video_prob: float = SYNTHETIC_IMAGES["video_prob"]
     video_frames: int = SYNTHETIC_IMAGES["video_frames"]
+    balance: str = "none"   # data.balance: none only (the generator has no per-sample encoder work)
 
     @staticmethod
     def from_section(sec: dict) -> "DataConfig":
@@ -57,6 +58,14 @@ class DataConfig(PatchGeometry):
         return cfg
 
     def validate(self) -> None:
+        from .balance import MODES
+        if self.balance not in MODES:
+            raise SpecError("data.balance", f"{self.balance!r} unknown; allowed: {', '.join(MODES)}")
+        if self.balance == "encoder":
+            raise SpecError("data.balance", "encoder needs a data source with per-sample encoder work "
+                                            "(data.type: conversations, whose index knows every sample's images); "
+                                            "the synthetic generator draws each micro-batch's images from "
+                                            "(seed, step, micro-batch), so it has none: give data.balance: none")
         for k in ("micro_batch_size", "text_len", "vocab", "image_size", "channels", "patch", "num_classes",
                   "video_frames"):
             v = getattr(self, k)
@@ -167,3 +176,7 @@ class SyntheticSource(DataSource):
 
     def micro_batch(self, step: int, micro: int) -> MicroBatch:
         return make_micro_batch(self.cfg, self.seed, step, micro)
+
+    def loss_tokens(self, step: int, micro: int) -> int:
+        """Every sample's text has ``text_len - 1`` targets (without generating the micro-batch)."""
+        return self.cfg.micro_batch_size * (self.cfg.text_len - 1)

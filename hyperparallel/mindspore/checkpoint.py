@@ -2,12 +2,16 @@
 
 Layout, completeness and ownership are in :mod:`.ckpt_files`. Saving step N:
 
-1. rank 0 removes an old ``step_<N>/`` (marker first), then a barrier;
+1. rank 0 removes an old ``step_<N>/`` (marker first);
 2. every writing rank saves the names it owns to a temporary file, records its size and SHA-256
    (``.digest_<file>.json``, unless ``--no-digest``) and renames it;
-3. a barrier, then rank 0 writes ``meta.json`` (the files' records gathered into ``digests``) and the
+3. rank 0 writes ``meta.json`` (the files' records gathered into ``digests``) and the
    ``COMPLETE`` marker (with the SHA-256 of ``meta.json``).
 
+Each phase ends with a one-float all-reduce of "did this rank fail" (the barrier between phases): a
+rank whose write fails (no space, a read-only folder) prints a ``SAVE_FAILED`` line naming the path
+and the OS error, and every rank raises :class:`SaveError` together, so the job ends at once (no
+rank left waiting in a barrier) and the older complete steps stay as they were.
 A rank that dies in between leaves a directory without the marker, which ``--resume`` ignores.
 Restoring loads by global name (``Parameter.name``) into whatever chunks this rank holds, so a
 checkpoint saved under one (schedule, P, V, D) resumes under any other; names and shapes are
@@ -15,6 +19,7 @@ checked against the whole model (all ranks' names, gathered) before anything is 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -25,9 +30,9 @@ from typing import Dict, Optional, Tuple
 
 import mindspore as ms
 
-from .ckpt_files import (MARKER, META, CheckpointError, Source, check_names, chunk_owners, file_digest,
+from .ckpt_files import (MARKER, META, SAVE_FAILED, CheckpointError, Source, check_names, chunk_owners, file_digest,
                          file_record, rank_file, safetensors_header, scalar_owner, step_dir, writers)
-from .compat import write_param
+from .compat import load_optimizer_state, write_param
 from .optim import HYPER_PARAMS
 
 
@@ -35,12 +40,35 @@ def recipe_hash(raw: dict) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_fault(rank: int) -> Optional[Tuple[int, bool]]:
-    """``HP_FAULT=RANK:save:N[:kill]``: (N, kill) when this rank must die while saving step N."""
+SAVE_FAULTS = ("exit", "kill", "enospc")
+
+
+class SaveError(RuntimeError):
+    """A checkpoint could not be written (every rank raises it together; see the module docstring)."""
+
+
+def save_fault(rank: int) -> Optional[Tuple[int, str]]:
+    """``HP_FAULT=RANK:save:N[:kill|:enospc]``: (N, mode) when this rank must fail while saving step N: die
+    (``exit``, default), be SIGKILLed (``kill``), or get "No space left on device" writing its file
+    (``enospc``, a full disk)."""
     spec = os.environ.get("HP_FAULT", "").split(":")
     if len(spec) < 3 or spec[0] != str(rank) or spec[1] != "save":
         return None
-    return int(spec[2]), spec[3:] == ["kill"]
+    mode = spec[3] if len(spec) > 3 else "exit"
+    if mode not in SAVE_FAULTS:
+        raise ValueError(f"HP_FAULT={os.environ['HP_FAULT']}: mode {mode!r} unknown; allowed: {', '.join(SAVE_FAULTS)}")
+    return int(spec[2]), mode
+
+
+def os_error_text(e: BaseException) -> str:
+    """``PATH: strerror (ENAME)`` of an OSError; the first line of anything else (MindSpore's own errors)."""
+    if isinstance(e, OSError) and e.strerror:
+        name = errno.errorcode.get(e.errno, str(e.errno))
+        return f"{e.filename}: {e.strerror} ({name})" if e.filename else f"{e.strerror} ({name})"
+    cause = e.__cause__ or e.__context__
+    if isinstance(cause, OSError) and cause.strerror:
+        return os_error_text(cause)
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def _write_json(path: str, obj: dict) -> None:
@@ -85,11 +113,8 @@ class Saver:
         """Write checkpoint ``step`` (steps done); every rank calls this at the same point.
         Returns the seconds it took (barriers included); rank 0 logs a ``saved`` line."""
         t0 = time.perf_counter()
-        self.begin(step)
-        self.comm.barrier()
-        self.write(step)
-        self.comm.barrier()
-        self.finish(step)
+        for phase in (self.begin, self.write, self.finish):
+            self._agreed(step, phase)
         dt = time.perf_counter() - t0
         if self.comm.rank == 0:
             d = step_dir(self.save_dir, step)
@@ -98,6 +123,22 @@ class Saver:
             note = "" if self.digests else " (no SHA-256 digests: --no-digest)"
             print(f"saved {d} ({len(self.files)} files, {size} bytes) in {dt:.4f}s{note}", flush=True)
         return dt
+
+    def _agreed(self, step: int, phase) -> None:
+        """Run one phase; then every rank learns whether any rank failed it (one all-reduce, the barrier)."""
+        why = ""
+        try:
+            phase(step)
+        except Exception as e:   # noqa: BLE001  an OSError, or what save_checkpoint raises over one (the
+            # safetensors writer's SafetensorError "I/O error: No space left on device (os error 28) at path ...")
+            why = os_error_text(e)
+            if not isinstance(e, OSError):
+                why = f"{step_dir(self.save_dir, step)}: {type(e).__name__}: {why}"
+        failed = self.comm.all_reduce_values([1.0 if why else 0.0])[0]
+        if why:
+            print(f"{SAVE_FAILED}{why} (rank {self.comm.rank}, step {step})", flush=True)
+        if failed:
+            raise SaveError(why or f"another rank could not write step {step}")
 
     def begin(self, step: int) -> None:
         """Phase 1 (rank 0): a fresh step directory (an old one's marker removed first)."""
@@ -117,9 +158,11 @@ class Saver:
         if self.items:
             name = rank_file(self.comm.rank, self.fmt)
             tmp = os.path.join(d, f".tmp_{name}")
+            if self.fault and self.fault == (step, "enospc"):   # a full disk, simulated
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
             ms.save_checkpoint([{"name": n, "data": fresh.get(n, p)} for n, p in self.items.items()], tmp,
                                format=self.fmt)
-            if self.fault and self.fault[0] == step:
+            if self.fault and self.fault[0] == step and self.fault[1] != "enospc":
                 self._die(step)
             _write_json(os.path.join(d, f".digest_{name}.json"), file_record(tmp, self.digests))
             os.replace(tmp, os.path.join(d, name))
@@ -149,7 +192,7 @@ class Saver:
                                               "meta_sha256": file_digest(os.path.join(d, META))})
 
     def _die(self, step: int) -> None:
-        if self.fault[1]:
+        if self.fault[1] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         print(f"fault injection: rank {self.comm.rank} exits while saving step {step}", flush=True)
         os._exit(13)
@@ -209,7 +252,7 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
     if load_state and hasattr(opt, "load_state"):   # a sharded optimizer: its share of the global names
         opt.load_state({n: values[n] for n in need})
     elif load_state and opt.opt is not None:  # strict: hyper-parameters stay the recipe's
-        ms.load_param_into_net(opt.opt, {n: values[n] for n in need}, strict_load=True)
+        load_optimizer_state(opt.opt, {n: values[n] for n in need})
     return (src.step if src.meta else 0), load_state
 
 

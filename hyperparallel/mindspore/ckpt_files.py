@@ -40,6 +40,7 @@ MARKER = "COMPLETE"
 META = "meta.json"
 FORMATS = ("safetensors", "ckpt")
 REFUSED = "checkpoint refused: "  # line prefix of a rank's refusal; the launcher maps it to exit 2
+SAVE_FAILED = "checkpoint save failed: "  # a rank's line when its part of a save could not be written (path, OS error)
 REFUSED_INPUT = "input refused: "  # a rank's refusal of a recipe value only a rank can check (e.g. pretrained weights)
 _STEP_RE = re.compile(r"^step_(\d+)$")
 

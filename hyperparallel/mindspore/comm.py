@@ -33,6 +33,19 @@ class Comm:
         self.dp_index = self.rank % self.D
         self._groups: Dict[Tuple[int, ...], str] = {}
 
+    def with_data_parallel(self, data_parallel: int) -> "Comm":
+        """This rank's communication under another data-parallel degree (one launch runs cases of several
+        layouts): the same process group and subgroups, another device / dp_index mapping."""
+        D = int(data_parallel)
+        if D == self.D:
+            return self
+        if D < 1 or self.world % D:
+            raise RuntimeError(f"data_parallel {D} does not divide the job's {self.world} ranks")
+        import copy
+        c = copy.copy(self)   # the subgroup cache (by global-rank tuples) is shared
+        c.D, c.device, c.dp_index = D, self.rank // D, self.rank % D
+        return c
+
     # -- addressing ---------------------------------------------------------
     def global_rank(self, device: int) -> int:
         return int(device) * self.D + self.dp_index

@@ -35,6 +35,13 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   and does nothing else: harmless, but it alarms every user at the end of every job. On CPU
   :func:`barrier` is a one-element blocking all-reduce instead (every rank must join it, so it is a
   barrier); on Ascend it is MindSpore's own.
+* msrun starts its scheduler on every node whose addresses include ``--master_addr``
+  (``mindspore/parallel/cluster/process_entity/_api.py``: ``is_master = _is_local_ip(master_addr)``),
+  whatever ``--node_rank`` says. Two nodes of one job on one machine (a test of the multi-node path,
+  or several "nodes" sharing a big host) then both start one: the second fails to bind the port and
+  its msrun ends the job as failed. :func:`msrun_node` (``python -m hyperparallel.mindspore.compat
+  MSRUN_FLAGS...``) runs msrun with the scheduler left to node 0; the launcher uses it only for a
+  node rank above 0 whose ``--master_addr`` is local.
 """
 from __future__ import annotations
 
@@ -105,9 +112,23 @@ def graphs_compiled() -> int:
     return len(api.ms_compile_cache)
 
 
+def taping() -> bool:
+    """Whether the tape records the ops run now (internal: ``_pynative_executor.grad_flag``); MindSpore
+    compiles a jit graph once for each."""
+    return bool(_executor.grad_flag())
+
+
 def write_param(p, value) -> None:
     """Write ``value`` into parameter ``p`` in place (``ops.assign``; never ``set_data``, see the docstring)."""
     ops.assign(p, ops.stop_gradient(value).astype(p.dtype).reshape(p.shape))
+
+
+def load_optimizer_state(opt_cell, values: dict) -> None:
+    """``values`` (name -> tensor) into a MindSpore optimizer Cell's own state (``load_param_into_net``,
+    strict names). The Cell also holds the model parameters it updates, which ``load_param_into_net``
+    would ``set_data`` (see the docstring): those are left out; the caller writes them in place."""
+    model = {p.name for p in opt_cell.parameters}
+    ms.load_param_into_net(opt_cell, {n: v for n, v in values.items() if n not in model}, strict_load=True)
 
 
 def leaf(t: ms.Tensor, requires_grad: bool) -> ms.Tensor:
@@ -148,3 +169,29 @@ class Tape:
         out = _run_backward(tuple(outputs), tuple(sens), keep_graph, False, tuple(inputs), True,
                             accumulate_grad=False)
         return tuple(out)
+
+
+def run_op_by_op(cell, *args) -> bool:
+    """Run ``cell.construct`` without its ``@jit`` graph: MindSpore's ``jit`` wraps the function with
+    ``functools.wraps``, so ``__wrapped__`` is the Python body it compiles (what ``MS_JIT=0`` runs, for
+    this Cell only). False (nothing run) when ``construct`` is not jit-wrapped."""
+    body = getattr(type(cell).construct, "__wrapped__", None)
+    if body is None:
+        return False
+    body(cell, *args)
+    return True
+
+
+def msrun_node(argv) -> int:
+    """msrun for a node rank above 0 whose ``--master_addr`` is this machine: no second scheduler."""
+    import sys
+    from mindspore.parallel.cluster import run
+    from mindspore.parallel.cluster.process_entity import _api
+    _api._is_local_ip = lambda _ip: False
+    sys.argv = ["msrun"] + list(argv)
+    return run.main()
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(msrun_node(sys.argv[1:]))

@@ -4,13 +4,16 @@ The interpreter asks its hooks once, when it is built, to wrap each of its calla
 (``wrap(category, name, fn)``: ``compute`` for the tape's ``forward``/``no_grad``/``grad``,
 ``comm`` for ``send``/``recv``/``all_reduce``/``broadcast``, ``data`` for building a micro-batch's
 tensors and loading the model input, ``accumulate`` for gradient adds), and calls
-``before_action(interp, step, index, action)`` before every action of a step. The defaults do
-nothing (the wrapped callables are the originals, so a plain run pays nothing).
+``before_action(interp, step, index, action)`` before every action of a step, and ``phase(step, name)``
+when the rank's runtime enters work between programs (``reduce``: the step's loss all-reduce,
+``optimizer``: the update). The defaults do nothing (the wrapped callables are the originals, so a
+plain run pays nothing).
 """
 from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Callable, Sequence
 
 
@@ -22,6 +25,9 @@ class Hooks:
         return fn
 
     def before_action(self, interp, step: int, index: int, action) -> None:
+        pass
+
+    def phase(self, step: int, name: str) -> None:
         pass
 
     @property
@@ -46,30 +52,83 @@ class Chain(Hooks):
             if h.per_action:
                 h.before_action(interp, step, index, action)
 
+    def phase(self, step, name) -> None:
+        for h in self.hooks:
+            h.phase(step, name)
+
     @property
     def per_action(self) -> bool:
         return any(h.per_action for h in self.hooks)
 
 
-class FaultInjection(Hooks):
-    """``HP_FAULT=RANK:STEP[:kill]`` makes that rank die in the middle of that step: ``os._exit(13)``
-    after a log line, or with ``kill`` a silent SIGKILL. (``HP_FAULT=RANK:save:N[:kill]``, dying
-    while saving step N, is handled by the checkpoint saver.)"""
+class Progress(Hooks):
+    """The rank's heartbeat (:class:`hyperparallel.watch.Heartbeat`) before every action and phase: step,
+    program index, action kind and the global ranks it waits on (a receive: its peer; a collective: the
+    group's other members), for the launcher's hang verdict."""
 
-    def __init__(self, rank: int, step: int, kill: bool):
-        self.rank, self.step, self.kill = rank, step, kill
+    def __init__(self, heartbeat, comm):
+        self.hb, self.comm = heartbeat, comm
+        self._others = [r for r in range(comm.world) if r != comm.rank]
+        self._memo = {}
+
+    def _waits(self, a):
+        if a.kind == "RECV":
+            return (self.comm.global_rank(a.peer),)
+        if a.kind in ("ALLREDUCE", "BROADCAST"):
+            return tuple(r for r in self.comm.ranks_of(a.group) if r != self.comm.rank)
+        return ()
+
+    def before_action(self, interp, step, index, action) -> None:
+        key = id(action)
+        if key not in self._memo:
+            a = action
+            what = f"{a.region}/{a.chunk}" + (f" micro {a.micro}" if a.micro is not None else "")
+            if a.kind in ("SEND", "RECV"):
+                what += f" {a.tensor} {'to' if a.kind == 'SEND' else 'from'} rank {self.comm.global_rank(a.peer)}"
+            self._memo[key] = (self._waits(a), what)
+        waits, what = self._memo[key]
+        self.hb.beat(step, action.kind, index, len(interp.program), waits, what)
+
+    def phase(self, step, name) -> None:
+        self.hb.beat(step, name, waits=self._others if name in ("reduce", "gather", "barrier") else ())
+
+
+class FaultInjection(Hooks):
+    """``HP_FAULT=RANK:STEP[:kill|:hang]`` makes that rank fail in the middle of that step: ``os._exit(13)``
+    after a log line, with ``kill`` a silent SIGKILL, with ``hang`` it stops making progress (sleeps
+    for ever, alive). (``HP_FAULT=RANK:save:N[:kill|:enospc]``, failing while saving step N, is
+    handled by the checkpoint saver.)"""
+
+    MODES = ("exit", "kill", "hang")
+
+    def __init__(self, rank: int, step: int, kill: bool = False, mode: str = ""):
+        self.rank, self.step = rank, step
+        self.mode = mode or ("kill" if kill else "exit")
+
+    @property
+    def kill(self) -> bool:
+        return self.mode == "kill"
 
     @staticmethod
     def from_env(rank: int):
         spec = os.environ.get("HP_FAULT", "").split(":")
         if spec[0] != str(rank) or len(spec) < 2 or spec[1] == "save":
             return None
-        return FaultInjection(rank, int(spec[1]), spec[2:] == ["kill"])
+        mode = spec[2] if len(spec) > 2 else "exit"
+        if mode not in FaultInjection.MODES:
+            raise ValueError(f"HP_FAULT={os.environ['HP_FAULT']}: mode {mode!r} unknown; allowed: "
+                             f"{', '.join(FaultInjection.MODES)}")
+        return FaultInjection(rank, int(spec[1]), mode=mode)
 
     def before_action(self, interp, step, index, action) -> None:
         if step == self.step and index == len(interp.program) // 2:
-            if self.kill:
+            if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.mode == "hang":   # alive, silent: only the launcher's hang watchdog ends the job
+                print(f"fault injection (hang): rank {self.rank} stops making progress at step {step}, action "
+                      f"{index}/{len(interp.program)} ({action.kind})", flush=True)
+                while True:
+                    time.sleep(60)
             print(f"fault injection: rank {self.rank} exits at step {step}, action {index}/{len(interp.program)}",
                   flush=True)
             os._exit(13)

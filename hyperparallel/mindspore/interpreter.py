@@ -41,6 +41,7 @@ from typing import Dict, List, Optional, Tuple
 from mindspore import Parameter, Tensor, ops
 
 from hyperparallel.data import DataSource
+from hyperparallel.data.loss_norm import loss_scales
 from hyperparallel.models import ModelAdapter
 from hyperparallel.mpipe import ir
 from .compat import Tape, acc, leaf, write_param
@@ -55,11 +56,12 @@ _KEPT = "kept weight grads"   # marks a B whose weight grads were computed with 
 class Interpreter:
     def __init__(self, plan: ir.Plan, comm, model: ModelAdapter, source: DataSource,
                  chunks: Dict[Tuple[str, int], object], hooks: Optional[Hooks] = None,
-                 bodies: Optional[Dict[Tuple[str, int], object]] = None):
+                 bodies: Optional[Dict[Tuple[str, int], object]] = None, loss_normalization: str = "tokens"):
         """``model``: the adapter; ``source``: the data source (pixels loaded lazily, so a boundary
         spec never needs them); ``chunks``: this rank's chunk Cells by (region, chunk index), built
         by the adapter; ``hooks``: timing / fault injection (:mod:`.hooks`; default none);
-        ``bodies``: each chunk's forward as it runs, compiled or eager (:mod:`.compiled`; default eager)."""
+        ``bodies``: each chunk's forward as it runs, compiled or eager (:mod:`.compiled`; default eager);
+        ``loss_normalization``: how micro-batch losses make the step loss (:mod:`hyperparallel.data.loss_norm`)."""
         self.plan, self.comm, self.model, self.source, self.chunks = plan, comm, model, source, chunks
         self.bodies = bodies if bodies is not None else build_bodies(chunks, "eager")
         self.device = comm.device
@@ -70,6 +72,8 @@ class Interpreter:
         self.chunk_stop = {(c.region, c.index): c.stop for c in plan.chunks}
         self.loss_chunk = (self.regions[-1], self.num_chunks[self.regions[-1]] - 1)  # returns the loss
         self.total_micro = plan.num_micro * max(1, plan.data_parallel)
+        self.loss_normalization = loss_normalization
+        self._scales: Dict[int, List[float]] = {}   # loss scale of every global micro-batch, by step
         # Read off the plan: tasks with a backward anywhere (their inputs need grads),
         # and on this device: tasks backwarded here, tasks recomputed here.
         self.backwarded_anywhere = {(a.region, a.chunk, a.micro) for p in plan.programs.values()
@@ -109,7 +113,10 @@ class Interpreter:
     # -- helpers ---------------------------------------------------------------
     def _build_tensors(self, step: int, g: int):
         mb = self.source.micro_batch(step, g)
-        return mb, self.model.tensors(mb, 1.0 / self.total_micro)
+        if step not in self._scales:
+            self._scales = {k: v for k, v in self._scales.items() if k >= step - 1}
+            self._scales[step] = loss_scales(self.source, step, self.total_micro, self.loss_normalization)
+        return mb, self.model.tensors(mb, self._scales[step][g])
 
     def micro(self, m: int, ahead: int = 0):
         """Side-input tensors of micro-batch m of this step, or of the next one (``ahead=1``)."""

@@ -63,7 +63,17 @@ class Optimizer:
 
     def step(self, grads: Dict[str, Tensor]) -> None:
         if self.opt is not None:
-            self.opt(tuple(grads[n] for n in self._order))
+            self._update(tuple(grads[n] for n in self._order))
+
+    def _update(self, grads: tuple) -> None:
+        """The optimizer Cell's update: as MindSpore runs it (``nn.Adam``/``nn.SGD``: a ``@jit`` graph,
+        compiled on the first call), or with ``train.optimizer_compile: eager`` the same ``construct``
+        run op by op (the function ``@jit`` wraps; what MindSpore's ``MS_JIT=0`` does, for this Cell only)."""
+        if getattr(self.cfg, "optimizer_compile", "jit") == "eager":
+            from .compat import run_op_by_op
+            if run_op_by_op(self.opt, grads):
+                return
+        self.opt(grads)
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based: the update after ``step`` earlier ones)."""

@@ -69,6 +69,7 @@ class StepResult:
     lr: float = 0.0          # the learning rate of this update
     compiles: int = 0        # graphs this rank compiled in this step (first calls of a new input shape)
     compile_s: float = 0.0   # their first calls' time (compile + one run), part of program_s
+    stop: bool = False       # some rank asked to stop after this step (agreed by every rank)
 
     @property
     def step_s(self) -> float:
@@ -83,7 +84,8 @@ class RankRuntime:
 
     def __init__(self, plan: ir.Plan, model: ModelAdapter, source: DataSource, train: TrainConfig, comm,
                  hooks: Optional[Hooks] = None, chunks: Optional[dict] = None, total_steps: Optional[int] = None,
-                 compile: str = "jit", compile_fallback: str = "error", log=print):
+                 compile: str = "jit", compile_fallback: str = "error", log=print,
+                 pool: Optional[compiled.GraphPool] = None, pool_model: tuple = ()):
         check_regions(model, plan_depths(plan), where="plan")
         if comm.world != plan.num_devices * plan.data_parallel:
             raise RuntimeError(f"the plan needs {plan.num_devices * plan.data_parallel} ranks "
@@ -93,8 +95,17 @@ class RankRuntime:
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
         # each chunk's forward, compiled (mpipe.compile: jit) or eager; logged once per rank
-        self.bodies = compiled.build_bodies(self.chunks, compile, compile_fallback, comm.rank, log)
-        self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks, self.bodies)
+        # (pool: compiled chunks kept from the earlier cases of this process, keyed by pool_model, the
+        # (model section, data shapes, seed) the adapter was built from)
+        self._pool = pool
+        self._pool_keys = {(c.region, c.index): compiled.pool_key(*pool_model, c.region, c.start, c.stop)
+                           for c in plan.chunks_on(comm.device)} if pool is not None else None
+        self.bodies = compiled.build_bodies(self.chunks, compile, compile_fallback, comm.rank, log,
+                                            pool, self._pool_keys)
+        self.chunks = {k: self.bodies[k].cell for k in self.chunks}   # a pooled Body brings its own Cell
+        self.hooks = hooks or Hooks()
+        self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks, self.bodies,
+                                  loss_normalization=getattr(train, "loss_normalization", "tokens"))
         split = {(a.region, a.chunk) for a in self.interp.program if a.kind == ir.W}
         if log is not None and self.bodies:
             log(compiled.describe(self.bodies, comm.rank, split))
@@ -115,8 +126,10 @@ class RankRuntime:
         """This rank's parameters by name (MindSpore Parameters)."""
         return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
 
-    def step(self, step: Optional[int] = None) -> StepResult:
-        """Run optimizer step ``step`` (default: the next one) on this rank."""
+    def step(self, step: Optional[int] = None, stop: bool = False) -> StepResult:
+        """Run optimizer step ``step`` (default: the next one) on this rank. ``stop``: this rank wants to stop
+        after the step (a signal); the wish rides on the step's all-reduce, so ``StepResult.stop`` is the
+        same on every rank."""
         s = self.next_step if step is None else int(step)
         if not self._started:
             self.interp.run_prologue(s)   # next-step (spill) work of the first step; nothing for most plans
@@ -125,17 +138,20 @@ class RankRuntime:
         part = self.interp.run_step(s)
         grads = self.interp.step_grads()
         t1 = time.perf_counter()
-        # one all-reduce: the step loss and the global gradient norm's square (clipping needs it before
-        # the update)
-        loss, sq = self.comm.all_reduce_values([part, square_sum([g for n, g in grads.items() if n in self.counted])])
+        # one all-reduce: the step loss, the global gradient norm's square (clipping needs it before
+        # the update) and the stop wishes
+        self.hooks.phase(s, "reduce")
+        loss, sq, stops = self.comm.all_reduce_values(
+            [part, square_sum([g for n, g in grads.items() if n in self.counted]), 1.0 if stop else 0.0])
         t2 = time.perf_counter()
+        self.hooks.phase(s, "optimizer")
         norm = max(sq, 0.0) ** 0.5
         lr = self.optimizer.lr(s)
         self.optimizer.step(scaled(grads, clip_scale(norm, self.train.max_grad_norm)))
         t3 = time.perf_counter()
         self.next_step = s + 1
         new = [t for b in self.bodies.values() for t in b.take_new()]
-        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, len(new), sum(new))
+        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, len(new), sum(new), stop=stops > 0)
 
     @property
     def compile_mode(self) -> str:
@@ -167,5 +183,8 @@ class RankRuntime:
         return step, with_state
 
     def close(self) -> None:
-        """Stop the data source's background work."""
+        """Stop the data source's background work; give the compiled chunks back to the pool."""
         self.source.close()
+        if self._pool is not None:
+            self._pool.give_back(self._pool_keys, self.bodies)
+            self._pool = None

@@ -1,7 +1,10 @@
 """Single-process reference: same model, data and seed, no pipeline.
 
-The loss of a step is the mean over all micro-batches (of all data-parallel groups) of the
-per-micro-batch loss, exactly what the pipeline computes; the gradient comes from
+The loss of a step is built from the micro-batch losses (of all data-parallel groups) with the
+same loss scales as the pipeline (``train.loss_normalization``, :mod:`hyperparallel.data.loss_norm`:
+the mean over the step's answer tokens, or of the micro-batch means); the micro-batches are read in
+position order (``data.balance`` regroups a step's samples in the pipeline only: the same samples, so
+with token normalization the same loss); the gradient comes from
 ``mindspore.value_and_grad`` (public API, independent of the runtime's tape autograd). The model
 is the adapter's :meth:`~hyperparallel.models.base.ModelAdapter.reference` (e.g. mindone's whole
 model called as users call it) or, by default, its chunks chained (:class:`ChunkChain`).
@@ -12,6 +15,7 @@ from typing import Dict
 
 import mindspore as ms
 
+from hyperparallel.data.loss_norm import loss_scales
 from hyperparallel.runconfig import RunConfig
 from .optim import Optimizer, clip_scale, scaled, square_sum
 
@@ -54,11 +58,12 @@ class Reference:
     def step(self, step: int):
         """Returns (loss, {param name: grad}) of this step, after applying the update."""
         mbs = [self.source.micro_batch(step, m) for m in range(self.num_micro)]
+        scales = loss_scales(self.source, step, self.num_micro, self.rc.train.loss_normalization)
 
         def total(_):
             loss = 0.0
-            for mb in mbs:
-                loss = loss + self.whole.loss(mb, 1.0 / self.num_micro)
+            for mb, scale in zip(mbs, scales):
+                loss = loss + self.whole.loss(mb, scale)
             return loss
         loss, grads = ms.value_and_grad(total, None, weights=self.params)(ms.Tensor(0.0))
         named = {p.name: g for p, g in zip(self.params, grads)}

@@ -3,7 +3,9 @@
 The job file (written by :mod:`hyperparallel.launch`) holds one or more cases,
 each a recipe (raw dict, overrides applied), its derived plan (JSON), the step
 range and output folders. Several cases per launch keep test suites fast
-(msrun start-up costs ~10 s). Every case runs on a :class:`~.rank.RankRuntime`.
+(msrun start-up costs ~10 s); their data-parallel degrees may differ. Every case runs on a
+:class:`~.rank.RankRuntime`. Every rank keeps a heartbeat file beside the job file (:mod:`hyperparallel.watch`,
+for the launcher's hang verdict) and stops after the current step on SIGTERM/SIGINT, saving it (:mod:`.stop`).
 Rank 0 prints progress and writes ``RUN_DIR/metrics.jsonl`` (one line per step, :class:`StepLog`,
 with every rank's memory record of the step, :mod:`.memory`, gathered); with ``dump_dir`` every rank
 dumps its losses, the step-0 gradients it holds and its memory records, for equivalence and memory tests.
@@ -95,16 +97,27 @@ def _clock(s: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def run_case(case: dict, comm) -> None:
-    from hyperparallel.mindspore.checkpoint import recipe_hash
-    from hyperparallel.mindspore.hooks import FaultInjection
-    from hyperparallel.mindspore.job import case_runtime
+SAVE_FAILED_EXIT = 74   # a rank's exit status when a checkpoint could not be written (EX_IOERR)
+
+
+def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> bool:
+    """Train one case; True when it stopped early on a signal (the job's later cases are skipped).
+    ``pool``: compiled chunks kept from the job's earlier cases (:class:`~.compiled.GraphPool`)."""
+    from hyperparallel.mindspore.checkpoint import SaveError, recipe_hash
+    from hyperparallel.mindspore.ckpt_files import step_dir
+    from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
+    from hyperparallel.mindspore.job import case_runtime, encoder_record
     from hyperparallel.mindspore.memory import rank_memory
+    from hyperparallel.mindspore.stop import STOPPED
+    from hyperparallel.watch import Heartbeat
 
     from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
     from hyperparallel.mpipe.errors import SpecError
+    comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
+    hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
+    progress = Progress(hb, comm) if hb else None
     try:
-        rc, rt = case_runtime(case, comm, FaultInjection.from_env(comm.rank))
+        rc, rt = case_runtime(case, comm, Chain([progress, FaultInjection.from_env(comm.rank)]), pool)
     except SpecError as e:   # e.g. model.pretrained weights that do not fit the config
         print(REFUSED_INPUT + str(e).splitlines()[0], flush=True)
         raise SystemExit(2) from None
@@ -114,13 +127,18 @@ def run_case(case: dict, comm) -> None:
     saver = rt.saver(save_dir, case.get("save_format") or "safetensors",
                      {"recipe_hash": recipe_hash(case["raw"]), "schedule": case.get("schedule")},
                      digests=case.get("digests", True)) if save_dir else None
+    if hb:
+        hb.beat(0, "restore")
     start = _resume(case, rt, name)
+    if hb:
+        hb.first_step = start
     run_dir, dump_dir = case.get("run_dir"), case.get("dump_dir")
     metrics = None
     if comm.rank == 0 and run_dir:
         os.makedirs(run_dir, exist_ok=True)
         metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
     losses, memory = [], []
+    encoder_work = encoder_record(rc, rt, case["raw"]) if comm.rank == 0 and run_dir else None
     skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
     if comm.rank == 0:
         print(f"[{name}] {rc.train.describe(steps)}", flush=True)
@@ -129,13 +147,16 @@ def run_case(case: dict, comm) -> None:
     plan = rt.plan
     log = StepLog(name, case.get("schedule", name), steps, start,
                   plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len, rt.compile_mode)
+    stopped = False
     for step in range(start, steps):
-        res = rt.step(step)
+        res = rt.step(step, stop=bool(stopper and stopper.requested))
         losses.append(res.loss)
         # step: steps done, as metrics.jsonl and the console count them
         mem = dict(rank_memory(rt, res.grads), step=step + 1) if (run_dir or dump_dir) else None
         memory.append(mem)
         # every rank's record to rank 0 (after the step's programs: a collective every rank reaches here)
+        if progress and run_dir:
+            progress.phase(step, "gather")
         mem_all = comm.all_gather_object(mem) if run_dir else None
         if dump_dir and step == start:
             os.makedirs(dump_dir, exist_ok=True)
@@ -146,10 +167,25 @@ def run_case(case: dict, comm) -> None:
             print(log.line(rec), flush=True)
             if metrics:
                 rec["memory"] = mem_all
+                if encoder_work is not None:
+                    rec["encoder_work"] = encoder_work(step)
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
-        if save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps):
-            saver.save(step + 1)
+        due = save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps or res.stop)
+        if due:
+            if hb:
+                hb.beat(step, "save")
+            try:
+                saver.save(step + 1)
+            except SaveError:
+                raise SystemExit(SAVE_FAILED_EXIT) from None
+        if res.stop and step + 1 < steps:
+            stopped = True
+            if comm.rank == 0:
+                kept = f"checkpoint {step_dir(save_dir, step + 1)} saved" if save_dir else "no --save-dir: nothing saved"
+                who = stopper.name if stopper and stopper.requested else "a signal to another rank"
+                print(f"{STOPPED}{who} after step {step + 1}/{steps}; {kept}", flush=True)
+            break
     if metrics:
         metrics.close()
     from hyperparallel.mindspore.compiled import summary
@@ -168,18 +204,30 @@ def run_case(case: dict, comm) -> None:
     if dump_dir and comm.rank == 0:
         with open(os.path.join(dump_dir, "losses.json"), "w") as f:
             json.dump({"start": start, "losses": losses}, f)
+    if hb:
+        hb.beat(steps, "barrier")   # the job's end barrier (or the next case's set-up) follows
+        hb.close()
+    return stopped
 
 
 def main(argv=None) -> int:
     from hyperparallel.mindspore.job import end_job, start_job
-    job = start_job(sys.argv[1:] if argv is None else argv)
+    from hyperparallel.mindspore.stop import StopRequest
+    argv = sys.argv[1:] if argv is None else argv
+    job = start_job(argv)
+    # the rank's own grace is the launcher's plus a margin: it matters only when the launcher is gone
+    stopper = StopRequest(int(os.environ.get("RANK_ID", 0) or 0), float(job.get("stop_grace_s", 30.0)) + 5.0)
+    stopper.install()   # a signal during init() is acted on after it (stop after the first step)
     from hyperparallel.mindspore.comm import Comm
-    D = {int(c["plan"].get("data_parallel", 1)) for c in job["cases"]}
-    if len(D) != 1:
-        raise SystemExit("all cases of one launch must share data_parallel")
-    comm = Comm(D.pop())
+    comm = Comm(1)   # each case takes its own data-parallel view (Comm.with_data_parallel)
+    stopper.rank = comm.rank
+    stopper.install()   # again: init() may have set handlers of its own
+    beat_dir = os.path.dirname(os.path.abspath(argv[0]))
+    from hyperparallel.mindspore.compiled import GraphPool
+    pool = GraphPool()   # a later case of the same chunk runs the graphs an earlier one compiled
     for case in job["cases"]:
-        run_case(case, comm)
+        if run_case(case, comm, stopper, beat_dir, pool):
+            break
     return end_job(comm)
 
 

@@ -254,7 +254,7 @@ class TinyLLMChunk(nn.Cell):
 # -- the micro-batch as tensors ------------------------------------------------------------------
 
 class MicroTensors:
-    """A MicroBatch as MindSpore tensors, plus the loss scale (1 / total micro-batches).
+    """A MicroBatch as MindSpore tensors, plus the loss scale (:mod:`hyperparallel.data.loss_norm`).
 
     ``patches`` (the pixels) becomes a tensor, and is loaded, only when first read: the
     model's input chunk reads it; other chunks need the text side inputs only."""

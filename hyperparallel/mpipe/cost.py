@@ -7,7 +7,7 @@ runtime executes (see :mod:`execute`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .execute import Execution, execute
 from .ir import ALLGATHER, ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
@@ -218,14 +218,21 @@ def _per_device_collectives(plan: Plan):
     return replace(plan, programs=programs), device_of
 
 
-def simulate(plan: Plan, profile: ModelProfile, steps: int = 1) -> CostReport:
-    """Execute ``steps`` optimizer steps; per-step figures come from the last step (steady state)."""
+def simulate(plan: Plan, profile: ModelProfile, steps: int = 1,
+             work: Optional[Callable[[Action], float]] = None) -> CostReport:
+    """Execute ``steps`` optimizer steps; per-step figures come from the last step (steady state).
+    ``work(action)``: a multiplier on the action's compute time (the runtime overhead per action
+    excluded), e.g. a micro-batch's encoder work over the profile's average (``simulate --data-steps``)."""
     if profile.device_scale and len(profile.device_scale) != plan.num_devices:
         raise SpecError("mpipe.profile.device_scale", f"has {len(profile.device_scale)} entries but the plan has "
                         f"{plan.num_devices} pipeline devices (one per device, or leave it out)")
     dur = Durations(plan, profile)
     run, device_of = _per_device_collectives(plan)
-    ex = execute(run, dur.compute, lambda a: dur.comm(a, device_of.get(id(a), 0)), steps=steps,
+    over = profile.action_overhead_ms
+
+    def compute(a: Action) -> float:
+        return dur.compute(a) if work is None else (dur.compute(a) - over) * work(a) + over
+    ex = execute(run, compute, lambda a: dur.comm(a, device_of.get(id(a), 0)), steps=steps,
                  device_scale=profile.device_scale)
     # the optimizer update and the loss all-reduce follow every step's programs
     step_ms = ex.step_ends[-1] - (ex.step_ends[-2] if steps > 1 else 0.0) + profile.step_overhead_ms

@@ -1,7 +1,7 @@
 """Owner policies of ``transpose``: which device runs the encoder forward of micro-batch m."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .errors import SpecError
 
@@ -88,3 +88,22 @@ def owner_map(policy: str, P: int, M: int, **profile_terms) -> List[int]:
     if policy not in POLICIES:
         raise SpecError("owners", f"{policy!r} unknown; allowed: {', '.join(POLICIES)}")
     return POLICIES[policy](P, M, **profile_terms)
+
+
+def encoder_owners(plan) -> Optional[Tuple[str, List[int]]]:
+    """(region, owner device of each micro-batch) of the plan's first transposed region, read off the
+    derived programs: the device running the forward of micro-batch m's first chunk of that region
+    (this step's or, with next-step spill, the one done a step ahead). None: no transposed region
+    (its encoder forwards have no owners to balance)."""
+    regions = [s["region"] for s in plan.schedule if s.get("skeleton") == "transpose"]
+    if not regions:
+        return None
+    region = regions[0]
+    owner: dict = {}
+    for d, prog in sorted(plan.programs.items()):
+        for a in prog:
+            if a.kind == "F" and a.region == region and a.chunk == 0 and a.micro is not None:
+                owner.setdefault(a.micro, d)
+    if sorted(owner) != list(range(plan.num_micro)):
+        return None
+    return region, [owner[m] for m in range(plan.num_micro)]

@@ -14,7 +14,7 @@ from .errors import SpecError, unknown_key
 
 COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
              "head_forward_ms", "head_backward_ms", "head_weight_ms")
-REGION_KEYS = ("name", "layers", "trainable") + COST_KEYS
+REGION_KEYS = ("name", "layers", "trainable", "fixed_share") + COST_KEYS
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,10 @@ class RegionProfile:
     head_forward_ms: float = 0.0
     head_backward_ms: float = 0.0
     head_weight_ms: float = 0.0
+    # the share of a task's time that does not grow with the micro-batch's encoder work (per-micro-batch
+    # dispatch and fixed-size work; ``tools/encoder_scaling.py`` measures it): a replay of the data's
+    # per-step work (``simulate --data-steps``) scales only the rest. 0: time proportional to the work
+    fixed_share: float = 0.0
 
 
 def task_ms(region: RegionProfile, kind: str, layers: int, head: bool = False) -> float:
@@ -143,6 +147,8 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         if not isinstance(trainable, bool):
             raise SpecError(f"{w}.trainable", f"must be true or false, got {trainable!r}")
         kw = {k: _number(f"{w}.{k}", r[k], maximum=bounds.MAX_COST) for k in COST_KEYS if k in r}
+        if "fixed_share" in r:
+            kw["fixed_share"] = _number(f"{w}.fixed_share", r["fixed_share"], maximum=1.0)
         seen.add(name)
         regions.append(RegionProfile(name=name, layers=_number(f"{w}.layers", r["layers"], True, 1, bounds.MAX_LAYERS),
                                      trainable=trainable, **kw))

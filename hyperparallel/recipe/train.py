@@ -22,6 +22,15 @@ from typing import Optional, Tuple
 from ..mpipe.errors import SpecError, unknown_key
 
 OPTIMIZERS = ("adam", "sgd")
+#: ``train.loss_normalization``: the step loss is the mean over the step's answer tokens (``tokens``,
+#: the default) or the mean of its micro-batches' own token means (``micro_batch``)
+LOSS_NORMALIZATIONS = ("tokens", "micro_batch")
+#: ``train.optimizer_compile``: how MindSpore's optimizer Cell runs its update: its own ``@jit`` graph
+#: (``jit``, the default: one compile per run, ~1 s on CPU, then a few ms a step) or the same
+#: ``construct`` op by op (``eager``: no compile, bit-identical results, slower per step; for runs of
+#: a few steps, such as the test suite's many short cases). MindFormers' AdamW has no ``@jit``: it runs
+#: op by op under both.
+OPTIMIZER_COMPILES = ("jit", "eager")
 
 #: MindFormers optimizer types hyperparallel trains with, and the fields each class takes
 #: (``mindformers.core.optim.AdamW``, ``mindspore.nn.Adam``, ``mindspore.nn.SGD``); all run on CPU
@@ -56,6 +65,7 @@ def _number(key: str, v, least: float = 0.0, strict: bool = False) -> float:
 
 MAX_SEED = 2 ** 32 - 1        # numpy's and MindSpore's seeds are 32-bit
 MAX_STEPS = 10 ** 9           # train.steps, train.save_every
+MAX_SECONDS = 7 * 24 * 3600   # train.hang_timeout_s, train.stop_grace_s: a week
 
 
 def _whole(key: str, v, least: int, most: Optional[int] = None) -> int:
@@ -115,6 +125,10 @@ class TrainConfig:
     lr: float = 0.01
     optimizer: str = "adam"       # train: section: adam | sgd
     save_every: int = 0           # checkpoint every N steps with --save-dir (0: only at the end)
+    loss_normalization: str = "tokens"   # tokens | micro_batch (LOSS_NORMALIZATIONS)
+    hang_timeout_s: float = 20.0  # no rank moved for this long: the job is hung, ended naming the rank
+    stop_grace_s: float = 25.0    # after SIGTERM/SIGINT: time to finish the step and save (under k8s' 30 s)
+    optimizer_compile: str = "jit"   # jit | eager: how the optimizer Cell's update runs (OPTIMIZER_COMPILES)
     # resolved (from_raw): the optimizer and schedule every rank builds, and gradient clipping
     opt: OptimizerSpec = field(default=None, compare=False)
     schedule: LRSpec = field(default=None, compare=False)
@@ -122,7 +136,8 @@ class TrainConfig:
     steps_given: bool = False               # train.steps was written (else the default, or runner_config.epochs)
     keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
 
-    TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every")
+    TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every", "loss_normalization", "hang_timeout_s",
+                  "stop_grace_s", "optimizer_compile")
 
     @staticmethod
     def from_section(sec: Optional[dict]) -> "TrainConfig":
@@ -144,9 +159,22 @@ class TrainConfig:
                 _whole(f"train.{key}", sec[key], least, most)
         if "lr" in sec:
             _number("train.lr", sec["lr"], 0.0, strict=True)
+        for key in ("hang_timeout_s", "stop_grace_s"):
+            if key in sec:
+                _number(f"train.{key}", sec[key], 0.0, strict=True)
+                if sec[key] > MAX_SECONDS:
+                    raise SpecError(f"train.{key}", f"must be a number of seconds > 0 and <= {MAX_SECONDS:,}, "
+                                                    f"got {sec[key]!r}")
         if "optimizer" in sec and sec["optimizer"] not in OPTIMIZERS:
             raise SpecError("train.optimizer", f"{sec['optimizer']!r} unknown; allowed: {', '.join(OPTIMIZERS)} "
                                                "(or MindFormers' optimizer: section)")
+        norm = sec.get("loss_normalization", "tokens")
+        if norm not in LOSS_NORMALIZATIONS:
+            raise SpecError("train.loss_normalization", f"{norm!r} unknown; allowed: {', '.join(LOSS_NORMALIZATIONS)}")
+        compile_mode = sec.get("optimizer_compile", "jit")
+        if compile_mode not in OPTIMIZER_COMPILES:
+            raise SpecError("train.optimizer_compile",
+                            f"{compile_mode!r} unknown; allowed: {', '.join(OPTIMIZER_COMPILES)}")
         keys = {}
         seed = sec.get("seed", 0)
         keys["seed"] = "train.seed" if "seed" in sec else "default"
@@ -181,8 +209,11 @@ class TrainConfig:
         keys["clip"] = "runner_wrapper" if rw is not None else ("MindFormers' default" if mf_training else "none")
         return TrainConfig(seed=seed, steps=sec.get("steps", 20), lr=sched.learning_rate,
                            optimizer=opt.type.lower() if opt.type in ("Adam", "SGD") and not opt.grouped else opt.type,
-                           save_every=sec.get("save_every", 0), opt=opt, schedule=sched, max_grad_norm=clip,
-                           steps_given="steps" in sec, keys=tuple(sorted(keys.items())))
+                           save_every=sec.get("save_every", 0), opt=opt,
+                           hang_timeout_s=float(sec.get("hang_timeout_s", 20.0)),
+                           stop_grace_s=float(sec.get("stop_grace_s", 25.0)), schedule=sched, max_grad_norm=clip,
+                           steps_given="steps" in sec, keys=tuple(sorted(keys.items())), loss_normalization=norm,
+                           optimizer_compile=compile_mode)
 
     def describe(self, total_steps: int) -> str:
         """One line for the start of a run: optimizer, schedule, clipping, seed."""
@@ -190,8 +221,10 @@ class TrainConfig:
         keys = dict(self.keys)
         clip = (f"clip grad norm {self.max_grad_norm:g} ({keys.get('clip', 'runner_wrapper')})" if self.max_grad_norm
                 else "no clipping")
-        return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}, {self.schedule.describe(total_steps)}, "
-                f"{clip}, seed {self.seed} ({keys['seed']})")
+        loss = "mean over answer tokens" if self.loss_normalization == "tokens" else "mean of micro-batch means"
+        update = ", update op by op (train.optimizer_compile: eager)" if self.optimizer_compile == "eager" else ""
+        return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}{update}, "
+                f"{self.schedule.describe(total_steps)}, {clip}, seed {self.seed} ({keys['seed']}), loss {loss}")
 
 
 def _typed(name: str, sec, classes: dict) -> str:

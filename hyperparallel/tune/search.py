@@ -15,10 +15,17 @@
 3. Refinement: the best ``refine`` families (everything but the layer split) move one layer at a time
    between neighbouring chunks, first improvement first, each move bounded and pruned the same way,
    at most ``refine_budget`` derivations per family.
+
+Spellings that derive the same plan (the same chunks and per-device programs, e.g. ``zb_h1`` and
+``interleaved_zb`` at V=1, or owners ``round_robin`` and ``min`` where they place alike) are one
+candidate: the best-ranked spelling is kept, the others are listed as its ``same_plan`` names and
+counted, so the table and ``--verify`` compare distinct plans, never a plan against itself.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,6 +45,8 @@ class Scored:
     step_ms: float
     bubble: float
     peaks_mb: Tuple[float, ...]
+    fingerprint: str = ""                                 # the derived plan's (:func:`plan_fingerprint`)
+    same_plan: List[str] = field(default_factory=list)    # other spellings that derived this very plan
 
     @property
     def peak_mb(self) -> float:
@@ -80,13 +89,26 @@ def rank_key(space: Space, s: Scored) -> tuple:
     return (round(s.step_ms, 6), round(s.peak_mb, 3), changes, len(s.name), s.name, c.M, c.V, c.layers)
 
 
+#: schedule-entry keys that only say how the programs were made (their effect is in the programs)
+_HOW_KEYS = ("order", "owners")
+
+
+def plan_fingerprint(plan) -> str:
+    """What the runtime executes of a plan: devices, micro-batches, chunks, per-device programs and the
+    schedule entries' other options (backward, spill, optimizer, ...), not the spelling (``meta``)."""
+    j = plan.to_json()
+    j.pop("meta", None)
+    j["schedule"] = [{k: v for k, v in e.items() if k not in _HOW_KEYS} for e in j.get("schedule", [])]
+    return hashlib.sha1(json.dumps(j, sort_keys=True).encode()).hexdigest()
+
+
 def evaluate(space: Space, c: Candidate) -> Scored:
     """Derive, check and cost one candidate (SpecError / PlanError when the algebra refuses it)."""
     recipe = space.recipe_for(c)
     plan = checked_plan(recipe, space.schedule(c))
     rep = simulate(plan, recipe.profile, steps=3 if c.spill else 1)
     return Scored(c, plan.meta["schedule_name"], rep.step_ms, rep.bubble_ratio,
-                  tuple(d.peak_memory_mb for d in rep.devices))
+                  tuple(d.peak_memory_mb for d in rep.devices), plan_fingerprint(plan))
 
 
 class _Run:
@@ -94,15 +116,22 @@ class _Run:
         self.space, self.limit, self.top, self.prune = space, limit_mb, top, prune
         self.out = Outcome(space, limit_mb, top)
         self.kept: List[Scored] = []
-        self.best: Dict[tuple, float] = {}   # family -> its best step so far
+        self.plans: Dict[str, Scored] = {}   # fingerprint -> the kept spelling of that plan
+        self._threshold: Optional[float] = None   # cached; None after kept changes
         self.seen = set()
         self.bodies: Dict[tuple, float] = {}   # body_bound's cache
 
     def threshold(self) -> float:
-        """The ``top``-th best step over families (the table holds one row per family)."""
-        if not self.prune or len(self.best) < self.top:
+        """The ``top``-th best step over families of the kept, distinct plans (the table holds one row
+        per family)."""
+        if not self.prune:
             return float("inf")
-        return sorted(self.best.values())[self.top - 1]
+        if self._threshold is None:
+            best: Dict[tuple, float] = {}
+            for s in self.kept:
+                best[s.cand.family] = min(best.get(s.cand.family, float("inf")), s.step_ms)
+            self._threshold = float("inf") if len(best) < self.top else sorted(best.values())[self.top - 1]
+        return self._threshold
 
     def admit(self, c: Candidate) -> Optional[float]:
         """The candidate's time bound, or None when its memory bound already rules it out."""
@@ -136,9 +165,19 @@ class _Run:
         if self.limit is not None and s.peak_mb > self.limit:
             self.out.counts["memory"] += 1
             return None
+        self._threshold = None
+        twin = self.plans.get(s.fingerprint)
+        if twin is not None:   # another spelling of a plan already kept: one candidate, the better-ranked name
+            self.out.counts["same_plan"] += 1
+            keep, other = sorted((twin, s), key=lambda x: rank_key(self.space, x))
+            keep.same_plan = sorted(set(twin.same_plan + s.same_plan + [other.name]) - {keep.name})
+            other.same_plan = []
+            if keep is s:
+                self.kept[self.kept.index(twin)] = s
+                self.plans[s.fingerprint] = s
+            return s
+        self.plans[s.fingerprint] = s
         self.kept.append(s)
-        f = c.family
-        self.best[f] = min(self.best.get(f, float("inf")), s.step_ms)
         return s
 
     def base(self) -> None:

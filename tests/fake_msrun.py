@@ -1,0 +1,70 @@
+"""A stand-in for msrun (no MindSpore) to test the launcher's signal handling in seconds.
+
+    python fake_msrun.py drive LOG_DIR MODE GRACE   run hyperparallel.launch.launch() on 2 fake ranks; print
+                                                    its result as JSON (the test signals this process)
+    python fake_msrun.py msrun --flag=v... SCRIPT JOB    what launch() starts: 2 ranks, each in a session
+                                                    of its own with MS_ROLE=MS_WORKER, as msrun does
+    python fake_msrun.py rank R LOG_DIR MODE JOB    one rank: MODE ``ignore`` ignores SIGTERM (a step that
+                                                    never ends), ``stop`` stops cleanly on it (rank 0 prints
+                                                    the ``stopped on signal`` line), ``done`` finishes its job
+                                                    after 2 s (``done_<rank>``) and then never exits (a
+                                                    teardown that does not end; msrun waits for it)
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+
+
+def rank(r: int, log_dir: str, mode: str) -> None:
+    sys.stdout = open(os.path.join(log_dir, f"worker_{r}.log"), "a", buffering=1)
+    print(f"hyperparallel worker rank {r} pid {os.getpid()}")
+
+    def on_term(signum, frame):
+        if mode == "stop":
+            if r == 0:
+                from hyperparallel.mindspore.stop import STOPPED
+                print(f"{STOPPED}SIGTERM after step 3/9; no --save-dir: nothing saved")
+            sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term if mode == "stop" else signal.SIG_IGN)
+    t0 = time.time()
+    while True:
+        time.sleep(0.05)
+        if mode == "done" and time.time() - t0 > 2.0 and not os.path.exists(os.path.join(log_dir, f"done_{r}")):
+            if r == 0:
+                print("job finished")
+            with open(os.path.join(log_dir, f"done_{r}"), "w") as f:
+                f.write(str(os.getpid()))
+
+
+def msrun(argv) -> int:
+    flags = dict(a[2:].split("=", 1) for a in argv if a.startswith("--"))
+    log_dir, mode = flags["log_dir"], os.environ.get("HP_FAKE_RANK", "ignore")
+    env = dict(os.environ, MS_ROLE="MS_WORKER")
+    job = argv[-1]   # a rank's command line holds the job file, as msrun's do (the launcher looks for it)
+    procs = [subprocess.Popen([sys.executable, HERE, "rank", str(r), log_dir, mode, job], env=env,
+                              start_new_session=True) for r in range(int(flags["worker_num"]))]
+    return max(p.wait() for p in procs)   # SIGTERM kills this process (default action), not the ranks
+
+
+def drive(log_dir: str, mode: str, grace: float) -> None:
+    import hyperparallel.launch as L
+    L.msrun_path = lambda: [sys.executable, HERE, "msrun"]
+    os.environ["HP_FAKE_RANK"] = mode
+    res = L.launch({"cases": []}, 2, log_dir, timeout_s=60, echo=False, stop_grace_s=grace)
+    print(json.dumps({"returncode": res.returncode, "stopped": res.stopped, "killed": res.killed,
+                      "message": res.message, "msrun_gone": res.msrun_gone}), flush=True)
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "rank":
+        rank(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif cmd == "msrun":
+        sys.exit(msrun(sys.argv[2:]))
+    else:
+        drive(sys.argv[2], sys.argv[3], float(sys.argv[4]))
