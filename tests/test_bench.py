@@ -245,8 +245,9 @@ def test_build_profile_per_layer_costs_and_data_charge(tmp_path):
 def test_profile_then_bench_on_two_ranks(tmp_path):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     prof = tmp_path / "tiny.profile.yaml"
-    p = cli("profile", TINY, "--samples", "1", "--repeats", "1", "--out", str(prof), "--run-dir", str(tmp_path / "prof"),
-            timeout=240)
+    # eager chunks: this is about profile and bench end to end (compiled against eager: the test below, faked)
+    p = cli("profile", TINY, "--samples", "1", "--repeats", "1", "--compile", "eager", "--out", str(prof),
+            "--run-dir", str(tmp_path / "prof"), timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
     block = yaml.safe_load(prof.read_text())["mpipe"]["profile"]
     assert [r["name"] for r in block["regions"]] == ["vision", "llm"]
@@ -256,7 +257,7 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
     # step by step in rotation, all in one launch
     out = tmp_path / "bench.json"
     p = cli("bench", TINY, "--schedule", "1f1b", "--schedule", "transpose", "--repeats", "1", "--warmup", "1",
-            "--steps", "2", "--profile-samples", "1", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
+            "--steps", "2", "--profile-samples", "1", "--compile", "eager", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
             "--run-dir", str(tmp_path / "bench"), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())

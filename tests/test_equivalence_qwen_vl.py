@@ -56,7 +56,7 @@ def _name(path, schedule, frozen, extra=()):
 def _case(tmp, demo, path, schedule, frozen, extra=(), micro=M2, **kw):
     return job_case(tmp, path, schedule, _name(path, schedule, frozen, extra),
                     _overrides(demo, frozen, extra, micro),
-                    **dict(dict(steps=STEPS, path=path, frozen=frozen, extra=list(extra)), **kw))
+                    **dict(dict(steps=STEPS, path=path, frozen=frozen, extra=list(extra)), **kw), chunks="jit")
 
 
 _REF = {}

@@ -41,7 +41,7 @@ def _overrides(schedule: str, frozen: bool, extra=()):
 
 def _case(tmp, schedule, frozen, extra=(), **kw):
     name = case_name(f"{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
-    return job_case(tmp, RECIPE, schedule, name, _overrides(schedule, frozen, extra), **dict(dict(steps=STEPS), **kw))
+    return job_case(tmp, RECIPE, schedule, name, _overrides(schedule, frozen, extra), **dict(dict(steps=STEPS), **kw), chunks="jit")
 
 
 def _dumped(case):

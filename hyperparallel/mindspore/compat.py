@@ -19,6 +19,8 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   before keeps reading the old one (2.9.0, CPU: the graph's result stays the old weights', silently;
   eager sees the new ones). Every parameter the runtime writes after set-up (broadcast replicas, a
   sharded optimizer's gather, a checkpoint restore) goes through :func:`write_param`, in place.
+  A MindSpore optimizer Cell holds the model parameters it updates, so ``load_param_into_net`` on it
+  would ``set_data`` them too: :func:`load_optimizer_state` loads only its own state.
 * ``mindspore.vjp`` only runs pending backwards newest-first, and
   ``GradOperation(sens_param=True)`` recomputes the forward. The runtime uses the
   tape autograd that PyNative itself uses (internal API):
