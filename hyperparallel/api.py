@@ -49,7 +49,8 @@ class _Feed(DataSource):
 class Runtime:
     """This rank's part of a pipelined model: chunks, program, optimizer (see module docstring)."""
 
-    def __init__(self, plan: ir.Plan, adapter, train=None, device: str = "CPU"):
+    def __init__(self, plan: ir.Plan, adapter, train=None, device: str = "CPU", compile: str = "jit",
+                 compile_fallback: str = "error"):
         import os
         os.environ.setdefault("GLOG_v", "3")
         from .mindspore import compat
@@ -62,7 +63,8 @@ class Runtime:
         self.plan, self.adapter = plan, adapter
         self.train = train or TrainConfig()
         self._feed = _Feed()
-        self.rank_runtime = RankRuntime(plan, adapter, self._feed, self.train, Comm(plan.data_parallel))
+        self.rank_runtime = RankRuntime(plan, adapter, self._feed, self.train, Comm(plan.data_parallel),
+                                        compile=compile, compile_fallback=compile_fallback)
 
     @classmethod
     def from_recipe(cls, path: str, schedule: Optional[str] = None, overrides: Sequence[str] = ()) -> "Runtime":
@@ -77,7 +79,7 @@ class Runtime:
             from .mpipe.errors import SpecError
             raise SpecError("data.balance", f"{rc.data.balance}: Runtime.step trains the micro-batches it is given "
                                             "as they are (no data source to regroup); give data.balance: none")
-        rt = cls(plan, rc.model, rc.train, rc.device)
+        rt = cls(plan, rc.model, rc.train, rc.device, rc.compile, rc.compile_fallback)
         rt.recipe, rt.data = recipe, rc.data
         return rt
 

@@ -36,6 +36,33 @@ def _overrides(p) -> None:
                    help="override a recipe value, e.g. parallel_config.pipeline_stage=8")
 
 
+def _compile(p, many: bool = False) -> None:
+    if many:
+        p.add_argument("--compile", action="append", default=None, metavar="jit|eager",
+                       help="chunk bodies compiled (jit) or op by op (eager); repeat to compare both, every "
+                            "schedule under each (default: the recipe's mpipe.compile, jit)")
+    else:
+        p.add_argument("--compile", default=None, metavar="jit|eager",
+                       help="chunk bodies compiled (jit) or op by op (eager): sets mpipe.compile (default jit)")
+
+
+def compile_flag(args) -> None:
+    """``--compile`` checked (SpecError naming the flag and the allowed values); a single value becomes the
+    override ``mpipe.compile=VALUE`` (after the ``--set`` ones: the flag wins)."""
+    from .recipe.recipe import COMPILE_MODES
+    vals = getattr(args, "compile", None)
+    if vals is None:
+        return
+    for v in (vals if isinstance(vals, list) else [vals]):
+        if v not in COMPILE_MODES:
+            raise SpecError("--compile", f"{v!r} unknown; allowed: {', '.join(COMPILE_MODES)}")
+    if isinstance(vals, list):
+        if len(set(vals)) != len(vals):
+            raise SpecError("--compile", "each mode once")
+        return
+    args.overrides = list(args.overrides) + [f"mpipe.compile={vals}"]
+
+
 def _run_dir(p, default: str) -> None:
     p.add_argument("--run-dir", default=None, help=f"logs and results go here (default {default})")
 
@@ -82,6 +109,7 @@ def _train_parsers(sub) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: train.steps)")
     _overrides(p)
     p.add_argument("--reference", action="store_true", help="single process, no pipeline (same model/data/seed)")
+    _compile(p)
     _run_dir(p, "runs/<recipe>_<schedule>: metrics.jsonl and logs/")
     p.add_argument("--save-dir", default=None, help="save every rank's parameters and optimizer state here")
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (default train.save_every)")
@@ -132,6 +160,7 @@ def _measure_parsers(sub) -> None:
     p.add_argument("--samples", type=int, default=8, help="steps of micro-batches timed per rank (default 8)")
     p.add_argument("--repeats", type=int, default=3,
                    help="passes over the sampled micro-batches; the median per action is kept (default 3)")
+    _compile(p)
     _run_dir(p, "runs/profile_<recipe>")
     _timeout(p, 900)
     p.set_defaults(func=profile.run)
@@ -173,6 +202,7 @@ def _measure_parsers(sub) -> None:
                    help="when the profile is measured: also write it here")
     p.add_argument("--out", default=None, metavar="FILE.json", help="write the results as JSON")
     p.add_argument("--png", default=None, metavar="FILE.png", help="draw a bar chart (measured vs predicted)")
+    _compile(p, many=True)
     _run_dir(p, "runs/bench_<recipe>")
     _timeout(p, 900, "one launch")
     p.set_defaults(func=bench.run)
@@ -227,6 +257,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_dirs(args)
+        compile_flag(args)
         return args.func(args)
     except (SpecError, PlanError) as e:
         return error(str(e).splitlines()[0])

@@ -13,7 +13,7 @@ from .data import DataConfig, DataSource, data_config, data_source
 from .models import ModelAdapter, adapter_for
 from .mpipe.errors import SpecError
 from .recipe import schema
-from .recipe.recipe import device_of
+from .recipe.recipe import compile_settings, device_of
 from .recipe.train import TrainConfig
 
 
@@ -23,6 +23,8 @@ class RunConfig:
     data: object   # DataConfig (synthetic) or ConversationsConfig
     train: TrainConfig
     device: str = "CPU"
+    compile: str = "jit"              # mpipe.compile: jit | eager
+    compile_fallback: str = "error"   # mpipe.compile_fallback: error | eager
 
     @staticmethod
     def from_raw(raw: dict) -> "RunConfig":
@@ -34,11 +36,13 @@ class RunConfig:
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
         _check_data_fits(data, model)
+        mode, fallback = compile_settings(raw)
         if getattr(data, "balance", "none") == "encoder" and train.loss_normalization != "tokens":
             raise SpecError("data.balance", f"encoder needs train.loss_normalization: tokens (with "
                                             f"{train.loss_normalization} the loss depends on how the step's samples "
                                             "are grouped into micro-batches)")
-        return RunConfig(model=model, data=data, train=train, device=device)
+        return RunConfig(model=model, data=data, train=train, device=device, compile=mode,
+                         compile_fallback=fallback)
 
     def source(self) -> DataSource:
         """A fresh data source of this run (every rank, the reference and the bench build their own)."""

@@ -61,13 +61,18 @@ def case_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
 
 
-def job_case(tmp: str, recipe_path: str, schedule, name: str, overrides=(), steps: int = 3, **kw) -> dict:
+def job_case(tmp: str, recipe_path: str, schedule, name: str, overrides=(), steps: int = 3,
+             chunks: str = "eager", **kw) -> dict:
     """One case of a worker job: the recipe (``--set`` overrides applied), its plan for ``schedule``,
     ``steps`` steps, losses and step-0 gradients dumped under ``tmp/dump/NAME``; ``kw`` adds job keys
-    (``save_dir``, ``resume``, ``resume_from``, ``run_dir``, ...)."""
+    (``save_dir``, ``resume``, ``resume_from``, ``run_dir``, ...). ``chunks``: the ``mpipe.compile`` of a
+    case whose overrides do not give one: ``eager`` for the suites about other things (no compile per
+    chunk, shape and process); the equivalence suites ask for ``jit``, the default of a real run."""
     import os
     from hyperparallel.recipe import derive_recipe, load_recipe
     overrides = list(overrides)
+    if not any(o.startswith("mpipe.compile=") for o in overrides):
+        overrides.append(f"mpipe.compile={chunks}")
     if not any(o.startswith("train.optimizer_compile=") for o in overrides):
         # short cases: the optimizer's update op by op (bit-identical to its jit graph, which the
         # references keep), saving a ~1 s compile per case and rank

@@ -245,8 +245,9 @@ def test_build_profile_per_layer_costs_and_data_charge(tmp_path):
 def test_profile_then_bench_on_two_ranks(tmp_path):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     prof = tmp_path / "tiny.profile.yaml"
-    p = cli("profile", TINY, "--samples", "1", "--repeats", "1", "--out", str(prof), "--run-dir", str(tmp_path / "prof"),
-            timeout=240)
+    # eager chunks: this is about profile and bench end to end (compiled against eager: the test below, faked)
+    p = cli("profile", TINY, "--samples", "1", "--repeats", "1", "--compile", "eager", "--out", str(prof),
+            "--run-dir", str(tmp_path / "prof"), timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
     block = yaml.safe_load(prof.read_text())["mpipe"]["profile"]
     assert [r["name"] for r in block["regions"]] == ["vision", "llm"]
@@ -256,7 +257,7 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
     # step by step in rotation, all in one launch
     out = tmp_path / "bench.json"
     p = cli("bench", TINY, "--schedule", "1f1b", "--schedule", "transpose", "--repeats", "1", "--warmup", "1",
-            "--steps", "2", "--profile-samples", "1", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
+            "--steps", "2", "--profile-samples", "1", "--compile", "eager", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
             "--run-dir", str(tmp_path / "bench"), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -431,3 +432,64 @@ def test_memory_of_a_rank_is_the_largest_of_its_records_and_shown_beside_the_tim
            "ranks": [{"memory": m, "predicted_held_total": 3}, {"memory": None, "predicted_held_total": 2}]}
     line = B.format_table([row]).splitlines()[2]
     assert line == "| `transpose` | 10.0 | 1.00x | - | - | 4.00 / - | 3 (3) / - (2) |"
+
+
+# -- compile modes (mpipe.compile) ------------------------------------------------------------------
+
+def test_a_step_that_compiled_is_left_out_of_the_medians():
+    ranks = [_rank(0, [9.0, 5.0, 1.0, 3.0, 1.2]), _rank(1, [9.0, 5.0, 1.0, 1.0, 1.0])]
+    ranks[1]["steps"][3]["compiles"] = 1   # rank 1 met a new input shape in step 3: compile time, not step time
+    assert B.compile_steps(ranks) == {3}
+    assert B.kept_step_times(ranks, warmup=2) == [1.0, 1.2]
+    ranks[0]["compile"] = [{"chunk": "vision/0", "mode": "jit", "compiles": 2, "compile_s": 1.5}]
+    ranks[1]["compile"] = [{"chunk": "llm/0", "mode": "jit", "compiles": 1, "compile_s": 0.5}]
+    assert B.compile_totals([ranks, ranks]) == [
+        {"rank": 0, "chunk": "vision/0", "mode": "jit", "compiles": 2, "compile_s": 1.5},
+        {"rank": 1, "chunk": "llm/0", "mode": "jit", "compiles": 1, "compile_s": 0.5}]
+
+
+class ModeLauncher(FakeLauncher):
+    """Bench results whose step time depends on the case's mpipe.compile (jit twice as fast)."""
+
+    def __call__(self, job, world, log_dir, timeout_s=0, echo=True, script=None):
+        if job["mode"] == "bench":
+            self.order.append(job["raw"]["mpipe"]["compile"])
+            os.makedirs(job["out_dir"], exist_ok=True)
+            t = 0.2 if job["raw"]["mpipe"]["compile"] == "jit" else 0.4
+            for r in range(world):
+                res = _rank(r, [5.0] * 2 + [t] * (job["steps"] - 2))
+                res["compile"] = [{"chunk": "llm/0", "mode": job["raw"]["mpipe"]["compile"],
+                                   "compiles": 1 if job["raw"]["mpipe"]["compile"] == "jit" else 0, "compile_s": 0.7}]
+                with open(os.path.join(job["out_dir"], f"rank_{r}.json"), "w") as f:
+                    json.dump(res, f)
+            return LaunchResult(returncode=0, log_dir=log_dir, wall_s=1.0)
+        return super().__call__(job, world, log_dir, timeout_s, echo, script)
+
+
+def test_bench_compares_compile_modes_every_schedule_under_each(tmp_path, capsys):
+    args = build_parser().parse_args(["bench", TINY, "--schedule", "1f1b", "--schedule", "transpose",
+                                      "--compile", "eager", "--compile", "jit", "--repeats", "2", "--steps", "3",
+                                      "--warmup", "2", "--recipe-profile", "--out", str(tmp_path / "m.json"),
+                                      "--run-dir", str(tmp_path / "run")])
+    fake = ModeLauncher()
+    assert B.run(args, launcher=fake) == 0
+    assert [m for m in fake.order if m in ("eager", "jit")] == ["eager"] * 4 + ["jit"] * 4
+    out = json.loads((tmp_path / "m.json").read_text())
+    assert out["modes"] == ["eager", "jit"] and set(out["results"]) == {"eager", "jit"}
+    assert [r["schedule"] for r in out["compare"]] == ["1f1b", "transpose"]
+    for row in out["compare"]:
+        assert row["modes"]["eager"]["speedup"] == pytest.approx(1.0)
+        assert row["modes"]["jit"]["speedup"] == pytest.approx(2.0)
+        assert row["modes"]["jit"]["speedup_repeats"] == pytest.approx([2.0, 2.0])
+        assert row["modes"]["jit"]["compiles"] == 2 and row["modes"]["eager"]["compiles"] == 0   # 2 ranks
+    assert out["results"]["jit"]["compile"] == "jit" and out["results"]["eager"]["compile"] == "eager"
+    text = capsys.readouterr().out
+    assert "| `transpose` | jit |" in text and "2.00x" in text
+    assert os.path.isdir(tmp_path / "run" / "eager") and os.path.isdir(tmp_path / "run" / "jit")
+
+
+def test_when_every_measured_step_compiled_they_are_kept():
+    ranks = [_rank(0, [9.0, 5.0, 1.0, 3.0])]
+    for st in ranks[0]["steps"]:
+        st["compiles"] = 1
+    assert B.kept_step_times(ranks, warmup=2) == [1.0, 3.0]

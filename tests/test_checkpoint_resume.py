@@ -32,7 +32,7 @@ DP2 = ("parallel_config.data_parallel=2", "parallel_config.micro_batch_num=2")
 
 def train(*args, env=None, timeout=300):
     # the optimizer's update op by op (bit-identical, tested): no ~4 s first-step compile in each run
-    args = (*args, "--set", "train.optimizer_compile=eager")
+    args = (*args, "--set", "train.optimizer_compile=eager", "--compile", "eager")
     return subprocess.run([sys.executable, "-m", "hyperparallel", "train", RECIPE, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
 

@@ -9,6 +9,7 @@ encoder frozen and trained; Qwen3-VL: transpose, and 1f1b with an uneven cut tha
 deepstack feature across the LLM boundary; a run started from a Hugging Face directory; a run that
 saves, exported to Hugging Face format afterwards), one on 4 ranks (transpose P=4).
 """
+import json
 import os
 
 import numpy as np
@@ -55,7 +56,7 @@ def _name(path, schedule, frozen, extra=()):
 def _case(tmp, demo, path, schedule, frozen, extra=(), micro=M2, **kw):
     return job_case(tmp, path, schedule, _name(path, schedule, frozen, extra),
                     _overrides(demo, frozen, extra, micro),
-                    **dict(dict(steps=STEPS, path=path, frozen=frozen, extra=list(extra)), **kw))
+                    **dict(dict(steps=STEPS, path=path, frozen=frozen, extra=list(extra)), **kw), chunks="jit")
 
 
 _REF = {}
@@ -126,6 +127,13 @@ def test_qwen3_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, extra
     case = cases[_name(Q3, schedule, False, extra)]
     grads = assert_matches(demo, case)
     assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
+    # mpipe.compile: jit (the default): mindone's chunks have no tensor-only body yet, so they run eager
+    # and every rank's log record says so, per chunk
+    for rank in (0, 1):
+        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
+            stats = json.load(f)
+        assert stats and all(s["asked"] == "jit" and s["mode"] == "eager" and "no tensor-only body" in s["reason"]
+                             for s in stats), stats
     if extra:   # deepstack layer 1 is in the second LLM chunk: its feature crossed the boundary
         assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [1, 3]
 

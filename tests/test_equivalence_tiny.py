@@ -29,6 +29,7 @@ SHARDED = "transpose(optimizer=sharded)"   # trained encoders only (a frozen one
 SPILL = "transpose(spill=next_step)"
 SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
 UNEVEN = "[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]"
+EAGER = ("mpipe.compile=eager",)
 
 
 def _overrides(schedule: str, frozen: bool, extra=()):
@@ -40,7 +41,7 @@ def _overrides(schedule: str, frozen: bool, extra=()):
 
 def _case(tmp, schedule, frozen, extra=(), **kw):
     name = case_name(f"{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
-    return job_case(tmp, RECIPE, schedule, name, _overrides(schedule, frozen, extra), **dict(dict(steps=STEPS), **kw))
+    return job_case(tmp, RECIPE, schedule, name, _overrides(schedule, frozen, extra), **dict(dict(steps=STEPS), **kw), chunks="jit")
 
 
 def _dumped(case):
@@ -73,6 +74,7 @@ def two_rank(tmp_path_factory):
     cases = [_case(tmp, s, fz) for s, fz in CASES_2]
     cases.append(_case(tmp, SPILL, True))  # next-step spill: frozen encoders only
     cases.append(_case(tmp, UNEVEN, False))  # explicit uneven cut of the LLM (3 + 1 layers)
+    cases.append(_case(tmp, "zb_h1", False, EAGER))  # the eager path stays tested (every other case compiles)
     ckpt = os.path.join(tmp, "ckpt")
     cases.append(_case(tmp, "transpose", False, steps=2, save_dir=ckpt, save_every=1,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first")))
@@ -90,7 +92,7 @@ def two_rank(tmp_path_factory):
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first_sharded")))
     cases.append(_case(tmp, "transpose", False, steps=STEPS, save_dir=ckpt_s, resume=True,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_resumed_unsharded")))
-    launch_cases(tmp, cases, 2)
+    launch_cases(tmp, cases, 2, timeout=1500)   # compiled chunks: ~10-20 s of compiles per case on 2 loaded cores
     return {c["name"] if "ckpt" not in c["dump_dir"] else os.path.basename(c["dump_dir"]): c for c in cases}
 
 
@@ -118,6 +120,39 @@ def test_two_ranks_uneven_cut_matches_reference(two_rank):
     case = two_rank[case_name(f"{UNEVEN}_trained_")]
     assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [3, 1]
     assert_matches_reference(case, False)
+
+
+@pytest.mark.msrun
+def test_two_ranks_eager_chunks_match_reference(two_rank):
+    case = two_rank[case_name(f"zb_h1_trained_{EAGER[0]}")]
+    assert_matches_reference(case, False, EAGER)
+    assert_compiled(case, "eager")
+
+
+def assert_compiled(case, mode):
+    """Every chunk of every rank ran ``mode``; compiled, an LLM chunk after the first compiled once (its
+    input shape is fixed), the others once per distinct input shape."""
+    seen = []
+    for rank in (0, 1):
+        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
+            seen += json.load(f)
+    assert seen and all(s["mode"] == mode for s in seen), seen
+    for s in seen:
+        graphs = s["compiles"] + s["reused"]   # compiled in this case, or by an earlier case of the launch
+        if mode == "eager":
+            assert graphs == 0
+        elif s["chunk"].startswith("llm/") and s["chunk"] != "llm/0":
+            assert graphs == 1, s
+        else:   # the input shape varies with the images: one static graph per distinct shape and grad mode (a
+            # chunk run both on the tape and off it, as central backward's device 0, compiles a shape twice)
+            assert 1 <= s["shapes"] <= graphs <= 2 * s["shapes"], s
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,frozen", CASES_2[:4], ids=[f"{s}-{'frozen' if fz else 'trained'}"
+                                                              for s, fz in CASES_2[:4]])
+def test_two_ranks_ran_compiled_by_default(two_rank, schedule, frozen):
+    assert_compiled(two_rank[case_name(f"{schedule}_{'frozen' if frozen else 'trained'}_")], "jit")
 
 
 @pytest.mark.msrun
@@ -176,7 +211,7 @@ def four_rank(tmp_path_factory):
              # P=2 x D=2 in the same launch: each case addresses the ranks by its own data_parallel
              "dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
              "dp2_sharded": _case(tmp, SHARDED, False, dp)}
-    launch_cases(tmp, list(cases.values()), 4)
+    launch_cases(tmp, list(cases.values()), 4, timeout=1500)
     return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "p4_zbv": p4v,
                    "p4_sharded": p4, "dp2": dp, "dp2_frozen": dp, "dp2_sharded": dp}
 

@@ -229,7 +229,7 @@ class Run:
         self.run_dir, self.lines = str(run_dir), []
         # the optimizer's update op by op: bit-identical, no ~1.5 s compile in each of the seven runs
         cmd = [sys.executable, "-m", "hyperparallel", "train", RECIPE, "--steps", str(STEPS), "--save-dir", str(ckpt),
-               "--run-dir", self.run_dir, "--set", "train.optimizer_compile=eager", *args]
+               "--run-dir", self.run_dir, "--set", "train.optimizer_compile=eager", "--compile", "eager", *args]
         self.p = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   env=dict(os.environ, **(env or {})))
         self.t0 = time.time()

@@ -73,8 +73,9 @@ def runs(tmp_path_factory):
                                "--run-dir", str(d / "ref_seed"))}
     lr = subprocess.Popen([sys.executable, "-c", _LR], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
-    out["pipe"] = run_cli("train", RECIPE, "--steps", str(STEPS), "--run-dir", str(d / "pipe"), "--save-dir",
-                          str(d / "ckpt"), timeout=600, env=launcher_default)
+    # eager chunks: these tests are about MindFormers' training semantics (compiled Llama: the equivalence suite)
+    out["pipe"] = run_cli("train", RECIPE, "--steps", str(STEPS), "--compile", "eager", "--run-dir", str(d / "pipe"),
+                          "--save-dir", str(d / "ckpt"), timeout=600, env=launcher_default)
     for k, proc in refs.items():
         stdout, stderr = proc.communicate(timeout=600)
         out[k] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -148,8 +149,8 @@ def test_profile_measures_a_recipe_without_one(tmp_path):
     """``hyperparallel profile RECIPE --out FILE`` on a recipe with no ``mpipe.profile``: the file it writes
     inherits the recipe and plans with measured costs (no estimate note)."""
     out = tmp_path / "measured.yaml"
-    p = run_cli("profile", RECIPE, "--samples", "1", "--repeats", "1", "--out", str(out), "--run-dir",
-                str(tmp_path / "prof"), timeout=400)
+    p = run_cli("profile", RECIPE, "--samples", "1", "--repeats", "1", "--compile", "eager", "--out", str(out),
+                "--run-dir", str(tmp_path / "prof"), timeout=400)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     with open(out) as f:
         block = yaml.safe_load(f)

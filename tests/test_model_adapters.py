@@ -119,7 +119,7 @@ def test_mf_llama_recipe_trains_with_transpose_loss_falling(tmp_path):
     import sys
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_DEFAULT_PATH"}   # the launcher's default
     p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", MF, "--schedule", "transpose", "--steps",
-                        "12", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                        "12", "--compile", "eager", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
                        timeout=400, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     with open(tmp_path / "run" / "metrics.jsonl") as f:

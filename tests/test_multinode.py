@@ -23,7 +23,7 @@ MA = os.path.join(ROOT, "tools", "modelarts_entry.sh")
 MSRUN_LAUNCH = os.path.join(ROOT, "tools", "msrun_launch.sh")
 DP2 = ("--set", "parallel_config.data_parallel=2")
 # the optimizer's update op by op (bit-identical, tested): no ~4 s first-step compile per run
-EAGER = ("--set", "train.optimizer_compile=eager")
+EAGER = ("--set", "train.optimizer_compile=eager", "--compile", "eager")
 STEPS = 3
 # what the entry reads (docs/launch.md lists them); none may leak in from the test's own environment
 READ = ("MA_NUM_HOSTS", "VC_WORKER_NUM", "VC_TASK_INDEX", "MA_TASK_INDEX", "VC_WORKER_HOSTS", "MA_VJ_NAME",

@@ -262,7 +262,7 @@ def test_train_accepts_a_mindformers_recipe(tmp_path):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     run_dir = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "hyperparallel", "train", "recipes/tiny_mllm_mindformers.yaml",
-                        "--steps", "2", "--run-dir", str(run_dir), "--set", "train.optimizer_compile=eager"],
+                        "--steps", "2", "--run-dir", str(run_dir), "--set", "train.optimizer_compile=eager", "--compile", "eager"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)   # eager: no ~4 s optimizer compile
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     assert "schedule transpose(owners=min)" in r.stdout

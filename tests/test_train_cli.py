@@ -89,7 +89,9 @@ def test_mindformers_style_recipe_is_accepted():
 def full_run(tmp_path_factory):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     d = tmp_path_factory.mktemp("full")
-    p = train("--run-dir", str(d / "run"), "--save-dir", str(d / "ckpt"), timeout=400)
+    # eager chunks: 12 steps of a new shape most steps, each a compile on every rank; the compiled path of
+    # the same worker is the equivalence suites'
+    p = train("--run-dir", str(d / "run"), "--save-dir", str(d / "ckpt"), "--compile", "eager", timeout=400)
     assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
     return p, d
 
@@ -139,7 +141,7 @@ def test_dead_rank_fails_job_fast_and_is_named(tmp_path, mode):
     spec = "1:2" + (":kill" if mode == "kill" else "")
     # a hang would hit train()'s timeout; no wall-clock assert (a slow CI machine must pass)
     # the optimizer's update op by op (bit-identical, tested): no ~4 s first-step compile before the fault
-    p = train("--steps", "6", "--run-dir", str(tmp_path / "run"), "--set", "train.optimizer_compile=eager",
+    p = train("--steps", "6", "--run-dir", str(tmp_path / "run"), "--set", "train.optimizer_compile=eager", "--compile", "eager",
               env={"HP_FAULT": spec}, timeout=200)
     assert p.returncode != 0
     err = p.stderr.strip().splitlines()[-1]

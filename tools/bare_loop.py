@@ -98,9 +98,12 @@ def launch_one(recipe, plan, schedule, mode, steps, out_dir, timeout, first="run
 
 
 def step_times(ranks, warmup):
-    """Per kept step: the slowest rank's time (s)."""
-    n = len(ranks[0]["steps"])
-    return [max(r["steps"][i]["step_s"] for r in ranks) for i in range(warmup, n)]
+    """The slowest rank's time of every step after ``warmup``, leaving out steps in which some rank compiled a
+    graph (``mpipe.compile: jit``: the first step of a new input shape is compile time, not step time)."""
+    n = min(len(r["steps"]) for r in ranks)
+    keep = [i for i in range(warmup, n) if not any(r["steps"][i].get("compiles") for r in ranks)] or \
+        list(range(warmup, n))
+    return [max(r["steps"][i]["step_s"] for r in ranks) for i in keep]
 
 
 def losses(ranks):

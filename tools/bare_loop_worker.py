@@ -31,9 +31,12 @@ import time
 class BareLoop:
     """Hand-written 1F1B (and round-robin transpose) for one rank."""
 
-    def __init__(self, plan, rc, comm, source, cells):
+    def __init__(self, plan, rc, comm, source, cells, bodies):
+        """``bodies``: each chunk's forward as the runtime runs it (compiled under ``mpipe.compile: jit``,
+        :mod:`hyperparallel.mindspore.compiled`): the bare loop runs the same bodies."""
         from hyperparallel.mindspore.compat import Tape
         self.plan, self.rc, self.comm, self.source, self.tape = plan, rc, comm, source, Tape
+        self.bodies = bodies
         self.d, self.P, self.M = comm.device, plan.num_devices, plan.num_micro
         self.model = rc.model
         first = plan.regions()[0]
@@ -42,10 +45,11 @@ class BareLoop:
             enc = [c for c in plan.chunks if c.region == first]
             if len(enc) != 1 or plan.trainable.get(first, True):
                 raise SystemExit("bare transpose loop: needs a frozen first region in one replicated chunk")
-            self.enc = (enc[0], cells[(first, 0)])
+            self.enc = (enc[0], bodies[(first, 0)])
         # this rank's pipeline stage: its chunks of the pipelined regions, in data-flow order
         self.stage = [(c, cells[(c.region, c.index)]) for c in plan.chunks
                       if self.d in c.devices and (self.enc is None or c.region != first)]
+        self.body = {id(cell): bodies[(c.region, c.index)] for c, cell in self.stage}
         self.trainable = {c.region: plan.trainable.get(c.region, True) for c in plan.chunks}
         self.params = [p for c, cell in self.stage if self.trainable[c.region] for p in cell.get_parameters()]
         self.total = self.M * max(1, plan.data_parallel)
@@ -80,10 +84,10 @@ class BareLoop:
             needs_grad = i > 0 and self.trainable[self.plan.chunks[i - 1].region]
             xl = leaf(x, requires_grad=needs_grad)
             if self.trainable[c.region]:
-                out = self.tape.forward(cell.forward, xl, mt)
+                out = self.tape.forward(self.body[id(cell)], xl, mt)
                 saved.append((xl, out, cell, needs_grad))
             else:
-                out = self.tape.no_grad(cell.forward, xl, mt)
+                out = self.tape.no_grad(self.body[id(cell)], xl, mt)
             x = ops.stop_gradient(out)
         if self.d == self.P - 1:
             self.loss += float(out.asnumpy())
@@ -117,7 +121,7 @@ class BareLoop:
             for m in range(self.d, self.M, self.P):
                 mt = self.side(m)[1]
                 from mindspore import ops
-                out = ops.stop_gradient(self.tape.no_grad(cell.forward, self.model.model_input(mt), mt))
+                out = ops.stop_gradient(self.tape.no_grad(cell, self.model.model_input(mt), mt))
                 if self.d == 0:
                     self.enc_out[m] = out
                 else:
@@ -156,14 +160,17 @@ def timed_step(loop, opt, comm, step: int) -> dict:
     opt.step(loop.step_grads())
     loss = comm.all_reduce_scalar(part)
     t1 = time.perf_counter()
-    return {"step": step, "step_s": t1 - t0, "loss": loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())}
+    compiles = sum(len(b.take_new()) for b in loop.bodies.values())
+    return {"step": step, "step_s": t1 - t0, "loss": loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks()),
+            "compiles": compiles}
 
 
 def runtime_step(rt, step: int) -> dict:
     from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
     c0 = cpu_ticks()
     res = rt.step(step)
-    return {"step": step, "step_s": res.step_s, "loss": res.loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks())}
+    return {"step": step, "step_s": res.step_s, "loss": res.loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks()),
+            "compiles": res.compiles}
 
 
 def main(argv=None) -> int:
@@ -182,7 +189,7 @@ def main(argv=None) -> int:
     for mode in modes:
         rc, rt = case_runtime(job, comm)
         if mode == "bare":
-            loop = BareLoop(rt.plan, rc, comm, rt.source, rt.chunks)
+            loop = BareLoop(rt.plan, rc, comm, rt.source, rt.chunks, rt.bodies)
             loops[mode] = lambda step, loop=loop, opt=Optimizer(loop.params, rc.train): timed_step(loop, opt, comm, step)
         else:
             loops[mode] = lambda step, rt=rt: runtime_step(rt, step)

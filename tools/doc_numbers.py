@@ -437,8 +437,8 @@ def model_terms() -> str:
     return "\n".join(out) + "\n\n" + "; ".join(notes) + ".\n"
 
 
-def bare_loop() -> str:
-    d = bench("bare_loop_2rank.json")
+def bare_loop(name: str = "bare_loop_2rank.json") -> str:
+    d = bench(name)
     out = ["| schedule | how | runtime (ms) | bare loop (ms) | runtime / bare | per pair: quartiles | min - max |",
            "|---|---|---|---|---|---|---|"]
     rows = []
@@ -459,6 +459,36 @@ def bare_loop() -> str:
                 f"(worst {worst:.3f}). Between launches this VM's speed moves by tens of percent (the per-pair "
                 f"ratios of separate launches span up to {spread:.2f}), so the in-process figure, where the two "
                 f"alternate seconds apart, is the sharper one. Command: `{d['command']}`"]
+    return "\n".join(out) + "\n"
+
+
+def compile_bench() -> str:
+    """Compiled against eager chunk bodies per schedule and recipe (``hyperparallel bench --compile eager
+    --compile jit``, docs/bench_compile_*.json), with the spread over the repeats, each mode's prediction
+    from its own profile measured in the run, and the compiles."""
+    out = ["| recipe | schedule | eager (ms) | jit (ms) | jit speed-up | over repeats | predicted eager / jit (error) "
+           "| compiles (all ranks) | compile time (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    worst, errs, cmds = [], [], []
+    for name in ("bench_compile_encoder_heavy.json", "bench_compile_mf_llama.json"):
+        d = bench(name)
+        cmds.append(d["command"])
+        stem = os.path.splitext(os.path.basename(d["recipe"]))[0]
+        for row in d["compare"]:
+            e, j = row["modes"]["eager"], row["modes"]["jit"]
+            rep = j["speedup_repeats"]
+            worst.append(j["speedup"])
+            errs += [abs(x["error"]) for x in (e, j) if x.get("error") is not None]
+            pred = " / ".join(f"{ms(x['predicted_s'] * 1e3)} ({pct(x['error'])})" if x.get("predicted_s") else "-"
+                              for x in (e, j))
+            out.append(f"| `{stem}` | `{row['schedule']}` | {ms(e['median_step_s'] * 1e3)} | "
+                       f"{ms(j['median_step_s'] * 1e3)} | **{j['speedup']:.2f}x** | "
+                       f"{rep[0]:.2f} - {rep[1]:.2f}x | {pred} | {j['compiles']:g} | {j['compile_s']:.1f} |")
+    out += ["", f"Target: compiled >= 1.5x faster than eager per step: **{'met' if min(worst) >= 1.5 else 'missed'}** "
+                f"(lowest {min(worst):.2f}x); predictions within 10%: "
+                f"**{'met' if errs and max(errs) <= 0.10 else 'missed'}** "
+                f"(worst {max(errs) * 100 if errs else 0:.1f}%). Steps in which a rank compiled are left out of the "
+                f"medians; compile time is the first calls that compiled (compile + one run), summed over ranks "
+                f"and chunks. Commands: " + "; ".join(f"`{c}`" for c in cmds)]
     return "\n".join(out) + "\n"
 
 
@@ -575,6 +605,8 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-trained-two": lambda: two_runs_table(TRAINED),
     "bench-targets-14": bench_targets_14,
     "bare-loop": bare_loop,
+    "bare-loop-compiled": lambda: bare_loop("bare_loop_compiled.json"),
+    "compile-bench": compile_bench,
     "model-terms": model_terms,
     "bench-overhead-14": bench_overhead_14,
     "encoder-heavy": encoder_heavy,

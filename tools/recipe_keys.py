@@ -98,6 +98,10 @@ METRICS = {
     "eta_s": "remaining steps x the mean step time of this run so far",
     "schedule": "the schedule that ran the step",
     "data_skipped": "bad samples left out so far (`data.on_bad_sample: skip`)",
+    "compile": "how rank 0's chunks ran: `jit` (compiled graphs, `mpipe.compile: jit`), `eager`, or `mixed` "
+               "(some chunks eager: the log says which and why)",
+    "compiles": "graphs rank 0 compiled in this step (first calls of a new input shape)",
+    "compile_s": "time of those first calls (compile + one run), part of `step_time_s`",
     "memory": "every rank's memory record of the step, one object per rank (below)",
     "encoder_work": "with `data.balance: encoder`: the step's predicted encoder work per owner rank, "
                     "`patches` and `ms` (from the recipe's profile), and the same as position order would have "

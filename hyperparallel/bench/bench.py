@@ -25,16 +25,37 @@ from .profile import BENCH_WORKER
 # -- pure orchestration (unit-tested) ---------------------------------------------------------
 
 def kept_steps(ranks: List[dict], warmup: int) -> List[tuple]:
-    """Per kept step (index >= warmup): (the slowest rank's step time in seconds, contention:
-    the largest share of the step during which another process used a rank's core)."""
+    """Per kept step (index >= warmup, and no rank compiled a graph in it: the first step of a new input
+    shape is compile time, not step time): (the slowest rank's step time in seconds, contention: the
+    largest share of the step during which another process used a rank's core)."""
     by_step: Dict[int, list] = {}
+    compiled = compile_steps(ranks)
+    if all(s["step"] in compiled for res in ranks for s in res["steps"] if s["step"] >= warmup):
+        compiled = set()   # every measured step compiled (too few steps for the shapes): keep them, said in the table
     for res in ranks:
         for s in res["steps"]:
-            if s["step"] >= warmup:
+            if s["step"] >= warmup and s["step"] not in compiled:
                 cur = by_step.setdefault(s["step"], [0.0, 0.0])
                 cur[0] = max(cur[0], s["step_s"])
                 cur[1] = max(cur[1], s.get("foreign_cpu_s", 0.0) / s["step_s"] if s["step_s"] > 0 else 0.0)
     return [tuple(by_step[k]) for k in sorted(by_step)]
+
+
+def compile_steps(ranks: List[dict]) -> set:
+    """The steps in which some rank compiled a graph (``mpipe.compile: jit``, a new input shape)."""
+    return {s["step"] for res in ranks for s in res["steps"] if s.get("compiles")}
+
+
+def compile_totals(ranks_of_launches: List[List[dict]]) -> List[dict]:
+    """Per rank and chunk, the median over launches of its compiles (distinct input shapes) and their
+    first-call time (compile + one run), from the ranks' ``compile`` records."""
+    out: Dict[tuple, list] = {}
+    for ranks in ranks_of_launches:
+        for res in ranks:
+            for c in res.get("compile") or []:
+                out.setdefault((res["rank"], c["chunk"], c["mode"]), []).append(c)
+    return [{"rank": r, "chunk": ch, "mode": mode, "compiles": median([c["compiles"] for c in cs]),
+             "compile_s": median([c["compile_s"] for c in cs])} for (r, ch, mode), cs in sorted(out.items())]
 
 
 def kept_step_times(ranks: List[dict], warmup: int) -> List[float]:
@@ -169,6 +190,21 @@ def format_table(rows: List[dict]) -> str:
 def _median_or_none(xs):
     xs = [x for x in xs if x is not None]
     return median(xs) if xs else None
+
+
+def format_compiles(rows: List[dict]) -> str:
+    """Per schedule and rank: each chunk's mode, compiles (distinct input shapes) and their first-call time
+    (compile + one run; medians over the launches), and the measured steps left out for compiling."""
+    lines = ["| schedule | rank | chunks (mode: compiles, first-call s) | steps left out (compiled) |",
+             "|---|---|---|---|"]
+    for r in rows:
+        by_rank: Dict[int, list] = {}
+        for c in r.get("compile") or []:
+            by_rank.setdefault(c["rank"], []).append(c)
+        for rank, cs in sorted(by_rank.items()):
+            chunks = ", ".join(f"{c['chunk']} {c['mode']}: {c['compiles']:g}, {c['compile_s']:.2f}" for c in cs)
+            lines.append(f"| `{r['schedule']}` | {rank} | {chunks} | {r.get('compile_steps_dropped', 0)} |")
+    return "\n".join(lines)
 
 
 def format_memory(rows: List[dict]) -> str:
@@ -455,15 +491,92 @@ class _Bench:
             row["dropped_disturbed"] = dropped[name]
             row["all_steps_kept_busy_machine"] = fell_back[name]
             row["contention"] = [c for _, c in self.steps_of[name]]
+            row["compile"] = compile_totals(self.per_rank[name])
+            row["compile_steps_dropped"] = sum(len({st["step"] for res in rk for st in res["steps"]
+                                                    if st["step"] >= a.warmup}) - len(kept_steps(rk, a.warmup))
+                                               for rk in self.per_rank[name])
         return rows
 
 
 def run(args, launcher=None) -> int:
-    """``launcher``: stands in for :func:`hyperparallel.launch.launch` (tests)."""
+    """``launcher``: stands in for :func:`hyperparallel.launch.launch` (tests). ``--compile A --compile B``:
+    one bench per mode (each with its profile measured in the run), then the modes compared."""
+    modes = getattr(args, "compile", None) or []
+    if len(modes) <= 1:
+        if modes:
+            args.overrides = list(args.overrides) + [f"mpipe.compile={modes[0]}"]
+        return _run_mode(args, launcher)[0]
+    return run_modes(args, modes, launcher)
+
+
+def run_modes(args, modes: List[str], launcher=None) -> int:
+    """Every schedule under each compile mode: the benches one after the other (each in ``RUN_DIR/MODE``),
+    then per schedule each mode's median against the first mode's, with the spread over the repeats."""
+    stem = os.path.splitext(os.path.basename(args.recipe))[0]
+    base = os.path.abspath(args.run_dir or os.path.join("runs", slug(f"bench_{stem}")))
+    results = {}
+    for m in modes:
+        a = copy.copy(args)
+        a.compile, a.overrides = None, list(args.overrides) + [f"mpipe.compile={m}"]
+        a.run_dir, a.out, a.png = os.path.join(base, m), None, None
+        a.save_profile = None if not args.save_profile else args.save_profile.replace(".yaml", f".{m}.yaml")
+        print(f"== mpipe.compile: {m} ==", flush=True)
+        code, res = _run_mode(a, launcher)
+        if code:
+            return code
+        results[m] = res
+    rows = compare_modes(modes, results)
+    print()
+    print(format_modes(modes, rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"recipe": args.recipe, "modes": modes, "compare": rows, "results": results,
+                       "command": "hyperparallel " + " ".join(sys.argv[1:])}, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def compare_modes(modes: List[str], results: Dict[str, dict]) -> List[dict]:
+    """Per schedule: each mode's median step and prediction, its speed-up over the first mode (ratio of
+    medians) and the spread of that ratio over the repeats (pairs of repeat medians), and its compiles."""
+    base = modes[0]
+    rows = []
+    for i, first in enumerate(results[base]["schedules"]):
+        row = {"schedule": first["schedule"], "modes": {}}
+        for m in modes:
+            r = results[m]["schedules"][i]
+            pairs = [b / x for b, x in zip(first["repeat_medians_s"], r["repeat_medians_s"]) if x > 0]
+            row["modes"][m] = {"median_step_s": r["median_step_s"], "predicted_s": r.get("predicted_step_s"),
+                               "error": r.get("error"), "speedup": first["median_step_s"] / r["median_step_s"],
+                               "speedup_repeats": [min(pairs), max(pairs)] if pairs else None,
+                               "compiles": sum(c["compiles"] for c in r.get("compile", [])),
+                               "compile_s": sum(c["compile_s"] for c in r.get("compile", [])),
+                               "compile_steps_dropped": r.get("compile_steps_dropped", 0)}
+        rows.append(row)
+    return rows
+
+
+def format_modes(modes: List[str], rows: List[dict]) -> str:
+    head = "| schedule | mode | median step (ms) | predicted (ms) | error | speed-up vs " + modes[0] + \
+        " | over repeats | compiles | compile time (s) |"
+    lines = [head, "|" + "---|" * 9]
+    for row in rows:
+        for m in modes:
+            d = row["modes"][m]
+            pred = f"{d['predicted_s'] * 1e3:.1f}" if d.get("predicted_s") else "-"
+            err = f"{d['error']:+.1%}" if d.get("error") is not None else "-"
+            rep = f"{d['speedup_repeats'][0]:.2f}-{d['speedup_repeats'][1]:.2f}x" if d["speedup_repeats"] else "-"
+            lines.append(f"| `{row['schedule']}` | {m} | {d['median_step_s'] * 1e3:.1f} | {pred} | {err} | "
+                         f"{d['speedup']:.2f}x | {rep} | {d['compiles']:g} | {d['compile_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def _run_mode(args, launcher=None):
+    """One bench (one compile mode): (exit status, the result dict or None)."""
     try:
         recipe, rc, plans = prepare(args)
     except (SpecError, PlanError) as e:
-        return error(str(e).splitlines()[0])
+        return error(str(e).splitlines()[0]), None
     ref_plan = plans.pop()[1] if plans[-1][0] is None else None
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
     run_dir = os.path.abspath(args.run_dir or os.path.join("runs", slug(f"bench_{stem}")))
@@ -487,7 +600,7 @@ def run(args, launcher=None) -> int:
     for k, (rep, parts) in enumerate(launches):
         rc_ = b.run_launch(k, len(launches), rep, parts)
         if rc_:
-            return rc_
+            return rc_, None
     profile_path = args.profile or (None if measuring else args.recipe)
     if b.rounds:
         from ..mpipe.profile import parse_profile
@@ -505,6 +618,8 @@ def run(args, launcher=None) -> int:
     print(format_memory(rows))
     print()
     print(format_overhead(rows))
+    print()
+    print(format_compiles(rows))
     print(f"\n{len(launches)} launches in {time.time() - t_start:.0f} s")
     result = {"recipe": args.recipe, "profile": profile_path, "overrides": args.overrides,
               "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "ranks": b.world,
@@ -512,7 +627,7 @@ def run(args, launcher=None) -> int:
               "profile_schedule": args.profile_schedule if measuring else None,
               "profile_measured_here": measuring,
               "device_scale": list(recipe.profile.device_scale),
-              "command": "hyperparallel " + " ".join(sys.argv[1:]), "schedules": rows}
+              "compile": rc.compile, "command": "hyperparallel " + " ".join(sys.argv[1:]), "schedules": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
@@ -524,4 +639,4 @@ def run(args, launcher=None) -> int:
             title += "\n" + ", ".join(args.overrides)
         bar_chart(rows, args.png, title=title)
         print(f"wrote {args.png}")
-    return 0
+    return 0, result

@@ -168,7 +168,8 @@ def profile_rank(job: dict, comm) -> dict:
         if mode == "split" and not any(a.kind == ir.B for a in lp.programs[0]):
             continue
         clock = ActionClock()
-        interp = RankRuntime(lp, rc.model, source, rc.train, local, clock, chunks=cells).interp
+        interp = RankRuntime(lp, rc.model, source, rc.train, local, clock, chunks=cells, compile=rc.compile,
+                             compile_fallback=rc.compile_fallback, log=None).interp
         for step in range(warmup):   # first-time kernels of every shape, allocator
             interp.run_step(step)
             clock.close()
@@ -211,7 +212,8 @@ def _activation_mb(plan, rc, source, cells, local) -> Dict[str, float]:
     from hyperparallel.mindspore.rank import RankRuntime
     lp = local_plan(plan, "gpipe")
     clock = ActionClock()
-    interp = RankRuntime(lp, rc.model, source, rc.train, local, clock, chunks=cells).interp
+    interp = RankRuntime(lp, rc.model, source, rc.train, local, clock, chunks=cells, compile=rc.compile,
+                         compile_fallback=rc.compile_fallback, log=None).interp
     interp.run_step(0)   # warm the allocator
     clock.close()
     clock.rss.clear()
@@ -294,7 +296,8 @@ class CaseRunner:
                            "accumulate_s": d["accumulate"], "comm_s": d["comm"], "data_s": d["data"],
                            "optimizer_s": res.optimizer_s, "loss_reduce_s": res.loss_reduce_s,
                            "interp_s": max(0.0, res.program_s - sum(d.values())), "foreign_cpu_s": foreign,
-                           "loss": res.loss, "p2p": self.timing.p2p, "memory": rank_memory(self.rt, res.grads)})
+                           "loss": res.loss, "p2p": self.timing.p2p, "memory": rank_memory(self.rt, res.grads),
+                           "compiles": res.compiles, "compile_s": res.compile_s})
         if self.comm.rank == 0:
             print(f"[{self.case['name']}] step {step + 1}/{self.case['steps']} loss {res.loss:.6f} "
                   f"step_time {res.step_s:.3f}s", flush=True)
@@ -305,7 +308,7 @@ class CaseRunner:
                  for st, k, r, c, m, ms in self.clock.times] if self.clock is not None else None
         mem = (None, None, None) if shared_process else (self.base_rss, rss_mb(), peak_rss_mb())
         return {"rank": self.comm.rank, "device": self.comm.device, "n_actions": len(self.rt.interp.program),
-                "steps": self.steps, "action_times": times,
+                "steps": self.steps, "action_times": times, "compile": self.rt.compile_stats(),
                 "base_rss_mb": mem[0], "end_rss_mb": mem[1], "peak_rss_mb": mem[2]}
 
 

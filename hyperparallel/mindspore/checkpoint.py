@@ -32,6 +32,7 @@ import mindspore as ms
 
 from .ckpt_files import (MARKER, META, SAVE_FAILED, CheckpointError, Source, check_names, chunk_owners, file_digest,
                          file_record, rank_file, safetensors_header, scalar_owner, step_dir, writers)
+from .compat import load_optimizer_state, write_param
 from .optim import HYPER_PARAMS
 
 
@@ -245,12 +246,13 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
             got = ms.load_checkpoint(f, format="safetensors",
                                      choice_func=lambda n, f=f: rename(n) in need and where[rename(n)] == f)
             values.update({rename(n): v for n, v in got.items()})
-    for cell in chunks.values():  # every name of the cell is given: no prefix guessing
-        ms.load_param_into_net(cell, {p.name: values[p.name] for p in cell.get_parameters()})
+    for cell in chunks.values():  # every name of the cell is given; in place (compiled chunks read the buffers)
+        for p in cell.get_parameters():
+            write_param(p, values[p.name])
     if load_state and hasattr(opt, "load_state"):   # a sharded optimizer: its share of the global names
         opt.load_state({n: values[n] for n in need})
     elif load_state and opt.opt is not None:  # strict: hyper-parameters stay the recipe's
-        ms.load_param_into_net(opt.opt, {n: values[n] for n in need}, strict_load=True)
+        load_optimizer_state(opt.opt, {n: values[n] for n in need})
     return (src.step if src.meta else 0), load_state
 
 

@@ -14,13 +14,24 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   default at ``GlobalComm.WORLD_COMM_GROUP``.
 * In-place tensor methods (``add_``, ``mul_``) silently do nothing on CPU: the
   runtime never uses them; gradients are accumulated out of place (:func:`acc`)
-  and parameters are written with ``Parameter.set_data``.
+  and parameters are written with :func:`write_param` (``ops.assign``).
+* ``Parameter.set_data`` gives the parameter a new buffer, but a ``mindspore.jit`` graph compiled
+  before keeps reading the old one (2.9.0, CPU: the graph's result stays the old weights', silently;
+  eager sees the new ones). Every parameter the runtime writes after set-up (broadcast replicas, a
+  sharded optimizer's gather, a checkpoint restore) goes through :func:`write_param`, in place.
+  A MindSpore optimizer Cell holds the model parameters it updates, so ``load_param_into_net`` on it
+  would ``set_data`` them too: :func:`load_optimizer_state` loads only its own state.
 * ``mindspore.vjp`` only runs pending backwards newest-first, and
   ``GradOperation(sens_param=True)`` recomputes the forward. The runtime uses the
   tape autograd that PyNative itself uses (internal API):
   ``_pynative_executor.set_grad_flag(True)`` while running a stage forward, and
   ``mindspore._c_expression.run_backward(...)`` later, in any order, with the
   input grad (B) and weight grad (W) as separate calls (:class:`Tape`).
+* A ``mindspore.jit`` graph run under the tape gives the eager results in one combined backward
+  (input and weights as ``inputs``), but its backward does not split: after an input-grad call with
+  ``keep_graph=True`` the later weight-grad call returns None for every parameter (2.9.0, CPU).
+  :data:`JIT_SPLITS_BACKWARD` says so; a compiled chunk's ``B`` then computes its weight grads too
+  and ``W`` adds them (:mod:`.compiled`). ``tests/test_compiled.py`` fails when this changes.
 * ``mint.distributed.barrier`` ends with ``mindspore.runtime.synchronize()``, which on CPU logs
   ``[ERROR] ... CPU device is not supported`` (``mindspore/runtime/device.py``, ``_is_supported``)
   and does nothing else: harmless, but it alarms every user at the end of every job. On CPU
@@ -44,6 +55,9 @@ from mindspore import ops
 # Internal APIs (checked by tests/test_mindspore_compat.py).
 from mindspore._c_expression import run_backward as _run_backward
 from mindspore.graph.api import _pynative_executor as _executor
+
+#: Whether a jit graph's backward can run as a separate input grad and weight grad (see the docstring).
+JIT_SPLITS_BACKWARD = False
 
 _RUN_BACKWARD_PARAMS = ("tensors", "grad_tensors", "keep_graph", "create_graph", "inputs",
                         "allow_unreachable", "accumulate_grad")
@@ -82,6 +96,41 @@ def check_internal_api() -> None:
     if missing:
         raise RuntimeError(f"mindspore._c_expression.run_backward signature changed "
                            f"(missing {missing}): {doc}")
+
+
+def jit(fn):
+    """``fn`` (a Cell's tensor-only method) compiled with ``mindspore.jit``: one static graph per distinct
+    input shape. Not MindSpore's automatic dynamic shapes (``dynamic=1``, at most 3 compiles for any
+    number of shapes): its dynamic-shape graph ran about 2x slower than a static one on 2.9.0, CPU
+    (the bench's steps were bimodal, 170-250 ms with static graphs, 340-650 ms with the dynamic one;
+    static per shape: ``bench_encoder_heavy`` 1f1b 2.67x, transpose 2.19x over eager)."""
+    return ms.jit(fn)
+
+
+def graphs_compiled() -> int:
+    """Graphs MindSpore has compiled in this process (internal: ``mindspore.graph.api.ms_compile_cache``, the
+    set of compiled phases that ``jit`` adds to on every compile), to count a chunk's compiles exactly."""
+    from mindspore.graph import api
+    return len(api.ms_compile_cache)
+
+
+def taping() -> bool:
+    """Whether the tape records the ops run now (internal: ``_pynative_executor.grad_flag``); MindSpore
+    compiles a jit graph once for each."""
+    return bool(_executor.grad_flag())
+
+
+def write_param(p, value) -> None:
+    """Write ``value`` into parameter ``p`` in place (``ops.assign``; never ``set_data``, see the docstring)."""
+    ops.assign(p, ops.stop_gradient(value).astype(p.dtype).reshape(p.shape))
+
+
+def load_optimizer_state(opt_cell, values: dict) -> None:
+    """``values`` (name -> tensor) into a MindSpore optimizer Cell's own state (``load_param_into_net``,
+    strict names). The Cell also holds the model parameters it updates, which ``load_param_into_net``
+    would ``set_data`` (see the docstring): those are left out; the caller writes them in place."""
+    model = {p.name for p in opt_cell.parameters}
+    ms.load_param_into_net(opt_cell, {n: v for n, v in values.items() if n not in model}, strict_load=True)
 
 
 def leaf(t: ms.Tensor, requires_grad: bool) -> ms.Tensor:

@@ -9,7 +9,8 @@ per-step stores keyed by ``(region, chunk, micro)``:
   micro-batch's side inputs (the adapter's ``tensors``).
 * ``R``: recompute a forward with the tape (central backward of a replica).
 * ``B``: input grad only (keeps the tape for ``W``); ``W``: weight grad;
-  ``BW``: both at once. The incoming gradient is d loss / d output of the chunk
+  ``BW``: both at once. A chunk whose backward does not split on the tape (a compiled one,
+  :mod:`.compiled`) computes its weight grads in ``B`` too and ``W`` adds them. The incoming gradient is d loss / d output of the chunk
   (1 for the model's last chunk, whose output is the scaled micro-batch loss).
 * ``SEND``/``RECV``: activations or output-gradients; the receiver allocates
   with the adapter's ``boundary`` spec, the sender checks its tensor against
@@ -43,22 +44,26 @@ from hyperparallel.data import DataSource
 from hyperparallel.data.loss_norm import loss_scales
 from hyperparallel.models import ModelAdapter
 from hyperparallel.mpipe import ir
-from .compat import Tape, acc, leaf
+from .compat import Tape, acc, leaf, write_param
+from .compiled import build_bodies
 from .hooks import Hooks
 from .memory import HeldForwards, nbytes
 
 Key = Tuple[str, int, int]
+_KEPT = "kept weight grads"   # marks a B whose weight grads were computed with its input grad
 
 
 class Interpreter:
     def __init__(self, plan: ir.Plan, comm, model: ModelAdapter, source: DataSource,
                  chunks: Dict[Tuple[str, int], object], hooks: Optional[Hooks] = None,
-                 loss_normalization: str = "tokens"):
+                 bodies: Optional[Dict[Tuple[str, int], object]] = None, loss_normalization: str = "tokens"):
         """``model``: the adapter; ``source``: the data source (pixels loaded lazily, so a boundary
         spec never needs them); ``chunks``: this rank's chunk Cells by (region, chunk index), built
         by the adapter; ``hooks``: timing / fault injection (:mod:`.hooks`; default none);
+        ``bodies``: each chunk's forward as it runs, compiled or eager (:mod:`.compiled`; default eager);
         ``loss_normalization``: how micro-batch losses make the step loss (:mod:`hyperparallel.data.loss_norm`)."""
         self.plan, self.comm, self.model, self.source, self.chunks = plan, comm, model, source, chunks
+        self.bodies = bodies if bodies is not None else build_bodies(chunks, "eager")
         self.device = comm.device
         self.program: List[ir.Action] = plan.programs.get(self.device, [])
         self.ahead_acts: Dict[Key, Tensor] = {}  # outputs of next-step (step=1) work, kept for the next step
@@ -220,10 +225,10 @@ class Interpreter:
             getattr(self, "do_" + a.kind)(a)
 
     def forward(self, key: Key, record: bool, recompute: bool = False, ahead: int = 0) -> None:
-        cell = self.chunks[key[:2]]
+        body = self.bodies[key[:2]]
         x = self.chunk_input(key, recompute, ahead)
         mt = self.micro(key[2], ahead)
-        out = self._forward(cell.forward, x, mt) if record else self._no_grad(cell.forward, x, mt)
+        out = self._forward(body, x, mt) if record else self._no_grad(body, x, mt)
         if record:
             self.inputs[key], self.outputs[key] = x, out
             self.held.hold(key, nbytes(x) + nbytes(out))
@@ -263,30 +268,41 @@ class Interpreter:
         key = (a.region, a.chunk, a.micro)
         out = self.outputs[key]
         sens = self.sens(key, out)
-        self.input_grad(key, out, sens, keep=True)
+        w_follows = key in self.weight_grad_here
+        if w_follows and not self.bodies[key[:2]].splits:   # one backward call; W adds the kept grads
+            self.pending_w[key] = (_KEPT, self.both_grads(key, out, sens))
+            return
+        self.input_grad(key, out, sens, keep=w_follows)
         self.pending_w[key] = (out, sens)
-        if key not in self.weight_grad_here:   # no W follows (a frozen region's input grad): B is its last
+        if not w_follows:   # no W follows (a frozen region's input grad): B is its last
             self.held.release(key)
 
     def do_W(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
         out, sens = self.pending_w.pop(key)
         params = list(self.chunks[key[:2]].get_parameters())
-        self.defer_grads(params, self._grad([out], [sens], params, keep_graph=False))
+        grads = sens if out is _KEPT else self._grad([out], [sens], params, keep_graph=False)
+        self.defer_grads(params, grads)
         self.inputs.pop(key), self.outputs.pop(key)
         self.held.release(key)
 
-    def do_BW(self, a: ir.Action) -> None:
-        key = (a.region, a.chunk, a.micro)
-        out = self.outputs.pop(key)
-        sens = self.sens(key, out)
-        x, prev = self.inputs.pop(key), self.prev_key(key)
+    def both_grads(self, key: Key, out: Tensor, sens: Tensor) -> tuple:
+        """Input grad (into ``out_grads``, when the previous chunk is backwarded) and the weight grads
+        (returned) of ``key`` in one backward call."""
+        x, prev = self.inputs[key], self.prev_key(key)
         params = list(self.chunks[key[:2]].get_parameters())
         need_x = prev is not None and prev in self.backwarded_anywhere
         g = self._grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
         if need_x:
             self.out_grads[prev], g = g[0], g[1:]
-        self.defer_grads(params, g)
+        return tuple(g)
+
+    def do_BW(self, a: ir.Action) -> None:
+        key = (a.region, a.chunk, a.micro)
+        out = self.outputs[key]
+        g = self.both_grads(key, out, self.sens(key, out))
+        self.inputs.pop(key), self.outputs.pop(key)
+        self.defer_grads(list(self.chunks[key[:2]].get_parameters()), g)
         self.held.release(key)
 
     def do_SEND(self, a: ir.Action) -> None:
@@ -333,7 +349,7 @@ class Interpreter:
         new = self._broadcast([ops.stop_gradient(p) * 1 for p in params], a.root, a.group)
         if self.device != a.root:
             for p, v in zip(params, new):
-                p.set_data(v.copy())
+                write_param(p, v)   # in place: a compiled chunk keeps reading the parameter's buffer
 
     def do_ALLGATHER(self, a: ir.Action) -> None:
         pass   # the end-of-step gather of a sharded region: done by the rank's optimizer step (.sharded)

@@ -47,8 +47,9 @@ def end_job(comm) -> int:
     return 0
 
 
-def case_runtime(case: dict, comm, hooks=None):
-    """(run config, :class:`~.rank.RankRuntime`) of one job case (``raw`` recipe, ``plan`` JSON)."""
+def case_runtime(case: dict, comm, hooks=None, pool=None):
+    """(run config, :class:`~.rank.RankRuntime`) of one job case (``raw`` recipe, ``plan`` JSON); ``pool``:
+    the compiled chunks of this process's earlier cases (:class:`~.compiled.GraphPool`)."""
     from hyperparallel.mpipe import ir
     from hyperparallel.runconfig import RunConfig
     from .rank import RankRuntime
@@ -60,7 +61,15 @@ def case_runtime(case: dict, comm, hooks=None):
         from hyperparallel.data.balance import owner_ranks
         source.balance_by(owner_ranks(plan))
     return rc, RankRuntime(plan, rc.model, source, rc.train, comm, hooks,
-                           total_steps=int(case.get("steps") or rc.train.steps))
+                           total_steps=int(case.get("steps") or rc.train.steps), compile=rc.compile,
+                           compile_fallback=rc.compile_fallback, log=_rank_log(case.get("name", "run")),
+                           pool=pool, pool_model=(case["raw"].get("model"), rc.data.shapes(), rc.train.seed))
+
+
+def _rank_log(name: str):
+    def log(line: str) -> None:
+        print(f"[{name}] {line}", flush=True)
+    return log
 
 
 def balancing(rc) -> bool:

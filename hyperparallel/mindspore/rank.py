@@ -17,7 +17,7 @@ from hyperparallel.models import ModelAdapter
 from hyperparallel.mpipe import ir
 from hyperparallel.recipe.train import TrainConfig
 from hyperparallel.runconfig import check_regions
-from . import checkpoint, sharded
+from . import checkpoint, compiled, sharded
 from .hooks import Hooks
 from .interpreter import Interpreter
 from .optim import Optimizer, clip_scale, scaled, square_sum
@@ -67,6 +67,8 @@ class StepResult:
     loss_reduce_s: float
     grad_norm: float = 0.0   # global gradient norm before clipping (every parameter counted once)
     lr: float = 0.0          # the learning rate of this update
+    compiles: int = 0        # graphs this rank compiled in this step (first calls of a new input shape)
+    compile_s: float = 0.0   # their first calls' time (compile + one run), part of program_s
     stop: bool = False       # some rank asked to stop after this step (agreed by every rank)
 
     @property
@@ -81,7 +83,9 @@ class RankRuntime:
     one process; ``chunks``: prebuilt chunk Cells to share (default: built here by the adapter)."""
 
     def __init__(self, plan: ir.Plan, model: ModelAdapter, source: DataSource, train: TrainConfig, comm,
-                 hooks: Optional[Hooks] = None, chunks: Optional[dict] = None, total_steps: Optional[int] = None):
+                 hooks: Optional[Hooks] = None, chunks: Optional[dict] = None, total_steps: Optional[int] = None,
+                 compile: str = "jit", compile_fallback: str = "error", log=print,
+                 pool: Optional[compiled.GraphPool] = None, pool_model: tuple = ()):
         check_regions(model, plan_depths(plan), where="plan")
         if comm.world != plan.num_devices * plan.data_parallel:
             raise RuntimeError(f"the plan needs {plan.num_devices * plan.data_parallel} ranks "
@@ -90,9 +94,21 @@ class RankRuntime:
         comm.ensure_groups(plan_groups(plan))
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
+        # each chunk's forward, compiled (mpipe.compile: jit) or eager; logged once per rank
+        # (pool: compiled chunks kept from the earlier cases of this process, keyed by pool_model, the
+        # (model section, data shapes, seed) the adapter was built from)
+        self._pool = pool
+        self._pool_keys = {(c.region, c.index): compiled.pool_key(*pool_model, c.region, c.start, c.stop)
+                           for c in plan.chunks_on(comm.device)} if pool is not None else None
+        self.bodies = compiled.build_bodies(self.chunks, compile, compile_fallback, comm.rank, log,
+                                            pool, self._pool_keys)
+        self.chunks = {k: self.bodies[k].cell for k in self.chunks}   # a pooled Body brings its own Cell
         self.hooks = hooks or Hooks()
-        self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks,
+        self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks, self.bodies,
                                   loss_normalization=getattr(train, "loss_normalization", "tokens"))
+        split = {(a.region, a.chunk) for a in self.interp.program if a.kind == ir.W}
+        if log is not None and self.bodies:
+            log(compiled.describe(self.bodies, comm.rank, split))
         shards = sharded.shards_of(plan, self.interp, comm, train, total_steps or train.steps)
         if shards:   # transpose(optimizer=sharded): each shard steps with the rest, after clipping
             self.optimizer = sharded.ShardedOptimizer(self.interp.updated, shards, train, total_steps or train.steps)
@@ -134,7 +150,18 @@ class RankRuntime:
         self.optimizer.step(scaled(grads, clip_scale(norm, self.train.max_grad_norm)))
         t3 = time.perf_counter()
         self.next_step = s + 1
-        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, stop=stops > 0)
+        new = [t for b in self.bodies.values() for t in b.take_new()]
+        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, len(new), sum(new), stop=stops > 0)
+
+    @property
+    def compile_mode(self) -> str:
+        """``jit`` when every chunk of this rank runs compiled, ``eager`` when none does, else ``mixed``."""
+        modes = {b.mode for b in self.bodies.values()}
+        return modes.pop() if len(modes) == 1 else ("mixed" if modes else "eager")
+
+    def compile_stats(self) -> list:
+        """Per chunk of this rank: mode, why eager, compiles (distinct input shapes) and their time."""
+        return [b.stats() for b in self.bodies.values()]
 
     # -- checkpoints --------------------------------------------------------------------------
     def saver(self, save_dir: str, fmt: str = "safetensors", meta: Optional[dict] = None,
@@ -156,5 +183,8 @@ class RankRuntime:
         return step, with_state
 
     def close(self) -> None:
-        """Stop the data source's background work."""
+        """Stop the data source's background work; give the compiled chunks back to the pool."""
         self.source.close()
+        if self._pool is not None:
+            self._pool.give_back(self._pool_keys, self.bodies)
+            self._pool = None

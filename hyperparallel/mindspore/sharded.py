@@ -27,6 +27,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from hyperparallel.mpipe import ir
+from .compat import load_optimizer_state, write_param
 from .optim import Optimizer
 
 SHARD = "shard."
@@ -77,7 +78,7 @@ class Shard:
     def _write(self, targets: List[Parameter], flat: Tensor) -> None:
         off = 0
         for p, n in zip(targets, self.sizes):
-            p.set_data(flat[off:off + n].reshape(p.shape).astype(p.dtype).copy())
+            write_param(p, flat[off:off + n])   # in place: compiled chunks keep reading the parameter's buffer
             off += n
 
     # -- the share's per-parameter state under the global names ------------------------------------
@@ -172,10 +173,9 @@ class ShardedOptimizer:
 
     def load_state(self, values: Dict[str, object]) -> None:
         """Optimizer state by global name: the rest's into its optimizer, the shards' into their slices."""
-        import mindspore as ms
-        mine = set(self.main.state()) | {p.name for p in self.main.params}
-        if self.main.opt is not None:
-            ms.load_param_into_net(self.main.opt, {n: v for n, v in values.items() if n in mine}, strict_load=True)
+        mine = set(self.main.state())
+        if self.main.opt is not None:   # the parameters themselves: written in place by the restore
+            load_optimizer_state(self.main.opt, {n: v for n, v in values.items() if n in mine})
         glob = {n: values[n] for n in self.main.state_groups()[1] if n in values}
         for s in self.shards.values():
             s.load(values, glob)

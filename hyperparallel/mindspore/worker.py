@@ -68,8 +68,10 @@ class StepLog:
     ``samples_per_s`` counts sequences, ``tokens_per_s`` every position of them (padding included);
     ``eta_s`` is the remaining steps at the mean step time of this run so far."""
 
-    def __init__(self, name: str, schedule: str, steps: int, start: int, samples: int, seq_len: int):
+    def __init__(self, name: str, schedule: str, steps: int, start: int, samples: int, seq_len: int,
+                 compile_mode: str = "eager"):
         self.name, self.schedule, self.steps, self.start = name, schedule, steps, start
+        self.compile_mode = compile_mode
         self.samples, self.tokens = samples, samples * seq_len
         self.total_s = 0.0
 
@@ -80,7 +82,8 @@ class StepLog:
         return {"step": done, "loss": res.loss, "lr": res.lr, "grad_norm": res.grad_norm, "step_time_s": res.step_s,
                 "samples_per_s": self.samples / res.step_s if res.step_s > 0 else None,
                 "tokens_per_s": self.tokens / res.step_s if res.step_s > 0 else None,
-                "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped}
+                "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped,
+                "compile": self.compile_mode, "compiles": res.compiles, "compile_s": res.compile_s}
 
     def line(self, r: dict) -> str:
         return (f"[{self.name}] step {r['step']}/{self.steps} loss {r['loss']:.6f} lr {r['lr']:.3e} "
@@ -97,8 +100,9 @@ def _clock(s: float) -> str:
 SAVE_FAILED_EXIT = 74   # a rank's exit status when a checkpoint could not be written (EX_IOERR)
 
 
-def run_case(case: dict, comm, stopper=None, beat_dir: str = "") -> bool:
-    """Train one case; True when it stopped early on a signal (the job's later cases are skipped)."""
+def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> bool:
+    """Train one case; True when it stopped early on a signal (the job's later cases are skipped).
+    ``pool``: compiled chunks kept from the job's earlier cases (:class:`~.compiled.GraphPool`)."""
     from hyperparallel.mindspore.checkpoint import SaveError, recipe_hash
     from hyperparallel.mindspore.ckpt_files import step_dir
     from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
@@ -113,7 +117,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "") -> bool:
     hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
     progress = Progress(hb, comm) if hb else None
     try:
-        rc, rt = case_runtime(case, comm, Chain([progress, FaultInjection.from_env(comm.rank)]))
+        rc, rt = case_runtime(case, comm, Chain([progress, FaultInjection.from_env(comm.rank)]), pool)
     except SpecError as e:   # e.g. model.pretrained weights that do not fit the config
         print(REFUSED_INPUT + str(e).splitlines()[0], flush=True)
         raise SystemExit(2) from None
@@ -142,7 +146,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "") -> bool:
             print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
     plan = rt.plan
     log = StepLog(name, case.get("schedule", name), steps, start,
-                  plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
+                  plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len, rt.compile_mode)
     stopped = False
     for step in range(start, steps):
         res = rt.step(step, stop=bool(stopper and stopper.requested))
@@ -184,8 +188,14 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "") -> bool:
             break
     if metrics:
         metrics.close()
-    if dump_dir:   # which ranks decoded pixels, and how
+    from hyperparallel.mindspore.compiled import summary
+    line = summary(rt.bodies, comm.rank)
+    if line:
+        print(f"[{name}] {line}", flush=True)
+    if dump_dir:   # which ranks decoded pixels, and how; what each chunk compiled
         os.makedirs(dump_dir, exist_ok=True)
+        with open(os.path.join(dump_dir, f"compile_rank{comm.rank}.json"), "w") as f:
+            json.dump(rt.compile_stats(), f)
         with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
             json.dump(rt.source.stats, f)
         with open(os.path.join(dump_dir, f"memory_rank{comm.rank}.json"), "w") as f:
@@ -213,8 +223,10 @@ def main(argv=None) -> int:
     stopper.rank = comm.rank
     stopper.install()   # again: init() may have set handlers of its own
     beat_dir = os.path.dirname(os.path.abspath(argv[0]))
+    from hyperparallel.mindspore.compiled import GraphPool
+    pool = GraphPool()   # a later case of the same chunk runs the graphs an earlier one compiled
     for case in job["cases"]:
-        if run_case(case, comm, stopper, beat_dir):
+        if run_case(case, comm, stopper, beat_dir, pool):
             break
     return end_job(comm)
 

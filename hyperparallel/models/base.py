@@ -10,7 +10,12 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   region; the region's input layers go with the chunk that starts at 0, its output
   layers (and, for the last region, the loss) with the chunk that ends at the
   region's depth. ``chunk.forward(x, batch)`` returns the chunk's output, or for
-  the model's last chunk the micro-batch loss times ``batch.loss_scale``;
+  the model's last chunk the micro-batch loss times ``batch.loss_scale``. For ``mpipe.compile:
+  jit`` a chunk gives its computation on tensors only: ``graph_args(batch)`` (the side inputs it
+  reads, a fixed-length tuple, ``None`` where it reads nothing) and ``graph_body(self, x, *args)``
+  (what ``forward`` computes; ``forward`` may simply call it), compiled with ``mindspore.jit``; a
+  chunk without them runs eager and its ``graph_reason`` (or a default) says why in the log
+  (:mod:`hyperparallel.mindspore.compiled`);
 * ``tensors(micro_batch, loss_scale)``: the side inputs every chunk may read
   (token ids, masks, positions, targets), as MindSpore tensors;
 * ``model_input(tensors)``: the input of the model's first chunk;

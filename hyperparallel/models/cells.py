@@ -161,6 +161,14 @@ class VitChunk(nn.Cell):
         named(reg)
 
     def forward(self, x, batch=None):
+        return self.graph_body(x)
+
+    def graph_args(self, batch) -> tuple:
+        """The side inputs of :meth:`graph_body`: none (an encoder chunk reads only its input)."""
+        return ()
+
+    def graph_body(self, x):
+        """The chunk's computation on tensors only (what ``mindspore.jit`` compiles)."""
         if self.first:
             x = self.patch(x)
         for blk in self.blocks:
@@ -181,10 +189,10 @@ class TokenMerge(nn.Cell):
         self.tok = init.normal("embed.tok", (vocab, dim), std=1.0)
         self.pos = init.normal("embed.pos", (seq_len, dim))
 
-    def construct(self, img, mb):
-        text = ops.gather(self.tok, mb.text_ids, 0)
+    def construct(self, img, text_ids, merge_index):
+        text = ops.gather(self.tok, text_ids, 0)
         table = ops.concat([ops.zeros((1, self.dim), ms.float32), img, text], 0)
-        seq = ops.gather(table, mb.merge_index, 0).reshape(-1, self.seq_len, self.dim)
+        seq = ops.gather(table, merge_index, 0).reshape(-1, self.seq_len, self.dim)
         return seq + self.pos
 
 
@@ -196,11 +204,11 @@ class LMHead(nn.Cell):
         self.norm = RMSNorm(init, "final_norm", dim)
         self.w = init.normal("head.w", (dim, vocab))
 
-    def construct(self, x, mb):
+    def construct(self, x, onehot, mask, loss_scale):
         logits = ops.matmul(self.norm(x), self.w)
         logp = ops.log_softmax(logits, -1)
-        ce = -(logp * mb.onehot).sum(-1)
-        return (ce * mb.mask).sum() / mb.mask.sum() * mb.loss_scale
+        ce = -(logp * onehot).sum(-1)
+        return (ce * mask).sum() / mask.sum() * loss_scale
 
 
 class TinyLLMChunk(nn.Cell):
@@ -222,12 +230,24 @@ class TinyLLMChunk(nn.Cell):
         named(reg)
 
     def forward(self, x, mb):
+        return self.graph_body(x, *self.graph_args(mb))
+
+    def graph_args(self, mb) -> tuple:
+        """The side inputs of :meth:`graph_body`: text ids and merge index (first chunk), targets, mask and
+        loss scale (last chunk); None where the chunk reads nothing (the text ids' length varies with the
+        images: only the first chunk's graph sees it)."""
+        first = (mb.text_ids, mb.merge_index) if self.first else (None, None)
+        last = (mb.onehot, mb.mask, mb.loss_scale) if self.last else (None, None, None)
+        return first + last
+
+    def graph_body(self, x, text_ids, merge_index, onehot, mask, loss_scale):
+        """The chunk's computation on tensors only (what ``mindspore.jit`` compiles)."""
         if self.first:
-            x = self.embed(x, mb)
+            x = self.embed(x, text_ids, merge_index)
         for blk in self.blocks:
             x = blk(x)
         if self.last:
-            x = self.head(x, mb)
+            x = self.head(x, onehot, mask, loss_scale)
         return x
 
 

@@ -47,20 +47,31 @@ class LlamaChunk(nn.Cell):
             p.name = names[id(p)]
 
     def forward(self, x, mb):
+        return self.graph_body(x, *self.graph_args(mb))
+
+    def graph_args(self, mb) -> tuple:
+        """The side inputs of :meth:`graph_body`: text ids and merge index (first chunk), the valid-position
+        mask (every chunk), targets, mask and loss scale (last chunk); None where the chunk reads nothing."""
+        first = (mb.text_2d, mb.merge_index) if self.first else (None, None)
+        last = (mb.onehot, mb.mask, mb.loss_scale) if self.last else (None, None, None)
+        return first + (mb.valid,) + last
+
+    def graph_body(self, x, text_2d, merge_index, valid, onehot, mask, loss_scale):
+        """The chunk's computation on tensors only (what ``mindspore.jit`` compiles); batch size and sequence
+        length come from the valid-position mask's shape."""
         freqs_mgr, casual_mask = self._aux
-        S = mb.seq_len
+        B, S = valid.shape
         if self.first:
-            B = mb.batch_size
-            text = self.embed(mb.text_2d).reshape(-1, self.hidden)
+            text = self.embed(text_2d).reshape(-1, self.hidden)
             table = ops.concat([ops.zeros((1, self.hidden), ms.float32), x, text], 0)
-            x = ops.gather(table, mb.merge_index, 0).reshape(B, S, self.hidden)
+            x = ops.gather(table, merge_index, 0).reshape(B, S, self.hidden)
         freqs = freqs_mgr(S)
-        mask = casual_mask(masks=mb.valid)
+        attn_mask = casual_mask(masks=valid)
         for layer in self.layers:
-            x = layer(x, freqs, mask)
+            x = layer(x, freqs, attn_mask)
         if self.last:
             logits = self.head(self.norm(x)).astype(ms.float32)
             logp = ops.log_softmax(logits, -1)
-            ce = -(logp * mb.onehot).sum(-1)
-            x = (ce * mb.mask).sum() / mb.mask.sum() * mb.loss_scale
+            ce = -(logp * onehot).sum(-1)
+            x = (ce * mask).sum() / mask.sum() * loss_scale
         return x

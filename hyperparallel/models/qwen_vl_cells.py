@@ -64,6 +64,10 @@ def load_hf_weights(net, path: str, rename) -> None:
 class _Slice(nn.Cell):
     """A chunk of the network: its cells registered under their own names, parameter names kept."""
 
+    #: why ``mpipe.compile: jit`` runs these chunks eager (the runtime logs it): no tensor-only body yet
+    graph_reason = ("no tensor-only body: the chunk reads host-built side inputs (window index, cu_seqlens, "
+                    "rotary tables) and calls mindone's cells with keyword arguments")
+
     def __init__(self, net):
         super().__init__(auto_prefix=False)
         self._names = {id(p): p.name for p in net.get_parameters()}   # before attaching renames them

@@ -14,7 +14,10 @@ the ``mpipe:`` section:
   (the transpose options fill in what the schedule does not say; ``trainable`` sets
   every region before the pipelined one);
 * ``memory_limit_gb``: per-device memory; a plan whose predicted peak exceeds it on some device
-  is flagged by plan/simulate and refused by train (:mod:`.memory`).
+  is flagged by plan/simulate and refused by train (:mod:`.memory`);
+* ``compile``: ``jit`` (default) or ``eager``, how the ranks run every chunk's forward, and
+  ``compile_fallback``: ``error`` (default) or ``eager``, what a rank does when a compile fails
+  (:mod:`hyperparallel.mindspore.compiled`).
 
 A MindFormers config (``model:`` with ``model_config`` or ``arch``) is planned as MindFormers
 runs it: V is 1 unless ``pipeline_interleave`` is true, and the language model's layers per
@@ -42,13 +45,20 @@ from . import estimate, schema
 from .train import TrainConfig
 from .files import apply_override, load_raw
 
-MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb")
+MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb", "compile", "compile_fallback")
+#: ``mpipe.compile``: how every chunk's forward runs (``jit``: one compiled MindSpore graph per input
+#: shape, run under the tape; ``eager``: op by op); ``mpipe.compile_fallback``: what a rank does when a
+#: chunk's compile fails at run time (``error``: the job stops naming rank and chunk; ``eager``: that
+#: chunk runs eager, logged)
+COMPILE_MODES = ("jit", "eager")
+COMPILE_FALLBACKS = ("error", "eager")
 ENCODER_KEYS = ("owners", "backward", "spill", "optimizer", "trainable")
 TRANSPOSE_KEYS = ("owners", "backward", "spill", "optimizer")   # the encoder keys that are transpose options
 DEVICES = ("CPU", "Ascend")
 #: Keys the recipe front end reads that a recipe may leave out (a ``--set`` may add them).
 READ_KEYS = (("device", "parallel_config.data_parallel", "parallel_config.pp_interleave_num",
-              "parallel_config.seq_split_num", "mpipe.schedule", "mpipe.profile", "mpipe.encoder")
+              "parallel_config.seq_split_num", "mpipe.schedule", "mpipe.profile", "mpipe.encoder",
+              "mpipe.compile", "mpipe.compile_fallback")
              + tuple(f"mpipe.encoder.{k}" for k in ENCODER_KEYS))
 
 
@@ -206,7 +216,21 @@ def _mpipe(raw: dict) -> Tuple[dict, dict]:
             raise SpecError(f"mpipe.encoder.{opt}", f"must be a name, got {enc[opt]!r}")
         if opt in enc and enc[opt] not in allowed:   # named here: the schedule only takes it as a default
             raise SpecError(f"mpipe.encoder.{opt}", f"{enc[opt]!r} unknown; allowed: {', '.join(allowed)}")
+    compile_settings(raw)
     return mp, dict(enc)
+
+
+def compile_settings(raw: dict) -> Tuple[str, str]:
+    """(``mpipe.compile``, ``mpipe.compile_fallback``) of a raw recipe, defaults ``jit`` and ``error``;
+    another value is a SpecError naming the key and the allowed values."""
+    mp = raw.get("mpipe") if isinstance(raw.get("mpipe"), dict) else {}
+    out = []
+    for key, allowed in (("compile", COMPILE_MODES), ("compile_fallback", COMPILE_FALLBACKS)):
+        v = mp.get(key, allowed[0])
+        if not isinstance(v, str) or v not in allowed:
+            raise SpecError(f"mpipe.{key}", f"{v!r} unknown; allowed: {', '.join(allowed)}")
+        out.append(v)
+    return out[0], out[1]
 
 
 def _memory_limit(mp: dict) -> Optional[float]:
