@@ -291,3 +291,18 @@ def test_eager_mode_runs_no_graph_and_matches_jit(one_device_runs):
     assert all(r.compiles == 0 for r in res)
     for a, b in zip(res, jit):
         assert abs(a.loss - b.loss) < 1e-5
+
+
+def test_the_loss_scale_reaches_the_graph_as_a_tensor_not_a_constant(ms_cpu):
+    """A Python float reaching a jit graph is a compile-time constant: a loss scale that changes per micro-batch
+    (answer tokens vary on real data) would compile the last chunk once per value. The last chunk's graph
+    inputs carry it as a tensor, so two scales give one graph signature."""
+    from hyperparallel.mindspore.compiled import _signature
+    from hyperparallel.runconfig import run_config_of
+    rc = run_config_of(load_recipe(TINY))
+    depth = rc.model.depth("llm")
+    last = rc.model.build_chunk("llm", depth // 2, depth)
+    mb = rc.source().micro_batch(0, 0)
+    a, b = (last.graph_args(rc.model.tensors(mb, s)) for s in (0.25, 0.75))
+    assert _signature(a) == _signature(b)
+    assert float(a[-1].asnumpy()) == 0.25 and float(b[-1].asnumpy()) == 0.75

@@ -237,7 +237,7 @@ class TinyLLMChunk(nn.Cell):
         loss scale (last chunk); None where the chunk reads nothing (the text ids' length varies with the
         images: only the first chunk's graph sees it)."""
         first = (mb.text_ids, mb.merge_index) if self.first else (None, None)
-        last = (mb.onehot, mb.mask, mb.loss_scale) if self.last else (None, None, None)
+        last = (mb.onehot, mb.mask, mb.loss_scale_t) if self.last else (None, None, None)
         return first + last
 
     def graph_body(self, x, text_ids, merge_index, onehot, mask, loss_scale):
@@ -267,6 +267,9 @@ class MicroTensors:
         self.onehot = Tensor(mb.onehot)
         self.mask = Tensor(mb.mask)
         self.loss_scale = float(loss_scale)
+        # the scale as a graph input: a Python float reaching a jit graph is a constant, so every distinct
+        # value (token counts vary per micro-batch on real data) would compile the last chunk again
+        self.loss_scale_t = Tensor(np.float32(loss_scale))
 
     @property
     def patches(self):

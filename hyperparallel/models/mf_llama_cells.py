@@ -53,7 +53,7 @@ class LlamaChunk(nn.Cell):
         """The side inputs of :meth:`graph_body`: text ids and merge index (first chunk), the valid-position
         mask (every chunk), targets, mask and loss scale (last chunk); None where the chunk reads nothing."""
         first = (mb.text_2d, mb.merge_index) if self.first else (None, None)
-        last = (mb.onehot, mb.mask, mb.loss_scale) if self.last else (None, None, None)
+        last = (mb.onehot, mb.mask, mb.loss_scale_t) if self.last else (None, None, None)   # a tensor: see cells
         return first + (mb.valid,) + last
 
     def graph_body(self, x, text_2d, merge_index, valid, onehot, mask, loss_scale):
