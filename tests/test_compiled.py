@@ -97,12 +97,9 @@ def test_jit_graph_backward_fused_is_exact_and_split_is_as_recorded(ms_cpu):
         f"MindSpore now {'splits' if w_split else 'does not split'} a jit graph's backward: update compat.py"
 
 
-def test_a_compiled_graph_sees_parameters_written_in_place_not_set_data(ms_cpu):
-    """Why the runtime writes parameters with compat.write_param: after ``set_data`` a jit graph compiled
-    before keeps the old buffer (fails when MindSpore changes that, then set_data would do)."""
-    ms = ms_cpu
+def _weight_net():
+    """A Cell with one 2x2 weight of ones and a tensor-only body ``x @ w`` (to compile with compat.jit)."""
     from mindspore import nn, ops, Parameter, Tensor
-    from hyperparallel.mindspore import compat
 
     class Net(nn.Cell):
         def __init__(self):
@@ -112,8 +109,18 @@ def test_a_compiled_graph_sees_parameters_written_in_place_not_set_data(ms_cpu):
         def body(self, x):
             return ops.matmul(x, self.w)
 
+    return Net()
+
+
+def test_a_compiled_graph_sees_parameters_written_in_place_not_set_data(ms_cpu):
+    """Why the runtime writes parameters with compat.write_param: after ``set_data`` a jit graph compiled
+    before keeps the old buffer (fails when MindSpore changes that, then set_data would do)."""
+    ms = ms_cpu
+    from mindspore import Tensor
+    from hyperparallel.mindspore import compat
+
     x = Tensor(np.ones((1, 2), np.float32))
-    a, b = Net(), Net()
+    a, b = _weight_net(), _weight_net()
     ga, gb = compat.jit(a.body), compat.jit(b.body)
     assert ga(x).asnumpy()[0, 0] == 2.0 and gb(x).asnumpy()[0, 0] == 2.0
     a.w.set_data(Tensor(np.full((2, 2), 2.0, np.float32)))
@@ -127,18 +134,10 @@ def test_optimizer_state_loads_without_replacing_the_model_parameters(ms_cpu):
     """A MindSpore optimizer Cell holds the model's parameters too: load_param_into_net on it would set_data
     them (a graph compiled before then reads stale weights; found when a GraphPool case resumed a
     checkpoint). compat.load_optimizer_state loads its own state and leaves the parameters' buffers."""
-    from mindspore import nn, ops, Parameter, Tensor
+    from mindspore import nn, Parameter, Tensor
     from hyperparallel.mindspore import compat
 
-    class Net(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.w = Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")
-
-        def body(self, x):
-            return ops.matmul(x, self.w)
-
-    net = Net()
+    net = _weight_net()
     opt = nn.Adam([net.w], learning_rate=0.1)
     assert "w" in {p.name for p in opt.get_parameters()}   # the fact that makes this necessary
     g = compat.jit(net.body)
