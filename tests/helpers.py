@@ -56,9 +56,15 @@ def reference_run(recipe, steps: int):
 # -- msrun job cases (the worker's job file), shared by the equivalence and checkpoint suites ------
 
 def case_name(text: str) -> str:
-    """A case name (a dump folder) from a schedule spelling and its settings."""
+    """A case name (a dump folder) from a schedule spelling and its settings. Long settings (data paths
+    under pytest's temporary folder) are cut to 80 characters plus a hash of the whole text, so the
+    folder name stays far below the file systems' 255-byte limit and distinct cases stay distinct."""
+    import hashlib
     import re
-    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+    if len(name) <= 96:
+        return name
+    return name[:80].rstrip("_") + "_" + hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def job_case(tmp: str, recipe_path: str, schedule, name: str, overrides=(), steps: int = 3,
