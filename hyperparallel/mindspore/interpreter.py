@@ -64,6 +64,8 @@ class Interpreter:
         ``loss_normalization``: how micro-batch losses make the step loss (:mod:`hyperparallel.data.loss_norm`)."""
         self.plan, self.comm, self.model, self.source, self.chunks = plan, comm, model, source, chunks
         self.bodies = bodies if bodies is not None else build_bodies(chunks, "eager")
+        # each chunk's parameters, listed once (a backward names them; Cell.get_parameters walks the Cell tree)
+        self.params_of = {k: list(cell.get_parameters()) for k, cell in chunks.items()}
         self.device = comm.device
         self.program: List[ir.Action] = plan.programs.get(self.device, [])
         self.ahead_acts: Dict[Key, Tensor] = {}  # outputs of next-step (step=1) work, kept for the next step
@@ -280,7 +282,7 @@ class Interpreter:
     def do_W(self, a: ir.Action) -> None:
         key = (a.region, a.chunk, a.micro)
         out, sens = self.pending_w.pop(key)
-        params = list(self.chunks[key[:2]].get_parameters())
+        params = self.params_of[key[:2]]
         grads = sens if out is _KEPT else self._grad([out], [sens], params, keep_graph=False)
         self.defer_grads(params, grads)
         self.inputs.pop(key), self.outputs.pop(key)
@@ -290,7 +292,7 @@ class Interpreter:
         """Input grad (into ``out_grads``, when the previous chunk is backwarded) and the weight grads
         (returned) of ``key`` in one backward call."""
         x, prev = self.inputs[key], self.prev_key(key)
-        params = list(self.chunks[key[:2]].get_parameters())
+        params = self.params_of[key[:2]]
         need_x = prev is not None and prev in self.backwarded_anywhere
         g = self._grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
         if need_x:
@@ -302,7 +304,7 @@ class Interpreter:
         out = self.outputs[key]
         g = self.both_grads(key, out, self.sens(key, out))
         self.inputs.pop(key), self.outputs.pop(key)
-        self.defer_grads(list(self.chunks[key[:2]].get_parameters()), g)
+        self.defer_grads(self.params_of[key[:2]], g)
         self.held.release(key)
 
     def do_SEND(self, a: ir.Action) -> None:

@@ -142,7 +142,8 @@ class RankRuntime:
         # the update) and the stop wishes
         self.hooks.phase(s, "reduce")
         loss, sq, stops = self.comm.all_reduce_values(
-            [part, square_sum([g for n, g in grads.items() if n in self.counted]), 1.0 if stop else 0.0])
+            [part, square_sum([g for n, g in grads.items() if n in self.counted],
+                                     compiled=self.train.optimizer_compile != "eager"), 1.0 if stop else 0.0])
         t2 = time.perf_counter()
         self.hooks.phase(s, "optimizer")
         norm = max(sq, 0.0) ** 0.5

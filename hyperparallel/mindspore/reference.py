@@ -67,7 +67,7 @@ class Reference:
             return loss
         loss, grads = ms.value_and_grad(total, None, weights=self.params)(ms.Tensor(0.0))
         named = {p.name: g for p, g in zip(self.params, grads)}
-        self.grad_norm = square_sum(list(named.values())) ** 0.5
+        self.grad_norm = square_sum(list(named.values()), compiled=self.rc.train.optimizer_compile != "eager") ** 0.5
         self.lr = self.opt.lr(step)
         self.opt.step(scaled(named, clip_scale(self.grad_norm, self.rc.train.max_grad_norm)))
         return float(loss.asnumpy()), {k: v.asnumpy() for k, v in named.items()}
