@@ -141,9 +141,9 @@ class RankRuntime:
         # one all-reduce: the step loss, the global gradient norm's square (clipping needs it before
         # the update) and the stop wishes
         self.hooks.phase(s, "reduce")
-        loss, sq, stops = self.comm.all_reduce_values(
-            [part, square_sum([g for n, g in grads.items() if n in self.counted],
-                                     compiled=self.train.optimizer_compile != "eager"), 1.0 if stop else 0.0])
+        sq_local = square_sum([g for n, g in grads.items() if n in self.counted],
+                              compiled=self.train.optimizer_compile != "eager")
+        loss, sq, stops = self.comm.all_reduce_values([part, sq_local, 1.0 if stop else 0.0])
         t2 = time.perf_counter()
         self.hooks.phase(s, "optimizer")
         norm = max(sq, 0.0) ** 0.5
