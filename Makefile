@@ -19,10 +19,13 @@ demo: install
 	$(VENV)/bin/hyperparallel train recipes/qwen2_5_vl_tiny.yaml --run-dir runs/demo
 
 # the suite in TEST_WORKERS pytest processes, one test module per process at a time (module-scoped msrun
-# launches run once); TEST_WORKERS=0 runs it in this process
+# launches run once); TEST_WORKERS=0 runs it in this process. On a failure the failed tests and why are
+# printed last (tools/test_recap.py, from pytest's JUnit report), so a CI log's tail names them.
 TEST_WORKERS ?= 4
+TEST_REPORT ?= .pytest-report.xml
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --junitxml=$(TEST_REPORT) tests \
+		|| { rc=$$?; $(PY) tools/test_recap.py $(TEST_REPORT); exit $$rc; }
 
 # the fast subset for the inner loop: every test that launches no msrun job
 test-fast: install

@@ -3,8 +3,8 @@
 No MindSpore import here: the launcher only builds the msrun command, streams
 rank 0's progress lines, and on failure names the rank that failed from
 ``LOG_DIR/worker_N.log``. A watchdog stops the whole job soon after any worker
-dies (msrun itself may wait for the survivors, which block in a receive for
-~30 s before MCCL gives up), and, with ``hang_timeout_s``, when no rank has moved
+dies (msrun itself may wait for the survivors, which block in a receive until MCCL's timeout,
+:func:`hyperparallel.mindspore.compat.comm_timeouts`), and, with ``hang_timeout_s``, when no rank has moved
 for that long (the ranks' heartbeats, :mod:`hyperparallel.watch`), naming the rank that stopped.
 
 Signals (preemption): the first SIGTERM/SIGINT/SIGHUP is forwarded as SIGTERM to this node's ranks,

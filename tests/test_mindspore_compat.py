@@ -99,3 +99,35 @@ def test_square_sum_compiled_is_bit_identical_to_op_by_op_and_compiles_once(comp
             n = compat.graphs_compiled()
             assert square_sum(grads, compiled=True) == jit and compat.graphs_compiled() == n
     assert square_sum([], compiled=True) == 0.0
+
+
+def test_comm_timeouts_raise_mccl_receive_timeout_unless_set(compat, monkeypatch):
+    monkeypatch.delenv("MS_NODE_TIMEOUT", raising=False)
+    assert compat.comm_timeouts() == str(compat.CPU_COMM_TIMEOUT_S)
+    monkeypatch.setenv("MS_NODE_TIMEOUT", "77")   # the user's own value is kept
+    assert compat.comm_timeouts() == "77"
+
+
+@pytest.mark.msrun
+def test_receive_waits_past_mccls_30_s_for_a_late_sender(tmp_path):
+    """MCCL's receive alone gives up after 30 s (``Recv failed.``); a pipeline peer that compiles longer
+    than that on a loaded CPU must not kill a correct job: through the runtime's Comm, a receive waits for
+    a sender 35 s late."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from hyperparallel.launch import free_port, msrun_path
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, GLOG_v="3", PYTHONPATH=os.path.dirname(here))
+    env.pop("MS_NODE_TIMEOUT", None)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    cmd = msrun_path() + ["--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
+                          f"--log_dir={tmp_path / 'log'}", "--join=True",
+                          os.path.join(here, "comm_timeout_worker.py"), str(tmp_path)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    logs = "".join(p.read_text()[-1500:] for p in sorted((tmp_path / "log").glob("worker_*.log")))
+    assert res.returncode == 0, logs
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    assert r0["got"] == [1.0, 2.0, 3.0] and r0["waited_s"] > 32, r0
+    assert r0["MS_NODE_TIMEOUT"] == str(1800) and "Recv failed" not in logs

@@ -24,6 +24,7 @@ from . import compat
 class Comm:
     def __init__(self, data_parallel: int):
         from mindspore.communication import init
+        compat.comm_timeouts()   # MCCL's 30 s receive timeout, raised before init() reads it (CPU)
         init()  # backend from the device: MCCL on CPU, HCCL on Ascend
         compat.fix_default_comm_group()
         self.rank = dist.get_rank()

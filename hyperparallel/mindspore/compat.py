@@ -37,6 +37,14 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   and does nothing else: harmless, but it alarms every user at the end of every job. On CPU
   :func:`barrier` is a one-element blocking all-reduce instead (every rank must join it, so it is a
   barrier); on Ascend it is MindSpore's own.
+* MCCL's point-to-point receive gives up after 30 s with ``Recv failed.`` when no sender comes
+  (``collective_ops_impl.cc``, ``CollectiveWait``; the CPU collectives' op timeout, read from
+  ``MS_NODE_TIMEOUT`` when it is set). A pipeline peer may well be busy longer than that on a
+  loaded CPU host, compiling its chunks' graphs in the first step while the next stage waits for
+  its activation: a correct job then dies. :func:`comm_timeouts` sets ``MS_NODE_TIMEOUT`` to
+  :data:`CPU_COMM_TIMEOUT_S` (HCCL's default execution timeout, so CPU and Ascend wait alike)
+  before ``init()`` unless the user set it; a rank that really stops is still found by the
+  launcher's hang watchdog (``train.hang_timeout_s``) and a dead one by msrun.
 * msrun starts its scheduler on every node whose addresses include ``--master_addr``
   (``mindspore/parallel/cluster/process_entity/_api.py``: ``is_master = _is_local_ip(master_addr)``),
   whatever ``--node_rank`` says. Two nodes of one job on one machine (a test of the multi-node path,
@@ -67,6 +75,20 @@ def setup_device(target: str = "CPU") -> None:
     """Select the device and switch to blocking launch (see module docstring)."""
     ms.set_device(target)
     ms.runtime.launch_blocking()
+
+
+#: MCCL's communication timeout the runtime asks for on CPU (seconds; HCCL_EXEC_TIMEOUT's default).
+CPU_COMM_TIMEOUT_S = 1800
+
+
+def comm_timeouts() -> str:
+    """Before ``init()``: on CPU, MCCL's receive timeout raised from 30 s to :data:`CPU_COMM_TIMEOUT_S`
+    through ``MS_NODE_TIMEOUT`` (see the module docstring) unless the environment sets it. Returns the
+    value in force."""
+    import os
+    if ms.get_context("device_target") == "CPU":
+        os.environ.setdefault("MS_NODE_TIMEOUT", str(CPU_COMM_TIMEOUT_S))
+    return os.environ.get("MS_NODE_TIMEOUT", "")
 
 
 def barrier(group=None) -> None:
