@@ -567,3 +567,18 @@ def test_qwen3_whole_model_gradients_finite_difference():
                    "model.visual.deepstack_merger_list.0.", "model.visual.merger.", "model.language_model.layers.0.",
                    "lm_head."],
              [(1, 8, 12), (1, 4, 4), None], [(3, 4), (2, 6), (5, 2)])
+
+
+def test_mindone_decoder_layer_still_does_not_compile(tmp_path):
+    """Why mindone's Qwen-VL chunks run eager under ``mpipe.compile: jit`` (``qwen_vl_cells._Slice.graph_reason``,
+    README): its decoder layer does not compile under ``mindspore.jit``. Fails, saying so, the day it does."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
+    run = subprocess.run([sys.executable, os.path.join(here, "mindone_jit_probe.py")], capture_output=True,
+                         text=True, timeout=600, env=env, cwd=tmp_path)   # MindSpore writes rank_0/om/ there
+    out = [l for l in run.stdout.splitlines() if l.startswith(("COMPILED", "FAILED"))]
+    assert out, run.stdout[-2000:] + run.stderr[-2000:]
+    assert out[-1] != "COMPILED", "mindone's decoder layer compiles now: give the Qwen-VL chunks a graph_body"
+    assert "Tensor.transpose" in out[-1], out[-1]
