@@ -314,11 +314,19 @@ class _Ranks:
         self.others: Dict[int, int] = {}     # msrun's other children (its scheduler)
 
     def refresh(self) -> None:
+        """Classify msrun's children. A child not (yet) seen as a rank is looked at again on every refresh:
+        between msrun's fork and its exec a rank still has msrun's command line and environment, and on
+        a loaded machine a refresh lands in that window (a rank taken for good as "other" would leave
+        the node's ranks never all seen, and a finished job judged hung)."""
         for pid in _children(self.msrun):
             st = _stat(pid)
-            if st and pid not in self.pids and pid not in self.others:
-                rank = _role(pid) == "MS_WORKER" and _runs(pid, self.job_path)
-                (self.pids if rank else self.others)[pid] = st[2]
+            if not st or pid in self.pids:
+                continue
+            if _role(pid) == "MS_WORKER" and _runs(pid, self.job_path):
+                self.others.pop(pid, None)
+                self.pids[pid] = st[2]
+            else:
+                self.others[pid] = st[2]
 
     def alive(self) -> List[int]:
         return [p for p, t in self.pids.items() if _alive(p, t)]

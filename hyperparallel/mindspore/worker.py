@@ -205,7 +205,8 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
         with open(os.path.join(dump_dir, "losses.json"), "w") as f:
             json.dump({"start": start, "losses": losses}, f)
     if hb:
-        hb.beat(steps, "barrier")   # the job's end barrier (or the next case's set-up) follows
+        # the job's end barrier (or the next case's set-up) follows: it waits on every other rank
+        hb.beat(steps, "barrier", waits=[r for r in range(comm.world) if r != comm.rank])
         hb.close()
     return stopped
 
