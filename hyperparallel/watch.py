@@ -7,7 +7,10 @@ a checkpoint save): the step, the program index, the action kind, the rank(s) it
 node has moved for ``train.hang_timeout_s`` (every ``since`` older), the job is hung and
 :func:`hang_verdict` names the rank that stopped: the wait-for chain is followed (a rank in a
 receive waits on its peer, a rank in a collective on the members not in it) to a rank that waits
-on nobody (stuck in compute), or the longest-stuck rank of a wait cycle.
+on nobody (stuck in compute), or the longest-stuck rank of a wait cycle. When the chain ends in a
+wait on a rank of another node (multi-node jobs: each node's launcher sees its own ranks), the node
+holding that rank judges it; this node ends the job only after ``REMOTE_FACTOR`` times the allowance
+(a node that vanished with its launcher), naming the peer as not on this node.
 A save or restore is never judged (a huge file may take longer than the timeout); the first step
 of a run gets ``FIRST_STEP_FACTOR`` times the timeout (kernels are compiled then).
 """
@@ -21,6 +24,7 @@ from typing import Dict, List, Optional
 
 SIZE = 512               # every heartbeat is one write of exactly this many bytes at offset 0
 FIRST_STEP_FACTOR = 5    # the first step's allowance, in hang timeouts
+REMOTE_FACTOR = 5        # ranks of this node waiting on a rank of another node: that many times the allowance
 WAITS = ("RECV", "ALLREDUCE", "BROADCAST", "ALLGATHER", "reduce", "gather", "barrier")
 EXEMPT = ("save", "restore")
 _NAME = re.compile(r"progress_(\d+)\.json$")
@@ -109,8 +113,14 @@ def hang_verdict(beats: Dict[int, dict], timeout_s: float, now: Optional[float] 
         r = nxt[0]
     hung = r
     b = bs[hung]
+    remote = [w for w in b.get("waits") or [] if w not in bs]
+    if b["kind"] in WAITS and remote and min(idle.values()) < limit * REMOTE_FACTOR:
+        return None   # the chain leaves this node: the node holding the peer judges it first
+    where = ""
+    if b["kind"] in WAITS and remote:
+        where = f" (rank{'s' if len(remote) > 1 else ''} {', '.join(map(str, remote))} not on this node)"
     line = (f"rank {hung} hung: no progress for {idle[hung]:.1f} s (train.hang_timeout_s {timeout_s:g}) in step "
-            f"{b['step']} at {_where(b)}, {_waits_on(b)}")
+            f"{b['step']} at {_where(b)}, {_waits_on(b)}{where}")
     waiting = [q for q in ranks if q != hung and hung in (bs[q].get("waits") or [])]
     if waiting:
         q = waiting[0]

@@ -66,6 +66,19 @@ def test_no_hang_while_any_rank_moves_or_saves_or_starts():
     assert hang_verdict(first, 10.0, now=49.0) is None and hang_verdict(first, 10.0, now=51.0)
 
 
+def test_a_wait_on_another_nodes_rank_is_judged_later_and_says_so():
+    # node 0's launcher sees ranks 0 and 1 only; both wait in the end barrier on ranks 2 and 3 (node 1)
+    node0 = {0: beat(0, "barrier", -1, [1, 2, 3], since=0.0, what=""), 1: beat(1, "barrier", -1, [0, 2, 3], since=1.0,
+                                                                           what="")}
+    assert hang_verdict(node0, 10.0, now=30.0) is None       # node 1's launcher judges its ranks first
+    line = hang_verdict(node0, 10.0, now=52.0)               # 5x the timeout: node 1 is gone
+    assert line == ("rank 0 hung: no progress for 52.0 s (train.hang_timeout_s 10) in step 3 at (barrier), waiting on "
+                    "ranks 1, 2, 3 (ranks 2, 3 not on this node); rank 1 waits on it at (barrier)")
+    # a local rank stuck in compute is named at the usual time, whatever the others wait on
+    mixed = {0: beat(0, "RECV", 2, [1], since=0.0), 1: beat(1, "F", 3, since=0.0)}
+    assert hang_verdict(mixed, 10.0, now=11.0, ranks=[0, 1]).startswith("rank 1 hung")
+
+
 def test_heartbeat_file_round_trip(tmp_path):
     hb = Heartbeat(str(tmp_path), 3, first_step=2)
     hb.beat(4, "RECV", 7, 20, [1], "vision/0 micro 1 act from rank 1")
