@@ -240,6 +240,60 @@ def test_text_only_micro_batch_gets_an_unread_filler_image(tmp_path, clean):
     assert mb.patches.shape == (1, src.cfg.num_patches, src.cfg.patch_dim) and not mb.patches.any()
 
 
+def _table_refs(mb, S, k):
+    """What each sequence position of ``mb`` reads: ("pad",), ("img", row) of a real image, ("fill", row)
+    of a filler image, ("txt", token id)."""
+    real, rows = sum(mb.images_per_sample) * k, mb.num_images * k
+    out = []
+    for v in mb.merge_index.tolist():
+        if v == 0:
+            out.append(("pad",))
+        elif v <= rows:
+            out.append(("img", v - 1) if v - 1 < real else ("fill", v - 1))
+        else:
+            out.append(("txt", int(mb.text_ids[v - 1 - rows])))
+    return out
+
+
+def test_shape_buckets_pad_with_unread_fillers_and_bound_the_shapes(clean):
+    from hyperparallel.data.conversations_config import bucket
+    assert [bucket(n, 8) for n in (0, 1, 2, 3, 5, 8, 9)] == [1, 1, 2, 4, 8, 8, 9]
+    assert bucket(5, 6) == 6 and bucket(3, 0) == 3   # capped, never below n
+    plain = _source(clean, ["data.seq_len=64", "data.shape_buckets=none"])
+    padded = _source(clean, ["data.seq_len=64", "data.shape_buckets=pow2"])
+    S, k, B = 64, 1, plain.cfg.micro_batch_size
+    shapes = {"none": set(), "pow2": set()}
+    for step in range(12):
+        for g in range(4):
+            a, b = plain.micro_batch(step, g), padded.micro_batch(step, g)
+            assert a.sample_ids == b.sample_ids and a.images_per_sample == b.images_per_sample
+            for n, cap in ((b.num_images, B * S // k), (len(b.text_ids), B * S)):
+                assert n & (n - 1) == 0 or n == cap, (n, cap)   # a power of two, or the cap
+            assert b.num_images >= max(1, sum(b.images_per_sample)) and len(b.text_ids) >= len(a.text_ids)
+            assert _table_refs(b, S, k) == _table_refs(a, S, k)   # every position reads what it read unpadded
+            np.testing.assert_array_equal(b.onehot, a.onehot)
+            np.testing.assert_array_equal(b.mask, a.mask)
+            real = sum(a.images_per_sample)
+            np.testing.assert_array_equal(b.patches[:real], a.patches[:real])
+            assert not b.patches[real:].any() and b.patches.shape[0] == b.num_images
+            shapes["none"].add((a.num_images, len(a.text_ids)))
+            shapes["pow2"].add((b.num_images, len(b.text_ids)))
+    assert len(shapes["pow2"]) < len(shapes["none"]) / 2, shapes
+    plain.close(), padded.close()
+    with pytest.raises(ValueError, match=r"^data.shape_buckets: 'pow3' unknown; allowed: none, pow2$"):
+        _source(clean, ["data.shape_buckets=pow3"])
+
+
+def test_shape_buckets_leave_losses_and_gradients_exact(clean):
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    plain_losses, plain_grads = _reference(clean, ["data.shape_buckets=none"])
+    losses, grads = _reference(clean, ["data.shape_buckets=pow2"])
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-6, atol=0)
+    assert sorted(grads) == sorted(plain_grads) and any(n.startswith("vision.") for n in grads)
+    for n in grads:
+        np.testing.assert_allclose(grads[n], plain_grads[n], rtol=1e-5, atol=1e-7, err_msg=n)
+
+
 # -- order, position, resume, pixels --------------------------------------------------------------
 
 def test_shuffle_is_a_pure_function_of_seed_and_epoch(clean):
@@ -330,7 +384,7 @@ def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
             return call
     src = rc.source()
     load = src.load_patches
-    src.load_patches = lambda *a: (seen.append(list(stack)), load(*a))[1]
+    src.load_patches = lambda *a, **kw: (seen.append(list(stack)), load(*a, **kw))[1]
     plan = local_plan(checked_plan(recipe, "1f1b"), "interleaved")
     RankRuntime(plan, rc.model, src, rc.train, LocalComm(), Categories()).step(0)
     src.close()

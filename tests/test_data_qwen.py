@@ -269,6 +269,8 @@ def test_keys_of_the_other_layout_are_refused(demo):
         _source(demo, image_size=8)
     with pytest.raises(ValueError, match=r"^data.mean: does not apply to this model's qwen_vl"):
         _source(demo, mean=[0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match=r"^data.shape_buckets: does not apply to this model's qwen_vl"):
+        _source(demo, shape_buckets="pow2")
     with pytest.raises(ValueError, match=r"^data.min_pixels: does not apply to this model's merge_index"):
         _source(demo, fmt={"format": "merge_index", "image_tokens": 1})
     merge = _source(demo, fmt={"format": "merge_index", "image_tokens": 1}, min_pixels=None, max_pixels=None)

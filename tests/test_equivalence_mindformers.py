@@ -38,6 +38,7 @@ LLAMA_CASES_2 = [(s, False) for s in SCHEDULES_2] + [(s, True) for s in FROZEN_2
 QWEN2_CASES_2 = [("transpose(backward=central)", False), ("1f1b", True)]
 P4 = ("parallel_config.pipeline_stage=4",)
 EAGER = ("mpipe.compile=eager",)
+BUCKETS = ("data.shape_buckets=pow2",)
 
 
 def _overrides(schedule: str, frozen: bool, extra=()):
@@ -100,9 +101,9 @@ def two_rank(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("mf2"))
     cases = [_case(tmp, LLAMA, s, fz) for s, fz in LLAMA_CASES_2]
     cases += [_case(tmp, QWEN2, s, fz) for s, fz in QWEN2_CASES_2]
-    # eager: conversations give a new input shape almost every micro-batch, each a compile, which would add
-    # more to the suite's time than this case's 12 steps take (README, compiled chunks)
-    cases.append(_case(tmp, DATA, "transpose", False, demo_data(tmp) + EAGER, steps=DATA_STEPS))
+    # compiled, with shape buckets: conversations give a new input shape almost every micro-batch, and
+    # data.shape_buckets: pow2 bounds the graphs (compared with the reference on the unpadded data)
+    cases.append(_case(tmp, DATA, "transpose", False, demo_data(tmp) + BUCKETS, steps=DATA_STEPS))
     cases.append(_case(tmp, LLAMA, "zb_h1", False, EAGER))   # the eager path stays tested (the rest compile)
     _run(tmp, cases, 2)
     return {c["name"]: c for c in cases}
@@ -156,10 +157,26 @@ def test_llama_on_conversation_data_matches_reference_and_learns(two_rank):
     """recipes/mf_llama_mllm_data.yaml: MindFormers' Llama MLLM on LLaVA-style conversations with image
     files (decoded by mindspore.dataset), transpose on 2 ranks, equals the reference; the loss falls."""
     case = next(c for c in two_rank.values() if c["path"] == DATA)
-    assert case["raw"]["data"]["type"] == "conversations"
-    assert_matches_reference(case)
+    assert case["raw"]["data"]["type"] == "conversations" and case["raw"]["data"]["shape_buckets"] == "pow2"
+    # the padded micro-batches, compiled, train exactly like the reference on the unpadded ones
+    ref_losses, ref_grads = reference(DATA, False, [e for e in case["extra"] if e not in BUCKETS] + ["data.shape_buckets=none"])
+    assert_equivalent(case, ref_losses, ref_grads)
     losses, _ = _dumped(case)
     assert len(losses) == DATA_STEPS and np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.3, losses
+    # every chunk ran compiled, one graph per shape, and the buckets bound the shapes below the raw data's
+    from hyperparallel.runconfig import RunConfig
+    raw = dict(case["raw"]["data"], shape_buckets="none")
+    shapes = {}
+    for key, data in (("pow2", case["raw"]["data"]), ("none", raw)):
+        src = RunConfig.from_raw(dict(case["raw"], data=data)).source()
+        shapes[key] = {(mb.num_images, len(mb.text_ids)) for mb in
+                       (src.micro_batch(s, g) for s in range(DATA_STEPS) for g in range(src.cfg.micro_per_step))}
+        src.close()
+    assert len(shapes["pow2"]) < len(shapes["none"]) / 2, shapes
+    stats = compile_stats(case)
+    assert stats and all(s["mode"] == "jit" and s["compiles"] + s["reused"] == s["shapes"] for s in stats), stats
+    first = [s for s in stats if s["chunk"] in ("llm/0", "vision/0")]
+    assert first and all(s["shapes"] <= len(shapes["pow2"]) for s in first), (stats, shapes)
 
 
 @pytest.fixture(scope="module")

@@ -84,6 +84,9 @@ CONVERSATIONS = {
     "vocab": "vocabulary size the model must cover (default: the tokenizer's)",
     "balance": "`none`, or `encoder`: each step's samples regrouped into micro-batches so every encoder owner "
                "(transpose) gets even work; needs `train.loss_normalization: tokens`",
+    "shape_buckets": "`none`, or `pow2`: each micro-batch's image count and text length padded up to a power of "
+                     "two with filler no position reads (loss exact), so compiled chunks (`mpipe.compile: jit`) "
+                     "compile a few graphs instead of one per shape (tiny layout)",
 }
 
 METRICS = {

@@ -56,15 +56,24 @@ there (resume).
 for merge_index, ``<|endoftext|>`` for qwen_vl; no loss there); a sample longer than ``seq_len``
 is a bad sample (never truncated). A micro-batch without any image gets one all-zero filler image
 that no position reads (the encoder's messages are never empty; the loss is unchanged).
+
+**Shape buckets** (``shape_buckets: pow2``, merge_index; default ``none``). A compiled chunk
+(``mpipe.compile: jit``) compiles once per input shape, and conversations give a new image count
+and text length almost every micro-batch. With ``pow2`` each micro-batch's image count is padded
+up to a power of two with all-zero filler images, and its text ids up to a power of two with id 0,
+both capped at the most the micro-batch can hold (``B * (seq_len // image_tokens)`` images,
+``B * seq_len`` text ids). No position reads the padding: the loss and the gradients are those of
+the unpadded micro-batch (the filler's encoder work is real compute), and the shapes the
+encoder's first chunk and the LLM's first chunk see are bounded by ``log2`` of the caps.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from .batch import MicroBatch, patchify
-from .conversations_config import DEMO_HINT, POLICIES, ConversationsConfig
+from .conversations_config import DEMO_HINT, POLICIES, ConversationsConfig, bucket
 from .formats import QWEN_VL
 from .index import Problem, Sample, check_image, read_records, summary
 from .index import build_index as _build_index
@@ -149,7 +158,12 @@ class ConversationsSource(IndexedSource):
         samples = self.batch_samples(*key)
         B = len(samples)
         counts = [len(s.files) for s in samples]
-        extra = 0 if sum(counts) else 1
+        T = sum(len(s.enc.text) for s in samples)
+        if self.cfg.shape_buckets == "pow2":   # filler images and text ids that no position reads
+            extra = bucket(sum(counts), B * (S // k)) - sum(counts)
+            text_pad = bucket(T, B * S) - T
+        else:
+            extra, text_pad = (0 if sum(counts) else 1), 0
         rows_total = (sum(counts) + extra) * k
         merge = np.zeros((B, S), np.int32)
         onehot = np.zeros((B, S, V), np.float32)
@@ -166,16 +180,19 @@ class ConversationsSource(IndexedSource):
             text.append(e.text)
             row_off += len(s.files) * k
             text_off += len(e.text)
+        text.append(np.zeros(text_pad, np.int32))
         return MicroBatch(text_ids=np.concatenate(text).astype(np.int32), merge_index=merge.reshape(-1),
                           onehot=onehot, mask=mask, images_per_sample=counts, extra_images=extra,
-                          load=lambda: self.load_patches(*key), sample_ids=[s.id for s in samples])
+                          load=lambda: self.load_patches(*key, extra=extra), sample_ids=[s.id for s in samples])
 
-    def load_patches(self, step: int, micro: int) -> np.ndarray:
-        """(num_images, num_patches, patch_dim) float32 of one micro-batch (the filler is zeros)."""
+    def load_patches(self, step: int, micro: int, extra: Optional[int] = None) -> np.ndarray:
+        """(num_images, num_patches, patch_dim) float32 of one micro-batch, its ``extra`` filler images
+        (zeros) after the real ones (default: one when it has none)."""
         cfg = self.cfg
-        imgs = self.pixels.get(step, micro)
-        if not imgs:   # the filler image
-            imgs = [np.zeros((cfg.channels, cfg.image_size, cfg.image_size), np.float32)]
+        imgs = list(self.pixels.get(step, micro))
+        if extra is None:
+            extra = 0 if imgs else 1
+        imgs += [np.zeros((cfg.channels, cfg.image_size, cfg.image_size), np.float32)] * int(extra)
         return np.stack([patchify(im, cfg.patch) for im in imgs]).astype(np.float32)
 
 

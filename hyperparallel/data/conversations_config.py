@@ -1,7 +1,7 @@
 """The recipe ``data:`` section of ``type: conversations`` (keys and defaults: :mod:`.conversations`).
 
 Some keys belong to one micro-batch layout only (:mod:`.formats`): ``image_size``, ``patch``,
-``mean``, ``std`` to ``merge_index``; ``min_pixels``, ``max_pixels``, ``image_mean``, ``image_std``,
+``mean``, ``std``, ``shape_buckets`` to ``merge_index``; ``min_pixels``, ``max_pixels``, ``image_mean``, ``image_std``,
 ``preprocessor_config``, ``system_prompt`` to ``qwen_vl``. :meth:`ConversationsConfig.check_format`
 refuses a key the recipe sets that the model's layout does not read.
 """
@@ -20,7 +20,8 @@ from ..mpipe.errors import SpecError, unknown_key
 
 DEMO_HINT = "for the demo set run: python tools/make_demo_data.py data/demo"
 POLICIES = ("error", "skip")
-MERGE_ONLY = ("image_size", "patch", "mean", "std")
+MERGE_ONLY = ("image_size", "patch", "mean", "std", "shape_buckets")
+SHAPE_BUCKETS = ("none", "pow2")   # data.shape_buckets (:func:`bucket`)
 QWEN_ONLY = ("min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config", "system_prompt")
 
 
@@ -40,6 +41,13 @@ def _check_rgb(key: str, v, positive: bool = False) -> None:
         raise SpecError(f"data.{key}", f"a list of 3 numbers (R, G, B), got {v!r}")
     if positive and any(float(s) <= 0 for s in v):
         raise SpecError(f"data.{key}", "must be > 0")
+
+
+def bucket(n: int, cap: int) -> int:
+    """``data.shape_buckets: pow2``: the smallest power of two >= ``n`` (and >= 1), at most ``cap`` (the
+    largest size the data can reach), never below ``n``."""
+    n = max(int(n), 1)
+    return max(n, min(1 << (n - 1).bit_length(), int(cap)))
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,14 @@ class ConversationsConfig(PatchGeometry):
     on_bad_sample: str = "error"
     vocab: Optional[int] = None
     balance: str = "none"     # none | encoder (:mod:`.balance`)
+    shape_buckets: str = "none"   # none | pow2 (:func:`bucket`; merge_index)
     micro_per_step: int = 1   # set from parallel_config (micro_batch_num x data_parallel), not a recipe key
     given: Tuple[str, ...] = ()   # the recipe keys the section sets, not a recipe key
 
     RECIPE_KEYS = ("type", "path", "tokenizer", "image_root", "seq_len", "micro_batch_size", "image_size", "patch",
                    "mean", "std", "min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config",
                    "system_prompt", "shuffle", "seed", "num_parallel_workers", "prefetch", "on_bad_sample", "vocab",
-                   "balance")
+                   "balance", "shape_buckets")
 
     @staticmethod
     def from_section(sec: dict, micro_per_step: int) -> "ConversationsConfig":
@@ -115,6 +124,8 @@ class ConversationsConfig(PatchGeometry):
         from .balance import MODES
         if self.balance not in MODES:
             raise SpecError("data.balance", f"{self.balance!r} unknown; allowed: {', '.join(MODES)}")
+        if self.shape_buckets not in SHAPE_BUCKETS:
+            raise SpecError("data.shape_buckets", f"{self.shape_buckets!r} unknown; allowed: {', '.join(SHAPE_BUCKETS)}")
         if self.on_bad_sample not in POLICIES:
             raise SpecError("data.on_bad_sample", f"{self.on_bad_sample!r} unknown (error, skip)")
         for k, bound in INT_BOUNDS.items():
