@@ -282,6 +282,21 @@ def test_shape_buckets_pad_with_unread_fillers_and_bound_the_shapes(clean):
     plain.close(), padded.close()
     with pytest.raises(ValueError, match=r"^data.shape_buckets: 'pow3' unknown; allowed: none, pow2$"):
         _source(clean, ["data.shape_buckets=pow3"])
+    with pytest.raises(ValueError, match=r"^data.shape_buckets: pow2 with data.balance encoder: .* set one of them to none$"):
+        _source(clean, ["data.shape_buckets=pow2", "data.balance=encoder", "train.loss_normalization=tokens"])
+
+
+def test_cost_replay_counts_the_padded_images(clean):
+    """``simulate --data-steps`` replays the encoder work the micro-batches carry: with shape buckets,
+    the filler images too."""
+    def steps(setting):
+        p = run_cli("simulate", RECIPE, *_cli_sets(clean, [f"data.shape_buckets={setting}",
+                                                           "mpipe.profile.regions.0.fixed_share=0"]),
+                    "--data-steps", "8", "--schedule", "transpose", "--json", timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)[0]["step_ms"]
+    plain, padded = steps("none"), steps("pow2")
+    assert all(b >= a - 1e-9 for a, b in zip(plain, padded)) and sum(padded) > sum(plain) + 1e-6, (plain, padded)
 
 
 def test_shape_buckets_leave_losses_and_gradients_exact(clean):

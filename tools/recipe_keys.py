@@ -86,7 +86,7 @@ CONVERSATIONS = {
                "(transpose) gets even work; needs `train.loss_normalization: tokens`",
     "shape_buckets": "`none`, or `pow2`: each micro-batch's image count and text length padded up to a power of "
                      "two with filler no position reads (loss exact), so compiled chunks (`mpipe.compile: jit`) "
-                     "compile a few graphs instead of one per shape (tiny layout)",
+                     "compile a few graphs instead of one per shape (tiny layout; not with `balance: encoder`)",
 }
 
 METRICS = {

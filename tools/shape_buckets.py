@@ -1,6 +1,6 @@
 """How many input shapes a conversations recipe's compiled chunks meet, without and with shape buckets.
 
-    python tools/shape_buckets.py recipes/tiny_mllm_data.yaml [--steps 40] [--set KEY=VALUE ...]
+    python tools/shape_buckets.py recipes/tiny_mllm_data.yaml [--steps 40] [--set KEY=VALUE ...] [--demo]
 
 A compiled chunk (``mpipe.compile: jit``) compiles one graph per distinct input shape (tested:
 ``compiles + reused == shapes``). The shapes that vary are the encoder's (images per micro-batch)
@@ -8,8 +8,9 @@ and the first LLM chunk's (images and text ids per micro-batch); every later LLM
 This reads the recipe's data (only the index: no pixels, no MindSpore graph) for ``--steps`` steps
 under ``data.shape_buckets: none`` and ``pow2`` and prints, per setting, the distinct shapes of each
 and the padding's cost: the images the encoder runs per step (fillers included) and the text ids.
-Without ``data.path`` data on disk (a fresh checkout) the demo set is written to a temporary
-folder first (``tools/make_demo_data.py``, deterministic). ``--json`` prints the numbers instead.
+``--demo`` reads the demo set instead of the recipe's ``data.path``, written to a temporary folder
+first (``tools/make_demo_data.py``, deterministic; what README's table is made from on a fresh
+checkout). ``--json`` prints the numbers instead.
 """
 from __future__ import annotations
 
@@ -53,10 +54,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--demo", action="store_true", help="read the demo set (written to a temporary folder)")
     args = ap.parse_args(argv)
     if args.steps < 1:
         print(f"error: --steps: must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
+    from hyperparallel.mpipe.errors import SpecError
     from hyperparallel.recipe import load_recipe
     data = load_recipe(args.recipe, overrides=args.overrides).raw.get("data") or {}
     if data.get("type") != "conversations":
@@ -64,14 +67,18 @@ def main(argv=None) -> int:
         return 2
     overrides = list(args.overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        if not os.path.isfile(str(data.get("path"))):
+        if args.demo:
             from make_demo_data import write_demo
             overrides += [f"data.{k}={v}" for k, v in sorted(write_demo(os.path.join(tmp, "demo")).items())]
-        res = count(args.recipe, args.steps, overrides)
+        try:
+            res = count(args.recipe, args.steps, overrides)
+        except SpecError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
-    print(f"{args.recipe}, {args.steps} steps:\n")
+    print(f"{args.recipe}{' on the demo set' if args.demo else ''}, {args.steps} steps:\n")
     print("| `data.shape_buckets` | encoder input shapes | first LLM chunk input shapes | images encoded per step "
           "(real) | text ids per step (real) |")
     print("|---|---|---|---|---|")

@@ -41,8 +41,8 @@ def replay_case(recipe, rc, plan, steps: int) -> List[float]:
         for s in range(steps):
             worst = 0.0
             for i in range(D):
-                f = [fixed + (1.0 - fixed) * max(source.filler_patches, sum(source.sample_patches(x) for x in
-                                                                            source.batch_samples(s, i * M + m))) / mean
+                f = [fixed + (1.0 - fixed) * source.encoder_patches(sum(source.sample_patches(x) for x in
+                                                                        source.batch_samples(s, i * M + m))) / mean
                      for m in range(M)]
                 rep = simulate(plan, recipe.profile, 1,
                                work=lambda a: f[a.micro] if a.region == enc and a.micro is not None else 1.0)

@@ -68,7 +68,7 @@ encoder's first chunk and the LLM's first chunk see are bounded by ``log2`` of t
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -149,6 +149,13 @@ class ConversationsSource(IndexedSource):
         """Every image (and video frame) is resized to ``image_size``: ``num_patches`` patches each."""
         return len(s.files) * self.cfg.num_patches
 
+    def encoder_patches(self, patches: int) -> int:
+        """With ``shape_buckets: pow2`` the image count padded as :meth:`micro_batch` pads it."""
+        cfg, n = self.cfg, int(patches) // self.cfg.num_patches
+        if cfg.shape_buckets == "pow2":
+            return bucket(n, cfg.micro_batch_size * (cfg.seq_len // self.k)) * cfg.num_patches
+        return super().encoder_patches(patches)
+
     def micro_batch(self, step: int, micro: int) -> MicroBatch:
         key = (int(step), int(micro))
         return self.cached(key, lambda: self._make(key))
@@ -159,11 +166,9 @@ class ConversationsSource(IndexedSource):
         B = len(samples)
         counts = [len(s.files) for s in samples]
         T = sum(len(s.enc.text) for s in samples)
-        if self.cfg.shape_buckets == "pow2":   # filler images and text ids that no position reads
-            extra = bucket(sum(counts), B * (S // k)) - sum(counts)
-            text_pad = bucket(T, B * S) - T
-        else:
-            extra, text_pad = (0 if sum(counts) else 1), 0
+        # filler images (and with shape buckets text ids) that no position reads
+        extra = self.encoder_patches(sum(counts) * self.cfg.num_patches) // self.cfg.num_patches - sum(counts)
+        text_pad = bucket(T, B * S) - T if self.cfg.shape_buckets == "pow2" else 0
         rows_total = (sum(counts) + extra) * k
         merge = np.zeros((B, S), np.int32)
         onehot = np.zeros((B, S, V), np.float32)
@@ -185,13 +190,11 @@ class ConversationsSource(IndexedSource):
                           onehot=onehot, mask=mask, images_per_sample=counts, extra_images=extra,
                           load=lambda: self.load_patches(*key, extra=extra), sample_ids=[s.id for s in samples])
 
-    def load_patches(self, step: int, micro: int, extra: Optional[int] = None) -> np.ndarray:
-        """(num_images, num_patches, patch_dim) float32 of one micro-batch, its ``extra`` filler images
-        (zeros) after the real ones (default: one when it has none)."""
+    def load_patches(self, step: int, micro: int, extra: int) -> np.ndarray:
+        """(num_images, num_patches, patch_dim) float32 of one micro-batch: its images, then its ``extra``
+        filler images (zeros)."""
         cfg = self.cfg
         imgs = list(self.pixels.get(step, micro))
-        if extra is None:
-            extra = 0 if imgs else 1
         imgs += [np.zeros((cfg.channels, cfg.image_size, cfg.image_size), np.float32)] * int(extra)
         return np.stack([patchify(im, cfg.patch) for im in imgs]).astype(np.float32)
 

@@ -1,8 +1,8 @@
 """The recipe ``data:`` section of ``type: conversations`` (keys and defaults: :mod:`.conversations`).
 
 Some keys belong to one micro-batch layout only (:mod:`.formats`): ``image_size``, ``patch``,
-``mean``, ``std``, ``shape_buckets`` to ``merge_index``; ``min_pixels``, ``max_pixels``, ``image_mean``, ``image_std``,
-``preprocessor_config``, ``system_prompt`` to ``qwen_vl``. :meth:`ConversationsConfig.check_format`
+``mean``, ``std``, ``shape_buckets`` to ``merge_index``; ``min_pixels``, ``max_pixels``,
+``image_mean``, ``image_std``, ``preprocessor_config``, ``system_prompt`` to ``qwen_vl``. :meth:`ConversationsConfig.check_format`
 refuses a key the recipe sets that the model's layout does not read.
 """
 from __future__ import annotations
@@ -126,6 +126,10 @@ class ConversationsConfig(PatchGeometry):
             raise SpecError("data.balance", f"{self.balance!r} unknown; allowed: {', '.join(MODES)}")
         if self.shape_buckets not in SHAPE_BUCKETS:
             raise SpecError("data.shape_buckets", f"{self.shape_buckets!r} unknown; allowed: {', '.join(SHAPE_BUCKETS)}")
+        if self.shape_buckets != "none" and self.balance != "none":
+            raise SpecError("data.shape_buckets", f"{self.shape_buckets} with data.balance {self.balance}: balancing "
+                                                  "evens the encoder's real work per owner, and the padding would "
+                                                  "change it again per micro-batch; set one of them to none")
         if self.on_bad_sample not in POLICIES:
             raise SpecError("data.on_bad_sample", f"{self.on_bad_sample!r} unknown (error, skip)")
         for k, bound in INT_BOUNDS.items():

@@ -73,6 +73,11 @@ class IndexedSource(DataSource):
     #: encoder patches of the filler image of a micro-batch without images (set by the subclass)
     filler_patches = 0
 
+    def encoder_patches(self, patches: int) -> int:
+        """Patches the encoder runs for a micro-batch whose samples hold ``patches``: at least the
+        filler image's (a subclass that pads micro-batches says how)."""
+        return max(self.filler_patches, int(patches))
+
     def step_samples(self, step: int) -> List[Sample]:
         p0 = self.base + int(step) * self.samples_per_step
         return [self.sample_at(p0 + i) for i in range(self.samples_per_step)]
