@@ -47,9 +47,17 @@ def _pid_start(pid: int) -> Optional[str]:
         return None
 
 
+def _command() -> str:
+    """This process's command line (``python -m hyperparallel``'s ``.../__main__.py``: ``hyperparallel``)."""
+    argv = list(sys.argv) or ["?"]
+    if os.path.basename(argv[0]) == "__main__.py":
+        argv[0] = os.path.basename(os.path.dirname(os.path.abspath(argv[0])))
+    return shlex.join(argv)
+
+
 def _record() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "pid_start": _pid_start(os.getpid()),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": shlex.join(sys.argv)[:500],
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": _command()[:500],
             "token": uuid.uuid4().hex}
 
 

@@ -216,7 +216,7 @@ def run(args) -> int:
     with runlock.holding([("--run-dir", run_dir), ("--save-dir", args.save_dir)], int(overrides.get("node_rank", 0)),
                          echo=_note):   # another run into either directory: refused here, naming it
         _guard_save_dir(args, node0)
-        if args.source is not None:
+        if args.source is not None and args.source.step > 0:   # the ranks keep its lines up to that step
             _check_metrics(run_dir)
         return _launch(args, recipe, rc, plan, run_dir, world, node0)
 
