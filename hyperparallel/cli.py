@@ -120,6 +120,10 @@ def _train_parsers(sub) -> None:
     p.add_argument("--resume-from", default=None, metavar="PATH",
                    help="start from a checkpoint: a step directory, a save directory (its newest complete "
                         "step) or a single-process MindSpore .safetensors/.ckpt file (step 0)")
+    p.add_argument("--overwrite-save-dir", action="store_true",
+                   help="remove the step directories an earlier run left in --save-dir before this run starts "
+                        "(without it, a save dir holding complete checkpoints is refused unless --resume or "
+                        "--resume-from continues them)")
     p.add_argument("--no-digest", action="store_true",
                    help="skip the SHA-256 of checkpoint files when saving and resuming (huge files; sizes and "
                         "headers are still checked; the log says so)")

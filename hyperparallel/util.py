@@ -72,3 +72,27 @@ def writable_dir(flag: str, path: str) -> str:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise SpecError(flag, f"{path} cannot be written ({probe}: permission denied)")
     return path
+
+
+def jsonl_rows(path: str):
+    """([(line, record)], note) of a JSON-lines file, every line ending in a newline. A last line that is
+    not a complete JSON object (a write cut short, e.g. by a full disk) is left out, ``note`` saying so
+    ('' otherwise); such a line before the last: SpecError naming the file and the line number."""
+    import json
+    from .mpipe.errors import SpecError
+    with open(path, errors="replace") as f:
+        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    rows, note = [], ""
+    for i, (n, line) in enumerate(lines):
+        try:
+            rec = json.loads(line)
+            why = "" if isinstance(rec, dict) else "not a JSON object"
+        except ValueError as e:
+            rec, why = None, getattr(e, "msg", str(e))
+        if why and i == len(lines) - 1:
+            note = f"{path}: its last line {n} is cut short ({why}; e.g. a full disk): left out"
+        elif why:
+            raise SpecError(f"{path} line {n}", f"not a JSON line ({why}); fix or remove that line")
+        else:
+            rows.append((line if line.endswith("\n") else line + "\n", rec))
+    return rows, note

@@ -1,7 +1,8 @@
 """Checkpoints on real msrun jobs, against the single-process reference.
 
 Four launches: (1) 1f1b P=2 saving every step, rank 1 SIGKILLed while saving step 2;
-(2) ``--resume`` with transpose P=2 takes step 1 (the newest complete one) and trains to step 4;
+(2) ``--resume`` with transpose P=2 takes step 1 (the newest complete one) and trains to step 4 (a
+partial last line appended to (1)'s ``metrics.jsonl``, as a full disk leaves it, is left out with a note);
 (3) 4 ranks, three cases: 1f1b P=4 resuming from (2)'s transpose step 2, 1f1b P=4 starting from a plain
 single-process MindSpore file, and D=2 x P=2 (2 micro-batches each, the same global batch) resuming
 from (1)'s D=1 step 1, saving ``.ckpt``; (4) a checkpoint of another model refused by the ranks.
@@ -90,6 +91,8 @@ def faulted(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resumed(faulted):
     _, ckpt, run, _ = faulted
+    with open(os.path.join(run, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 3, "loss": 1.')   # a last line cut short (a full disk): left out, with a note
     p = train("--steps", "4", "--save-every", "1", "--save-dir", ckpt, "--run-dir", run, "--resume")
     assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
     return p, ckpt, run
@@ -153,6 +156,9 @@ def test_resume_takes_newest_complete_step_and_equals_uninterrupted(faulted, res
            "finished writing it)" in p.stdout, p.stdout
     assert f"resuming from {os.path.join(ckpt, 'step_1')} at step 1" in p.stdout
     assert f"] resumed from {os.path.join(ckpt, 'step_1')} at step 1" in p.stdout   # the ranks say so on the console
+    assert f"note: {os.path.join(run, 'metrics.jsonl')}: its last line " in p.stdout, p.stdout
+    assert " is cut short (Expecting " in p.stdout
+    assert not [f for d in (ckpt, run) for f in os.listdir(d) if f.endswith(".lock")]   # the locks released
     m = metrics(run)  # step 1 from the killed 1f1b run, steps 2-4 from the resumed transpose run
     assert [r["step"] for r in m] == [1, 2, 3, 4]
     assert [r["schedule"] for r in m] == ["1f1b", "transpose", "transpose", "transpose"]

@@ -28,7 +28,8 @@ RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
 def run_format(fmt: str, steps: int, out: str):
     save, run = os.path.join(out, fmt, "ckpt"), os.path.join(out, fmt, "run")
     p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", RECIPE, "--steps", str(steps),
-                        "--save-every", "1", "--save-format", fmt, "--save-dir", save, "--run-dir", run],
+                        "--save-every", "1", "--save-format", fmt, "--save-dir", save, "--run-dir", run,
+                        "--overwrite-save-dir"],   # a rerun into the same --out measures afresh
                        cwd=ROOT, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{fmt}: training failed:\n{p.stderr[-2000:]}")

@@ -43,6 +43,7 @@ def _prepare(args):
         print(line, flush=True)
     args.total_steps, args.steps_from = run_steps(args.steps, recipe.raw, rc.train, usable,
                                                   plan.num_micro * plan.data_parallel * rc.data.micro_batch_size)
+    _refuse_nothing_to_train(args.source, args.total_steps, args.steps_from)
     if args.save_dir and not getattr(args, "reference", False):
         _check_save_dir(args.save_dir)   # last: a refused recipe leaves no folder behind
     return recipe, rc, plan
@@ -81,6 +82,84 @@ def run_steps(flag, raw: dict, train, usable, samples_per_step: int):
     if stop:
         return stop, "runner_config.stop_step"
     return train.steps, "default"
+
+
+def _refuse_nothing_to_train(src, steps: int, steps_from: str) -> None:
+    """A checkpoint to continue from that is already at (or past) the run's last step: SpecError naming
+    ``--steps`` (the ranks would launch, train nothing and exit)."""
+    if src is not None and src.meta and src.step >= steps:
+        raise SpecError("--steps", f"the run ends at step {steps} ({steps_from}), but {src.path} is already at step "
+                                   f"{src.step}: nothing left to train; give --steps above {src.step}")
+
+
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _names(steps) -> str:
+    names = [os.path.basename(p) for _, p in steps]
+    return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+
+
+def _guard_save_dir(args, node0: bool) -> None:
+    """Another run's checkpoints in ``--save-dir`` are never mixed with this run's (a later ``--resume``
+    would take the newest of either). Complete steps this run does not continue (``--resume``: all of
+    them; ``--resume-from`` a step of this save dir: it and older ones) are refused, before launch, unless
+    ``--overwrite-save-dir`` is given: then every step directory this run does not continue is removed
+    (on the node of rank 0; the save dir's other files are left alone)."""
+    from ..mindspore.ckpt_files import MARKER, list_steps, step_dirs
+    over = getattr(args, "overwrite_save_dir", False)
+    if not args.save_dir or args.reference or (args.resume and not over):
+        return
+    if args.resume:
+        raise SpecError("--overwrite-save-dir", "give either --resume (continue the run in --save-dir) or "
+                                                "--overwrite-save-dir (replace it)")
+    src = args.source
+    start = src.step if src is not None and _inside(src.path, args.save_dir) else None
+
+    def foreign(steps):
+        return [(s, p) for s, p in steps if start is None or s > start]
+    if not over:
+        old = foreign(list_steps(args.save_dir)[0])
+        if not old:
+            return
+        if start is None:
+            raise SpecError("--save-dir", f"{args.save_dir} already holds complete checkpoints ({_names(old)}) that "
+                                          f"this run would mix with its own; continue them with --resume, give "
+                                          f"--overwrite-save-dir to remove them first, or give another --save-dir")
+        raise SpecError("--save-dir", f"{args.save_dir} holds complete checkpoints after step {start}, where "
+                                      f"--resume-from starts ({_names(old)}): a later --resume would take them for "
+                                      f"this run's; give --overwrite-save-dir to remove them first, or another "
+                                      f"--save-dir")
+    doomed = foreign(step_dirs(args.save_dir))
+    for _, p in doomed:
+        if src is not None and _inside(src.path, p):
+            raise SpecError("--overwrite-save-dir", f"would remove {p}, which --resume-from reads; give another "
+                                                    f"--save-dir")
+    if not doomed or not node0:
+        return
+    import shutil
+    for _, p in doomed:
+        try:
+            if os.path.exists(os.path.join(p, MARKER)):
+                os.remove(os.path.join(p, MARKER))   # first: a removal cut short leaves no complete-looking step
+            shutil.rmtree(p)
+        except OSError as e:
+            raise SpecError("--overwrite-save-dir", f"{e.filename or p} cannot be removed: {e.strerror}") from None
+    print(f"--overwrite-save-dir: removed {len(doomed)} step director{'y' if len(doomed) == 1 else 'ies'} of "
+          f"an earlier run from {args.save_dir} ({_names(doomed)})", flush=True)
+
+
+def _check_metrics(run_dir: str) -> None:
+    """A resumed run keeps the lines of ``RUN_DIR/metrics.jsonl`` up to its checkpoint: checked before
+    launch (a partial last line noted, the ranks drop it; a bad line before it: SpecError, file and line)."""
+    from ..util import jsonl_rows
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.isfile(path):
+        _, note = jsonl_rows(path)
+        if note:
+            print(f"note: {note}", flush=True)
 
 
 def _check_save_dir(path: str) -> None:
@@ -126,10 +205,31 @@ def run(args) -> int:
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
     run_dir = args.run_dir or os.path.join("runs", slug(f"{stem}_{'reference' if args.reference else sched_name}"))
     os.makedirs(run_dir, exist_ok=True)
+    from .. import runlock
     if args.reference:
-        return _run_reference(recipe, rc, steps, run_dir)
-
+        with runlock.holding([("--run-dir", run_dir)], echo=_note):
+            return _run_reference(recipe, rc, steps, run_dir)
+    from ..launch import local_ranks, msrun_overrides
     world = plan.num_devices * plan.data_parallel
+    overrides = msrun_overrides(world)
+    node0 = 0 in local_ranks(world, overrides)
+    with runlock.holding([("--run-dir", run_dir), ("--save-dir", args.save_dir)], int(overrides.get("node_rank", 0)),
+                         echo=_note):   # another run into either directory: refused here, naming it
+        _guard_save_dir(args, node0)
+        if args.source is not None and args.source.step > 0:   # the ranks keep its lines up to that step
+            _check_metrics(run_dir)
+        return _launch(args, recipe, rc, plan, run_dir, world, node0)
+
+
+def _note(line: str) -> None:
+    print(line, flush=True)
+
+
+def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> int:
+    """Start msrun on the job and report how it ended (exit status)."""
+    steps = args.total_steps
+    sched_name = str(plan.meta.get("schedule_name", args.schedule or recipe.schedule))
+    stem = os.path.splitext(os.path.basename(args.recipe))[0]
     case = dict(name=sched_name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=sched_name,
                 run_dir=os.path.abspath(run_dir),
                 save_dir=os.path.abspath(args.save_dir) if args.save_dir else None,
@@ -153,7 +253,7 @@ def run(args) -> int:
         print(f"not used by hyperparallel's runtime (no effect on this run): {', '.join(notes)}", flush=True)
     if recipe.estimated:
         print(f"note: {recipe.costs}", flush=True)
-    from ..launch import HUNG, PREEMPTED, SAVE_FAILED, launch, local_ranks, msrun_overrides
+    from ..launch import HUNG, PREEMPTED, SAVE_FAILED, launch
     res = launch({"device": rc.device, "cases": [case]}, world, os.path.join(run_dir, "logs"),
                  timeout_s=args.timeout, hang_timeout_s=rc.train.hang_timeout_s, stop_grace_s=rc.train.stop_grace_s)
     if res.returncode == PREEMPTED:
@@ -168,7 +268,6 @@ def run(args) -> int:
             res.returncode, "job stopped" if res.killed else "job failed")
         print(f"error: {what} (exit {res.returncode}): {res.message}" + _newest(args), file=sys.stderr)
         return res.returncode
-    node0 = 0 in local_ranks(world, msrun_overrides(world))
     where = (f"metrics in {os.path.join(run_dir, 'metrics.jsonl')}" if node0 else
              "this node has no rank 0: node 0's run directory has the metrics")
     print(f"done in {res.wall_s:.1f} s; {where}", flush=True)

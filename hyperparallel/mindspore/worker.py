@@ -29,11 +29,15 @@ import numpy as np
 
 def open_metrics(path: str, start: int):
     """metrics.jsonl for appending, keeping only the lines of the ``start`` steps done before (a resumed
-    run replaces what a failed run logged after its checkpoint; steps count from 1, as ``step_<N>``)."""
+    run replaces what a failed run logged after its checkpoint; steps count from 1, as ``step_<N>``). A last
+    line cut short (a full disk) is left out, a note printed; a bad line before it: SpecError (file, line)."""
+    from hyperparallel.util import jsonl_rows
     kept = []
     if start > 0 and os.path.exists(path):
-        with open(path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= start]
+        rows, note = jsonl_rows(path)
+        if note:
+            print(f"note: {note}", flush=True)
+        kept = [line for line, rec in rows if rec.get("step", 0) <= start]
     f = open(path, "w")
     f.writelines(kept)
     return f
@@ -136,7 +140,11 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     metrics = None
     if comm.rank == 0 and run_dir:
         os.makedirs(run_dir, exist_ok=True)
-        metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
+        try:
+            metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
+        except SpecError as e:   # checked before launch too; here when the file changed since
+            print(REFUSED_INPUT + str(e), flush=True)
+            raise SystemExit(2) from None
     losses, memory = [], []
     encoder_work = encoder_record(rc, rt, case["raw"]) if comm.rank == 0 and run_dir else None
     skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
