@@ -2,9 +2,7 @@
 expanded to the model's ``image_tokens`` rows, images resized to ``data.image_size``."""
 from __future__ import annotations
 
-import os
-
-from .index import Sample
+from .index import Sample, image_path
 from .text import SampleProblem, Tok, encode_conversation, image_files
 
 
@@ -24,7 +22,7 @@ class MergeLayout:
         if enc.length > cfg.seq_len:
             raise SampleProblem("too_long", f"{enc.length} tokens (images expanded to {k} token(s) "
                                             f"each) > data.seq_len {cfg.seq_len}")
-        files = tuple(os.path.abspath(os.path.join(cfg.root, f)) for f in imgs + frames)
+        files = tuple(image_path(cfg, f) for f in imgs + frames)
         for p in files:
             check_files(p)
         return Sample(where, str(rec.get("id", where)), files, enc)

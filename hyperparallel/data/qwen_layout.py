@@ -2,9 +2,7 @@
 the chat layout (:mod:`.qwen_chat`) with that many image pads, and the full check of ``data check``."""
 from __future__ import annotations
 
-import os
-
-from .index import Sample, check_image
+from .index import Sample, check_image, image_path
 from .qwen_chat import QwenEncoded, QwenTokens, encode_chat
 from .qwen_image import QwenPixels, image_grid, image_tokens
 from .text import SampleProblem, Tok, image_files
@@ -35,7 +33,7 @@ class QwenLayout:
             raise SampleProblem("unsupported_video", "field 'video': video samples are not supported by the "
                                                      "qwen_vl layout yet (images only)")
         imgs, _ = image_files(rec)
-        files = tuple(os.path.abspath(os.path.join(cfg.root, f)) for f in imgs)
+        files = tuple(image_path(cfg, f) for f in imgs)
         grids = tuple(self.grid(p, check_files(p)) for p in files)
         counts = [image_tokens(g, self.fmt.merge_size) for g in grids]
         ids, answer = encode_chat(rec.get("conversations"), self.tok, self.special, counts, cfg.system_prompt)
