@@ -18,8 +18,15 @@ class QwenLayout:
         self._pixels = None
 
     def grid(self, path: str, size) -> tuple:
-        """(t, h, w) of an image of header ``size`` (width, height); SampleProblem if Qwen's rule refuses it."""
+        """(t, h, w) of an image of header ``size`` (width, height); SampleProblem if Qwen's rule refuses it
+        or a side is below one merged patch (``image_too_small``: the image is less than one LLM token's
+        pixels wide or high; earlier transformers releases' ``smart_resize`` refused it the same way)."""
         w, h = size
+        factor = self.fmt.factor
+        if min(w, h) < factor:
+            raise SampleProblem("image_too_small", f"{path} is {w}x{h} pixels; the qwen_vl layout needs each side "
+                                                   f">= patch_size x merge_size = {self.fmt.patch_size} x "
+                                                   f"{self.fmt.merge_size} = {factor} pixels")
         try:
             return image_grid(h, w, self.fmt, self.cfg.min_pixels, self.cfg.max_pixels)
         except (ValueError, ZeroDivisionError) as e:
