@@ -4,6 +4,10 @@ A *layout* (:mod:`.merge_layout`, :mod:`.qwen_layout`) turns one record into a :
 (``layout.parse(where, record, check_files)``, SampleProblem if it cannot be used) and checks one
 image file fully for ``data check`` (``layout.decode_check(path)``). ``check_files(path)`` is the
 header check (:func:`check_image`: the file exists and PIL verifies it; returns its (width, height)).
+
+The data stays inside its root, in bounded memory: an image name is resolved under ``data.image_root``
+and refused if it leaves it (:func:`image_path`), and a line longer than ``data.max_line_bytes`` is
+skipped unparsed without being held whole (:func:`read_records`).
 """
 from __future__ import annotations
 
