@@ -96,3 +96,17 @@ def jsonl_rows(path: str):
         else:
             rows.append((line if line.endswith("\n") else line + "\n", rec))
     return rows, note
+
+
+def inside(root: str, name: str):
+    """``name`` joined to the folder ``root`` (absolute, normalised) if it stays inside ``root`` once
+    symlinks are resolved (``os.path.realpath`` of both, then ``os.path.commonpath``); None if it leaves
+    it (an absolute name elsewhere, ``..``, a symlink out). Decided from the names and the links inside
+    ``root`` only, so the answer never tells whether a file outside exists."""
+    import os
+    path = os.path.abspath(os.path.join(root, name))
+    try:
+        real_root, real = os.path.realpath(root), os.path.realpath(path)
+        return path if os.path.commonpath([real_root, real]) == real_root else None
+    except ValueError:   # a NUL character in the name; different drives (Windows)
+        return None

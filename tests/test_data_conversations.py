@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 
 import numpy as np
@@ -175,6 +176,125 @@ def test_missing_demo_set_tells_how_to_make_it(tmp_path):
     assert "python tools/make_demo_data.py data/demo" in r.stderr
     with pytest.raises(ValueError, match=r"^data.type: 'nope' unknown \(known: synthetic, conversations\)"):
         data_config({"data": {"type": "nope"}})
+
+
+# -- data stays inside its root, in bounded memory ------------------------------------------------
+
+def _sample(image, sid="s"):
+    return json.dumps({"id": sid, "image": image, "conversations": [
+        {"from": "human", "value": "<image>\nwhat is this ?"}, {"from": "gpt", "value": "this is beta ."}]})
+
+
+def test_image_names_that_leave_the_image_root_are_refused_alike_whether_the_file_exists(tmp_path, clean):
+    from PIL import Image
+    root, out = tmp_path / "root", tmp_path / "outside"
+    (root / "images").mkdir(parents=True)
+    out.mkdir()
+    Image.new("RGB", (16, 16), (9, 99, 9)).save(root / "images" / "a.png")
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(out / "secret.png")
+    (root / "images" / "link.png").symlink_to(out / "secret.png")
+    (root / "images" / "dangling.png").symlink_to(out / "none.png")
+    (root / "images" / "in.png").symlink_to(root / "images" / "a.png")   # a link inside the root is fine
+    names = [str(out / "secret.png"), str(out / "none.png"), "../outside/secret.png", "../outside/none.png",
+             "images/../../outside/secret.png", "images/link.png", "images/dangling.png"]
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join([_sample("images/a.png", "ok"), _sample("images/in.png", "in")]
+                           + [_sample(n, f"out{i}") for i, n in enumerate(names)]) + "\n")
+    paths = dict(clean, path=str(p), image_root=str(root))
+    samples, problems = build_index(data_config(_raw(paths, ["data.on_bad_sample=skip"])), 1)
+    assert [s.id for s in samples] == ["ok", "in"]
+    assert [(pr.where, pr.kind) for pr in problems] == \
+        [(f"{p}:{3 + i} (id out{i})", "outside_image_root") for i in range(len(names))]
+    for pr, name in zip(problems, names):   # one message whether the outside file exists or not
+        assert pr.message == (f"image {name!r} resolves outside data.image_root {root} (an absolute path "
+                              "elsewhere, '..' or a symlink out); not read (data.allow_outside_root: true reads "
+                              "such files)")
+    samples, problems = build_index(data_config(_raw(paths, ["data.on_bad_sample=skip",
+                                                             "data.allow_outside_root=true"])), 1)
+    assert [s.id for s in samples] == ["ok", "in", "out0", "out2", "out4", "out5"]   # opted in: read
+    assert {pr.kind for pr in problems} == {"missing_image"}
+    with pytest.raises(ValueError, match=r"^data.allow_outside_root: true or false, got 'maybe'"):
+        data_config(_raw(paths, ["data.allow_outside_root=maybe"]))
+    r = run_cli("train", RECIPE, *_cli_sets(paths), timeout=300)   # refused before launch, naming line and root
+    assert r.returncode == 2 and "msrun" not in r.stdout, r.stderr
+    assert f"first: {p}:3 (id out0): outside_image_root: image '{out / 'secret.png'}' resolves outside " \
+           f"data.image_root {root}" in r.stderr, r.stderr
+
+
+def test_a_huge_jsonl_line_is_refused_unparsed_in_bounded_memory(tmp_path, clean):
+    import tracemalloc
+    good = _records(clean)[:2]
+    big = json.dumps({"id": "big", "conversations": good[0]["conversations"], "pad": "x" * (20 << 20)})
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join([json.dumps(good[0]), big, json.dumps(good[1])]) + "\n")
+    cfg = data_config(_raw(dict(clean, path=str(p)), ["data.on_bad_sample=skip"]))
+    limit = 64 * cfg.seq_len + (1 << 20)   # the default cap
+    tracemalloc.start()
+    try:
+        samples, problems = build_index(cfg, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak          # the 20 MiB line is never held whole (nor decoded, parsed, tokenized)
+    assert [s.id for s in samples] == [good[0]["id"], good[1]["id"]]   # the lines around it are read
+    assert [str(pr) for pr in problems] == [
+        f"{p}:2: line_too_long: line of {len(big) + 1:,} bytes is longer than {limit:,} bytes, the cap "
+        "data.max_line_bytes sets (default: 64 x data.seq_len + 1 MiB); not parsed"]
+    cfg = data_config(_raw(dict(clean, path=str(p)), ["data.on_bad_sample=skip", "data.max_line_bytes=1000"]))
+    assert [pr.where for pr in build_index(cfg, 1)[1]] == [f"{p}:2"]
+    lst = tmp_path / "list.json"   # a .json list: the sample written back as JSON is measured
+    lst.write_text(json.dumps([good[0], {"id": "long", "conversations": good[0]["conversations"],
+                                         "pad": "x" * 2000}]))
+    cfg = data_config(_raw(dict(clean, path=str(lst)), ["data.on_bad_sample=skip", "data.max_line_bytes=1000"]))
+    samples, problems = build_index(cfg, 1)
+    assert len(samples) == 1 and [(pr.where, pr.kind) for pr in problems] == [(f"{lst} sample 1", "line_too_long")]
+    assert "sample (as JSON) of 2," in problems[0].message
+    with pytest.raises(ValueError, match=r"^data.max_line_bytes: an integer >= 1 \(or null: 64 x data.seq_len"):
+        data_config(_raw(clean, ["data.max_line_bytes=0"]))
+
+
+def test_tokenizer_ids_with_gaps_size_the_vocabulary_by_the_largest_id(tmp_path, clean):
+    d = json.load(open(clean["tokenizer"]))
+    vocab = d["model"]["vocab"]
+    word = "beta"   # a class name the answers say
+    assert max(vocab.values()) < 100
+    vocab[word] = 500   # a gap: ids below 100, then 500
+    tok = tmp_path / "gap.json"
+    tok.write_text(json.dumps(d))
+    assert Tok(str(tok)).vocab_size == 501
+    recs = [r for r in _records(clean) if any(word in t["value"].split() for t in r["conversations"]
+                                              if t["from"] == "gpt")][:2]
+    assert len(recs) == 2
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    paths = dict(clean, path=str(p), tokenizer=str(tok))
+    assert data_config(_raw(paths)).shapes()["vocab"] == 501
+    mb = _source(paths, ["data.seq_len=64"]).micro_batch(0, 0)   # rank 0 indexed the one-hot targets: IndexError
+    assert mb.onehot.shape[-1] == 501 and mb.onehot[..., 500].sum() >= 2
+    with pytest.raises(ValueError, match=r"^data.vocab: 100 is smaller than the vocabulary of the tokenizer "
+                                         r".*\(501 tokens\)"):
+        data_config(_raw(paths, ["data.vocab=100"]))
+
+
+def test_data_check_on_an_animated_gif_writes_nothing_into_the_working_folder(tmp_path, clean):
+    from PIL import Image
+    root = tmp_path / "root"
+    root.mkdir()
+    frames = [Image.new("RGB", (16, 16), (60 * i, 0, 0)) for i in range(3)]
+    frames[0].save(root / "anim.gif", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(root / "a.png")
+    p = tmp_path / "train.jsonl"
+    p.write_text(_sample("anim.gif", "gif") + "\n" + _sample("a.png", "png") + "\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    sets = _cli_sets(dict(clean, path=str(p), image_root=str(root)))
+    r = subprocess.run([sys.executable, "-m", "hyperparallel", "data", "check", RECIPE, *sets], cwd=work,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert os.listdir(work) == [], os.listdir(work)   # vision.Decode never saw the GIF (it dumps it here)
+    assert r.returncode == 1, r.stderr
+    assert f"error: {p}:1 (id gif): unsupported_image: {root / 'anim.gif'} is a GIF image; " \
+           "mindspore.dataset.vision.Decode of this layout reads JPEG, MPO, PNG, BMP, TIFF, PPM" in r.stderr, r.stderr
+    assert "problems by kind: unsupported_image 1 (data.on_bad_sample: skip leaves these 1 out" in r.stderr
 
 
 # -- sequence rule ---------------------------------------------------------------------------

@@ -329,6 +329,44 @@ def test_too_long_counts_the_image_tokens(demo):
     assert all(s.enc.length <= 30 for s in samples)
 
 
+def _one_image_set(tmp_path, demo, w, h):
+    """A .jsonl of one sample showing one random ``w`` x ``h`` PNG (in ``tmp_path``), with the demo tokenizer."""
+    from PIL import Image
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (h, w, 3), np.uint8)).save(tmp_path / "im.png")
+    p = tmp_path / "one.jsonl"
+    p.write_text(json.dumps({"id": "one", "image": "im.png", "conversations": [
+        {"from": "human", "value": "<image>\nwhat is this ?"}, {"from": "gpt", "value": "this is beta ."}]}) + "\n")
+    return dict(demo, path=str(p), image_root=str(tmp_path))
+
+
+def test_an_image_smaller_than_one_merged_patch_is_too_small_by_its_header(tmp_path, demo):
+    paths = _one_image_set(tmp_path, demo, 1, 1)
+    n, samples, problems = scan(_cfg(paths), FMT)   # data check (processor run); before: undecodable_image
+    assert n == 1 and not samples
+    assert [str(p) for p in problems] == [
+        f"{paths['path']}:1 (id one): image_too_small: {tmp_path / 'im.png'} is 1x1 pixels; the qwen_vl layout "
+        "needs each side >= patch_size x merge_size = 4 x 2 = 8 pixels"]
+    samples, problems = build_index(_cfg(paths), FMT)   # the run's index refuses it the same way, from the header
+    assert [p.kind for p in problems] == ["image_too_small"]
+
+
+def test_an_image_three_pixels_high_is_not_read_as_channels_first(tmp_path, demo):
+    fmt = dict(FMT, patch_size=1)   # merged patch 2 x 2: a 16 x 3 image is big enough
+    paths = _one_image_set(tmp_path, demo, 16, 3)
+    n, samples, problems = scan(_cfg(paths, min_pixels=4), fmt)   # the processor's guess: grid_mismatch
+    assert n == 1 and problems == [] and samples[0].enc.grids == ((1, 4, 16),)
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    ref = Qwen2VLImageProcessor(patch_size=1, temporal_patch_size=2, merge_size=2, min_pixels=4, max_pixels=4096)(
+        images=[Image.open(tmp_path / "im.png")], return_tensors="np", input_data_format="channels_last")
+    assert ref["image_grid_thw"].tolist() == [[1, 4, 16]]   # told the layout, the processor agrees with the header
+    src = _source(paths, fmt=fmt, min_pixels=4)
+    mb = src.micro_batch(0, 0)   # both rows are the one sample
+    assert mb.image_grid_thw.tolist() == [[1, 4, 16]] * 2
+    np.testing.assert_array_equal(mb.pixel_values, np.concatenate([ref["pixel_values"]] * 2))
+    src.close()
+
+
 # -- data check, run-time grid check, resume ---------------------------------------------------
 
 ADAPTER = '''

@@ -1,6 +1,7 @@
 """Recipes whose model cannot be built or trained are refused before launch (one line, exit 2),
 by ``train``, ``profile`` and ``bench``; an adapter with a wrong boundary spec ends the job on
 its first SEND with the chunk, micro-batch and rank named (no hang)."""
+import json
 import os
 
 import pytest
@@ -198,6 +199,66 @@ def test_pretrained_directory_with_a_missing_shard_is_refused_before_launch(tmp_
     _refused(p, "model.pretrained:", "shard model-00001-of-00002.safetensors is missing")
     p = run_cli("train", QWEN, *data, "--resume-from", str(d), "--run-dir", str(tmp_path / "run"), timeout=60)
     _refused(p, "--resume-from:", "shard model-00001-of-00002.safetensors is missing")
+
+
+def _hf(d, shards):
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {f"w{i}": s for i, s in
+                                                                               enumerate(shards)}}))
+    return d
+
+
+def test_pretrained_shard_names_that_leave_the_model_directory_are_refused(tmp_path):
+    from hyperparallel.models.hf_dir import weight_files
+    (tmp_path / "secret.safetensors").write_bytes(b"x")
+    link = _hf(tmp_path / "link", ["model-1.safetensors"])
+    (link / "model-1.safetensors").symlink_to(tmp_path / "secret.safetensors")
+    secret = str(tmp_path / "secret.safetensors")
+    for d, shard in ((_hf(tmp_path / "abs", [secret]), secret),
+                     (_hf(tmp_path / "abs2", ["/no/such.safetensors"]), "/no/such.safetensors"),
+                     (_hf(tmp_path / "dots", ["../secret.safetensors"]), "../secret.safetensors"),
+                     (_hf(tmp_path / "dots2", ["sub/../../none.safetensors"]), "sub/../../none.safetensors"),
+                     (link, "model-1.safetensors")):
+        with pytest.raises(ValueError) as e:   # the same refusal whether the outside file exists or not
+            weight_files(str(d))
+        assert str(e.value) == (f"{d}/model.safetensors.index.json: shard {shard!r} resolves outside the model "
+                                f"directory {d} (an absolute path, '..' or a symlink out); refused")
+    # the Hugging Face cache: a snapshot's files (the index too) are links into ../../blobs
+    blobs, snap = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (blobs / "i").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
+    (blobs / "w").write_bytes(b"x")
+    (blobs / "c").write_text("{}")
+    for name, blob in (("model.safetensors.index.json", "i"), ("model-1.safetensors", "w"), ("config.json", "c")):
+        (snap / name).symlink_to(os.path.join("..", "..", "blobs", blob))
+    assert weight_files(str(snap)) == [str(snap / "model-1.safetensors")]
+    from make_demo_data import write_demo   # and train refuses it before launch
+    paths = write_demo(str(tmp_path / "d"), 8, seed=1)
+    data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
+    p = run_cli("train", QWEN, *data, f"--set=model.pretrained={tmp_path / 'dots'}", "--run-dir",
+                str(tmp_path / "run"), timeout=60)
+    _refused(p, "model.pretrained:", "shard '../secret.safetensors' resolves outside the model directory")
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_a_tokenizer_with_id_gaps_must_fit_the_models_vocabulary(tmp_path):
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    from make_demo_data import write_demo
+    paths = write_demo(str(tmp_path / "d"), 8, seed=1, videos=False)
+    d = json.load(open(paths["tokenizer"]))
+    d["model"]["vocab"]["beta"] = 300   # 40-odd tokens, the largest id 300: the model's 256 rows are too few
+    tok = tmp_path / "gap.json"
+    tok.write_text(json.dumps(d))
+    sets = [f"data.{k}={v}" for k, v in sorted(dict(paths, tokenizer=str(tok)).items())]
+    with pytest.raises(ValueError, match=r"^model.model_config.text_config.vocab_size: 256 is smaller than the "
+                                         r"data's vocabulary \(301 tokens: data.vocab, else data.tokenizer's "
+                                         r"largest token id \+ 1\)"):
+        run_config_of(load_recipe(QWEN, sets))
+    assert run_config_of(load_recipe(QWEN, sets[:2] + [f"data.tokenizer={paths['tokenizer']}"])).data.shapes()[
+        "vocab"] < 256
 
 
 def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_first_names(tmp_path):

@@ -64,6 +64,10 @@ CONVERSATIONS = {
     "path": "JSON Lines of LLaVA-style conversations (required)",
     "tokenizer": "a Hugging Face `tokenizer.json` (required)",
     "image_root": "folder image paths are relative to (default: the data file's folder)",
+    "allow_outside_root": "`false`: an image name that resolves outside `image_root` (absolute, `..`, a symlink "
+                          "out) is an `outside_image_root` bad sample, never read; `true` reads it",
+    "max_line_bytes": "a `.jsonl` line (a `.json` list sample) longer than this is a `line_too_long` bad sample, "
+                      "skipped unparsed in bounded memory (default: 64 x `seq_len` + 1 MiB)",
     "seq_len": "tokens per sample after padding/truncation",
     "micro_batch_size": "samples per micro-batch (MindFormers' `runner_config.batch_size` fills it when absent)",
     "image_size": "tiny-MLLM / MindFormers Llama layout: square side images are resized to",

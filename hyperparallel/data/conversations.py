@@ -6,6 +6,10 @@ Recipe::
       type: conversations
       path: data/demo/train.jsonl    # a JSON list or JSON lines of samples
       image_root: data/demo          # image file names are relative to it (default: path's folder)
+      allow_outside_root: false      # an image name resolving outside image_root (absolute, .., a symlink
+                                     #   out) is an outside_image_root bad sample, never read; true: read it
+      max_line_bytes: null           # a longer .jsonl line is line_too_long, never parsed (null: 64 x seq_len
+                                     #   + 1 MiB)
       tokenizer: data/demo/tokenizer.json   # any Hugging Face tokenizers JSON file
       seq_len: 40                    # every sequence is padded to this length
       micro_batch_size: 2

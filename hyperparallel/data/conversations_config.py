@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 
 from .batch import PatchGeometry
 from .formats import QWEN_VL, resolve_format
+from .index import LINE_DEFAULT, LINE_FACTOR, LINE_SLACK
 from .qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, check_geometry, read_preprocessor_config
 from .text import IMAGE, VIDEO, Tok
 from ..mpipe.errors import SpecError, unknown_key
@@ -57,6 +58,8 @@ class ConversationsConfig(PatchGeometry):
     path: str = ""
     tokenizer: str = ""
     image_root: Optional[str] = None
+    allow_outside_root: bool = False   # image names may leave image_root (absolute, .., symlinks out)
+    max_line_bytes: Optional[int] = None   # a .jsonl line longer than this is not parsed (None: line_limit())
     seq_len: int = 32
     micro_batch_size: int = 2
     image_size: int = 8
@@ -84,7 +87,7 @@ class ConversationsConfig(PatchGeometry):
     RECIPE_KEYS = ("type", "path", "tokenizer", "image_root", "seq_len", "micro_batch_size", "image_size", "patch",
                    "mean", "std", "min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config",
                    "system_prompt", "shuffle", "seed", "num_parallel_workers", "prefetch", "on_bad_sample", "vocab",
-                   "balance", "shape_buckets")
+                   "balance", "shape_buckets", "allow_outside_root", "max_line_bytes")
 
     @staticmethod
     def from_section(sec: dict, micro_per_step: int) -> "ConversationsConfig":
@@ -101,6 +104,12 @@ class ConversationsConfig(PatchGeometry):
         cfg = ConversationsConfig(micro_per_step=int(micro_per_step), given=given, **sec)
         cfg.validate()
         return cfg
+
+    def line_limit(self) -> int:
+        """Bytes a sample's line may hold (``max_line_bytes``, default :data:`~.index.LINE_FACTOR` bytes per
+        token of ``seq_len`` plus 1 MiB for image names and other fields): a token rarely takes more than a
+        few bytes, so a longer line would be far past ``seq_len``; it is refused before it is parsed."""
+        return int(self.max_line_bytes) if self.max_line_bytes is not None else LINE_FACTOR * self.seq_len + LINE_SLACK
 
     @property
     def root(self) -> str:
@@ -121,6 +130,8 @@ class ConversationsConfig(PatchGeometry):
             raise SpecError("data.image_root", f"must be a folder name, got {self.image_root!r}")
         if not os.path.isdir(self.root):
             raise SpecError("data.image_root", f"folder not found: {self.root}")
+        if not isinstance(self.allow_outside_root, bool):
+            raise SpecError("data.allow_outside_root", f"true or false, got {self.allow_outside_root!r}")
         from .balance import MODES
         if self.balance not in MODES:
             raise SpecError("data.balance", f"{self.balance!r} unknown; allowed: {', '.join(MODES)}")
@@ -149,6 +160,9 @@ class ConversationsConfig(PatchGeometry):
             raise SpecError("data.shuffle", f"true or false, got {self.shuffle!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise SpecError("data.seed", f"an integer 0..{MAX_SEED} (or null: train.seed), got {self.seed!r}")
+        if self.max_line_bytes is not None and (not _is_int(self.max_line_bytes) or self.max_line_bytes < 1):
+            raise SpecError("data.max_line_bytes", f"an integer >= 1 (or null: {LINE_DEFAULT}), "
+                                                   f"got {self.max_line_bytes!r}")
         if self.vocab is not None and (not _is_int(self.vocab) or self.vocab < 1):
             raise SpecError("data.vocab", f"must be an integer >= 1 (or null: the tokenizer's), got {self.vocab!r}")
         size = self.load_tokenizer().vocab_size

@@ -157,5 +157,7 @@ class QwenPixels:
     def __call__(self, data: np.ndarray):
         from PIL import Image
         with Image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes())) as im:
-            out = self.proc(images=[im], return_tensors="np")
+            # PIL images are height x width x channels: said, not guessed (the processor's guess takes an
+            # image 1 or 3 pixels high for channels-first)
+            out = self.proc(images=[im], return_tensors="np", input_data_format="channels_last")
         return np.asarray(out["pixel_values"], np.float32), np.asarray(out["image_grid_thw"][0], np.int64)

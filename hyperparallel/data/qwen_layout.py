@@ -2,9 +2,7 @@
 the chat layout (:mod:`.qwen_chat`) with that many image pads, and the full check of ``data check``."""
 from __future__ import annotations
 
-import os
-
-from .index import Sample, check_image
+from .index import Sample, check_image, image_path
 from .qwen_chat import QwenEncoded, QwenTokens, encode_chat
 from .qwen_image import QwenPixels, image_grid, image_tokens
 from .text import SampleProblem, Tok, image_files
@@ -20,8 +18,15 @@ class QwenLayout:
         self._pixels = None
 
     def grid(self, path: str, size) -> tuple:
-        """(t, h, w) of an image of header ``size`` (width, height); SampleProblem if Qwen's rule refuses it."""
+        """(t, h, w) of an image of header ``size`` (width, height); SampleProblem if Qwen's rule refuses it
+        or a side is below one merged patch (``image_too_small``: the image is less than one LLM token's
+        pixels wide or high; earlier transformers releases' ``smart_resize`` refused it the same way)."""
         w, h = size
+        factor = self.fmt.factor
+        if min(w, h) < factor:
+            raise SampleProblem("image_too_small", f"{path} is {w}x{h} pixels; the qwen_vl layout needs each side "
+                                                   f">= patch_size x merge_size = {self.fmt.patch_size} x "
+                                                   f"{self.fmt.merge_size} = {factor} pixels")
         try:
             return image_grid(h, w, self.fmt, self.cfg.min_pixels, self.cfg.max_pixels)
         except (ValueError, ZeroDivisionError) as e:
@@ -35,7 +40,7 @@ class QwenLayout:
             raise SampleProblem("unsupported_video", "field 'video': video samples are not supported by the "
                                                      "qwen_vl layout yet (images only)")
         imgs, _ = image_files(rec)
-        files = tuple(os.path.abspath(os.path.join(cfg.root, f)) for f in imgs)
+        files = tuple(image_path(cfg, f) for f in imgs)
         grids = tuple(self.grid(p, check_files(p)) for p in files)
         counts = [image_tokens(g, self.fmt.merge_size) for g in grids]
         ids, answer = encode_chat(rec.get("conversations"), self.tok, self.special, counts, cfg.system_prompt)

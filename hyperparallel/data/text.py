@@ -49,7 +49,7 @@ class Tok:
             raise SpecError("data.tokenizer", f"cannot load {path} as a Hugging Face tokenizers JSON file "
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
         self.path = path
-        self.vocab_size = int(self.tk.get_vocab_size(with_added_tokens=True))
+        self.vocab_size = vocab_size(self.tk)
         ids = [self.tk.token_to_id(t) for t in EOS_CANDIDATES]
         self.eos = next((i for i in ids if i is not None), None)
 
@@ -66,6 +66,13 @@ class Tok:
     def token_id(self, token: str):
         """The id of ``token`` (e.g. a special token), None if the tokenizer lacks it."""
         return self.tk.token_to_id(token)
+
+
+def vocab_size(tk) -> int:
+    """Rows an embedding needs for every id of the ``tokenizers.Tokenizer`` ``tk``: its largest id + 1
+    (``get_vocab_size`` counts tokens, fewer than that when the ids have gaps)."""
+    ids = tk.get_vocab(with_added_tokens=True).values()
+    return max(int(tk.get_vocab_size(with_added_tokens=True)), max(ids, default=-1) + 1)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import json
 import os
 from typing import List
 
+from ..util import inside
+
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 
 
@@ -15,7 +17,8 @@ def is_hf_dir(path: str) -> bool:
 
 
 def weight_files(path: str) -> List[str]:
-    """The directory's safetensors files; ValueError naming a missing shard or a bad index."""
+    """The directory's safetensors files; ValueError naming a missing shard, a bad index, or a shard that
+    leaves the directory (:func:`shard_leaves`: refused before the file is looked at)."""
     index = os.path.join(path, INDEX)
     if not os.path.isfile(index):
         return [os.path.join(path, WEIGHTS)]
@@ -24,9 +27,28 @@ def weight_files(path: str) -> List[str]:
             shards = sorted(set(json.load(f)["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{index}: not a safetensors index ({e})") from None
+    if not all(isinstance(s, str) for s in shards):
+        raise ValueError(f"{index}: not a safetensors index (weight_map values must be file names)")
+    outside = [s for s in shards if shard_leaves(path, s)]
+    if outside:
+        raise ValueError(f"{index}: shard {outside[0]!r} resolves outside the model directory {path} (an absolute "
+                         "path, '..' or a symlink out); refused")
     files = [os.path.join(path, s) for s in shards]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise ValueError(f"{index}: shard {os.path.basename(missing[0])} is missing"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return files
+
+
+def shard_leaves(path: str, shard: str) -> bool:
+    """True if the index's shard name leaves the model directory ``path``: an absolute name or ``..`` out
+    of it, or (symlinks resolved) a file outside both ``path`` and the folder the index file really lives
+    in. The second folder keeps the Hugging Face cache working: a snapshot's files are links into its
+    ``blobs/`` folder, the index's among them."""
+    lexical = os.path.normpath(shard)
+    if os.path.isabs(shard) or lexical == ".." or lexical.startswith(".." + os.sep):
+        return True
+    real_index_dir = os.path.dirname(os.path.realpath(os.path.join(path, INDEX)))
+    joined = os.path.join(os.path.abspath(path), shard)
+    return inside(path, shard) is None and inside(real_index_dir, joined) is None

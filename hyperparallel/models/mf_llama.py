@@ -97,7 +97,8 @@ class MFLlamaMLLM(VitLLMAdapter):
             raise SpecError(f"{where}.n_kv_heads", f"{kv} must divide {where}.num_heads {heads}")
         vocab = _int(mc, "vocab_size", where)
         if vocab != data_shapes["vocab"]:
-            raise SpecError(f"{where}.vocab_size", f"{vocab} but data.vocab is {data_shapes['vocab']} (must match)")
+            raise SpecError(f"{where}.vocab_size", f"{vocab} but the data's vocabulary is {data_shapes['vocab']} "
+                                                   "(data.vocab, else data.tokenizer's largest id + 1; must match)")
         seq = _int(mc, "seq_length", where)
         if seq < data_shapes["seq_len"]:
             raise SpecError(f"{where}.seq_length", f"{seq} is shorter than the data's sequences "

@@ -130,7 +130,8 @@ class QwenVL(ModelAdapter):
         vocab = self.shapes.get("vocab")
         if vocab is not None and int(vocab) > t.vocab_size:
             raise SpecError(f"{self.text_key}.vocab_size", f"{t.vocab_size} is smaller than the data's "
-                                                           f"vocabulary ({vocab} tokens)")
+                                                           f"vocabulary ({vocab} tokens: data.vocab, else "
+                                                           "data.tokenizer's largest token id + 1)")
         seq = self.shapes.get("seq_len")
         if seq is not None and int(seq) > t.max_position_embeddings:
             raise SpecError("data.seq_len", f"{seq} exceeds {self.text_key}.max_position_embeddings "
