@@ -36,11 +36,11 @@ def test_msrun_single_node_script():
 
 def test_msrun_multi_node_recipe():
     r = run(MSRUN, "--dry-run", "--worker_num", "16", "--local_worker_num", "8", "--master_addr", "10.1.2.3",
-            "--master_port", "29500", "--node_rank", "1", "--log_dir", "logs/my run", "--join", "False",
+            "--master_port", "29500", "--node_rank", "1", "--log_dir", "logs/my run", "--join", "True",
             "--cluster_time_out", "900", "--bind_core", "True", "--", "recipes/qwen2_5_vl_7b.yaml", "--steps", "5")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ("env 'HP_MSRUN_ARGS=--worker_num=16 --local_worker_num=8 --master_addr=10.1.2.3 "
-                        "--master_port=29500 --node_rank=1 '\\''--log_dir=logs/my run'\\'' --join=False "
+                        "--master_port=29500 --node_rank=1 '\\''--log_dir=logs/my run'\\'' --join=True "
                         "--cluster_time_out=900 --bind_core=True' hyperparallel train recipes/qwen2_5_vl_7b.yaml "
                         "--steps 5\n")
 
