@@ -81,6 +81,15 @@ PATHS = {
         "measure_profile": "test_bench.py::test_bench_refuses_bad_input_before_launch",
         "profile_schedule": "test_bench.py::test_profile_schedule_needs_a_measured_profile",
         "save_profile": "test_bench.py::test_bench_refuses_bad_input_before_launch"}, {"profile_samples"}),
+    "bench --compile twice": (["bench", TINY, "--recipe-profile", "--compile", "eager", "--compile", "jit"], {
+        **{d: "test_bench_flags_reach_the_launches" for d in
+           ("schedule", "steps", "warmup", "repeats", "max_contention", "overrides", "rotate", "run_dir", "timeout")},
+        **{d: "test_bench.py::test_bench_compares_compile_modes_every_schedule_under_each" for d in
+           ("compile", "out", "recipe_profile")},
+        "profile": "test_bench.py::test_bench_refuses_bad_input_before_launch",
+        "measure_profile": "test_bench.py::test_bench_refuses_bad_input_before_launch",
+        "profile_schedule": "test_bench.py::test_profile_schedule_needs_a_measured_profile",
+        "save_profile": "test_bench.py::test_bench_refuses_bad_input_before_launch"}, {"profile_samples", "png"}),
     "profile": (["profile", TINY], {
         **{d: "test_profile_flags_reach_the_launch" for d in
            ("schedule", "overrides", "out", "samples", "repeats", "compile", "run_dir", "timeout")},
@@ -159,7 +168,9 @@ def test_unhonoured_flags_are_refused_naming_the_flag_and_the_path(no_launch, tm
             flag = F.flag_name(parser, base[0], dest)
             assert len(err) == 1 and err[0].startswith(f"error: {flag}: not honoured "), (path, err)
             where = {"train --reference": "with --reference", "bench --recipe-profile": "with --profile or "
-                     "--recipe-profile", "tune": "without --verify", "train pipeline": "without --save-dir"}[path]
+                     "--recipe-profile", "tune": "without --verify", "train pipeline": "without --save-dir",
+                     "bench --compile twice": "with --profile or --recipe-profile" if dest == "profile_samples" else
+                     "with --compile given twice"}[path]
             assert where in err[0], err[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "ckpt").exists()
 
