@@ -13,7 +13,7 @@ import sys
 from typing import List, Optional
 
 from .bench import bench, profile
-from .commands import data, plan, simulate, train, tune
+from .commands import data, flags, plan, simulate, train, tune
 from .mpipe.errors import PlanError, SpecError
 from .util import error, writable_dir
 
@@ -258,8 +258,11 @@ def _check_dirs(args) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        # a flag the command's path would not honour (train --reference --save-dir): refused, named
+        flags.refuse_unhonoured(parser, args, flags.given_flags(build_parser, argv))
         _check_dirs(args)
         compile_flag(args)
         return args.func(args)

@@ -81,6 +81,10 @@ def msrun_overrides(world: int) -> Dict[str, str]:
     for key in ("join", "bind_core"):
         if key in out and out[key] not in ("True", "False"):
             raise SpecError(f"HP_MSRUN_ARGS --{key}", f"must be True or False, got {out[key]!r}")
+    if out.get("join") == "False":
+        raise SpecError("HP_MSRUN_ARGS --join", "False is not supported: hyperparallel waits for its ranks (msrun "
+                                                "--join=True) to report every step and the result; give True or "
+                                                "leave it out")
     if "worker_num" in out and out["worker_num"] != str(world):
         raise SpecError("HP_MSRUN_ARGS --worker_num", f"{out['worker_num']} but the plan needs "
                                                       f"pipeline_stage x data_parallel = {world} ranks")

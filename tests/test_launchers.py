@@ -36,11 +36,11 @@ def test_msrun_single_node_script():
 
 def test_msrun_multi_node_recipe():
     r = run(MSRUN, "--dry-run", "--worker_num", "16", "--local_worker_num", "8", "--master_addr", "10.1.2.3",
-            "--master_port", "29500", "--node_rank", "1", "--log_dir", "logs/my run", "--join", "False",
+            "--master_port", "29500", "--node_rank", "1", "--log_dir", "logs/my run", "--join", "True",
             "--cluster_time_out", "900", "--bind_core", "True", "--", "recipes/qwen2_5_vl_7b.yaml", "--steps", "5")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ("env 'HP_MSRUN_ARGS=--worker_num=16 --local_worker_num=8 --master_addr=10.1.2.3 "
-                        "--master_port=29500 --node_rank=1 '\\''--log_dir=logs/my run'\\'' --join=False "
+                        "--master_port=29500 --node_rank=1 '\\''--log_dir=logs/my run'\\'' --join=True "
                         "--cluster_time_out=900 --bind_core=True' hyperparallel train recipes/qwen2_5_vl_7b.yaml "
                         "--steps 5\n")
 
@@ -141,3 +141,20 @@ def test_msrun_launch_runs_a_real_two_rank_job(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     for rank in (0, 1):
         assert f"hello rank {rank} of 2" in (logs / f"worker_{rank}.log").read_text()
+
+
+def test_join_false_is_refused_for_a_recipe_before_launch():
+    """``--join=False`` made msrun return at once: "done in 4.7 s", exit 0, no step trained (issue 40)."""
+    r = run(MSRUN, "--dry-run", "--join=False", "recipes/tiny_mllm.yaml")
+    assert r.returncode == 2 and r.stdout == "" and "--join False is not supported for a recipe" in r.stderr
+    assert "--join=False" in run(MSRUN, "--dry-run", "--join=False", "x.py").stdout   # msrun's own script: as given
+    from hyperparallel.launch import msrun_overrides
+    from hyperparallel.mpipe.errors import SpecError
+    os.environ["HP_MSRUN_ARGS"] = "--join=False"
+    try:
+        with pytest.raises(SpecError, match=r"^HP_MSRUN_ARGS --join: False is not supported: hyperparallel waits"):
+            msrun_overrides(2)
+        os.environ["HP_MSRUN_ARGS"] = "--join=True"
+        assert msrun_overrides(2) == {"join": "True"}
+    finally:
+        del os.environ["HP_MSRUN_ARGS"]

@@ -397,3 +397,25 @@ def test_layout_equals_mindformers_layer_setting(tmp_path):
             continue
         assert mf == [v_eff, ours], (L, off, P, V, inter, sched)
     assert refused_empty == 2
+
+
+def test_interleave_read_as_one_says_what_turns_it_on(tmp_path):
+    """pp_interleave_num 2 without pipeline_interleave reads as 1 (MindFormers' rule); a refusal about V
+    said "got 1" and not why: it names parallel.pipeline_config.pipeline_interleave: true (issue 40)."""
+    for interleave, why in ((False, "is false"), (None, "is absent")):
+        p = llama(tmp_path, L=8, V=2, interleave=interleave)
+        if interleave is None:
+            text = open(p).read().replace("  pipeline_config:\n    pipeline_interleave: None\n"
+                                          "    pipeline_scheduler: 1f1b\n", "")
+            assert "pipeline_config" not in text
+            open(p, "w").write(text)
+        with pytest.raises(SpecError) as e:
+            derive_recipe(load_recipe(p), "dualpipev")
+        msg = str(e.value)
+        assert msg.startswith("model.model_config.pp_interleave_num: must be 2 for order 'dualpipev'"), msg
+        assert (f"model.model_config.pp_interleave_num: 2 reads as 1 because parallel.pipeline_config."
+                f"pipeline_interleave {why}") in msg and "pipeline_interleave: true" in msg, msg
+    # a V the recipe did not set above 1 gets no note
+    with pytest.raises(SpecError) as e:
+        derive_recipe(load_recipe(llama(tmp_path, L=8)), "dualpipev")
+    assert "reads as 1" not in str(e.value)

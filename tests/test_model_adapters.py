@@ -279,3 +279,91 @@ def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_fi
     with pytest.raises(SpecError, match=r"model.pretrained: .*does not fit the config: wrong shapes "
                                         r"\['model.language_model.layers.0.mlp.down_proj.weight'"):
         load_hf_weights(small.model.network(), str(tmp_path / "hf"), small.model.checkpoint_name)
+
+
+# -- every key used or refused (issue 40): Hugging Face fields, MindFormers spellings, LoRA ---------------
+@pytest.fixture(scope="module")
+def demo_sets(tmp_path_factory):
+    from make_demo_data import write_demo
+    paths = write_demo(str(tmp_path_factory.mktemp("demo")), 8, seed=1)
+    return [f"data.{k}={v}" for k, v in sorted(paths.items())]
+
+
+@pytest.mark.parametrize("name,sets,words", [
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.vision_config.dpth=3"],
+     "model.model_config.vision_config.dpth: not a Qwen2_5_VLVisionConfig field (transformers would keep it unread "
+     "and train its default); did you mean 'depth'?"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.text_config.num_hiden_layers=3"],
+     "model.model_config.text_config.num_hiden_layers: not a Qwen2_5_VLTextConfig field"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.image_tokn_id=10"], "did you mean 'image_token_id'?"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.compute_dtype=float32"],
+     "model.model_config.compute_dtype: not a Qwen2_5_VLConfig field: MindFormers' precision key"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.text_config.param_init_type=float32"],
+     "model.model_config.text_config.param_init_type: not a Qwen2_5_VLTextConfig field: MindFormers' precision"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.use_flash_attention=false"],
+     "the Hugging Face field is attn_implementation"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.pet_config={pet_type: lora, lora_rank: 8}"],
+     "model.model_config.pet_config: not a Qwen2_5_VLConfig field: LoRA / parameter-efficient fine-tuning is not "
+     "supported yet"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.text_config.num_layers=4"],
+     "the Hugging Face field is num_hidden_layers"),
+    # with text_config given, a top-level text field is ignored by the class
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.hidden_size=64"],
+     "model.model_config.hidden_size: a text-model field at the top level is ignored (text_config is given); give "
+     "model.model_config.text_config.hidden_size"),
+    ("qwen3_vl_tiny.yaml", ["model.model_config.rope_theta=5.0"], "model.model_config.rope_theta: a text-model "
+                                                                   "field at the top level is ignored"),
+    ("qwen3_vl_tiny.yaml", ["model.model_config.vision_config.fullatt_block_indexes=[1]"],
+     "model.model_config.vision_config.fullatt_block_indexes: not a Qwen3VLVisionConfig field"),
+])
+def test_hugging_face_fields_the_class_does_not_read_are_refused(demo_sets, name, sets, words):
+    """transformers keeps an unknown field as an attribute nobody reads: it trained the default, silently."""
+    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.recipe import derive_recipe, load_recipe
+    from hyperparallel.runconfig import run_config_of
+    rec = load_recipe(recipe(name), demo_sets + sets)
+    with pytest.raises(SpecError) as e:
+        run_config_of(rec)
+    assert str(e.value).startswith(words) or words in str(e.value), str(e.value)
+    assert derive_recipe(rec).num_devices == 2   # plan still reads it
+
+
+def test_hugging_face_fields_the_class_reads_and_the_recipes_own_keys_pass(demo_sets):
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    for name in ("qwen2_5_vl_tiny.yaml", "qwen3_vl_tiny.yaml"):
+        run_config_of(load_recipe(recipe(name), demo_sets))
+    rc = run_config_of(load_recipe(QWEN, demo_sets + [
+        "model.model_config.torch_dtype=float32", "model.model_config.bos_token_id=1",   # PretrainedConfig's
+        "model.model_config.freeze_vision=true", "model.model_config.text_config.offset=0",   # the recipe's
+        "model.model_config.vision_config.initializer_range=0.01",
+        "model.model_config.text_config.attention_dropout=0.0"]))
+    assert rc.model.vision.initializer_range == 0.01
+
+
+def test_fields_of_a_hugging_face_directory_are_hugging_faces_own(demo_sets, tmp_path):
+    """A config.json (model.config / model.pretrained) is the file transformers wrote and reads, with the older
+    spellings of the public files (in_chans, vision_token_id): not checked; only the recipe's inline fields are."""
+    import yaml
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    raw = yaml.safe_load(open(QWEN))
+    mc = raw["model"]["model_config"]
+    cfg = dict({k: v for k, v in mc.items() if k != "type"}, vision_token_id=12,
+               vision_config=dict(mc["vision_config"], in_chans=3))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    raw["model"] = {"arch": raw["model"]["arch"], "config": str(tmp_path / "config.json")}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw))
+    run_config_of(load_recipe(str(tmp_path / "r.yaml"), demo_sets))
+
+
+def test_mindformers_llama_lora_is_refused_not_trained_in_full(tmp_path):
+    """pet_config: {pet_type: lora} trained the whole model silently."""
+    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.recipe import derive_recipe, load_recipe
+    from hyperparallel.runconfig import run_config_of
+    rec = load_recipe(MF, ["model.model_config.pet_config={pet_type: lora, lora_rank: 8, lora_alpha: 16}"])
+    with pytest.raises(SpecError, match=r"^model.model_config.pet_config: \{'pet_type': 'lora', .*LoRA / "
+                                        r"parameter-efficient fine-tuning is not supported yet"):
+        run_config_of(rec)
+    assert derive_recipe(rec).num_devices == 2

@@ -195,6 +195,44 @@ def test_what_the_runtime_cannot_do_is_refused_before_launch(override, words, tm
         assert load_recipe(MF, [override]).pipeline_stage == 2   # planning is unaffected
 
 
+@pytest.mark.parametrize("key,value,words", [
+    ("recompute_config.recompute", [1, 1], "recompute_config.recompute: [1, 1] is not supported"),
+    ("recompute_config.recompute", [[0, 1], [0, 0]], "recompute_config.recompute: [[0, 1], [0, 0]] is not"),
+    ("recompute_config.select_recompute", ["feed_forward\\.mul"], "recompute_config.select_recompute: ["),
+    ("recompute_config.select_recompute", {"feed_forward\\.w1": [1, 1]}, "recompute_config.select_recompute: {"),
+    ("recompute_config.select_comm_recompute", [2, 0], "recompute_config.select_comm_recompute: [2, 0]"),
+    ("use_legacy", False, "use_legacy: False is not supported; give true or leave it out"),
+    ("resume_training", "llama_rank_0-10_2.ckpt", "resume_training: 'llama_rank_0-10_2.ckpt' is not supported"),
+    ("context.deterministic", "ON", "context.deterministic: 'ON' is not supported; give OFF"),
+    ("parallel.strategy_ckpt_load_file", "./ckpt_strategy.ckpt", "parallel.strategy_ckpt_load_file: "
+                                                                  "'./ckpt_strategy.ckpt' is not supported"),
+])
+def test_unhonoured_mindformers_values_are_refused_for_training_but_planned(key, value, words):
+    """Accepted and neither honoured nor named before issue 40: refused by train/profile/bench (naming the key),
+    while plan still reads the config."""
+    raw = load_recipe(MF).raw
+    sec, _, leaf = key.rpartition(".")
+    (raw.setdefault(sec, {}) if sec else raw)[leaf] = value
+    with pytest.raises(SpecError) as e:
+        schema.check_trainable(raw, "CPU")
+    assert str(e.value).startswith(words), str(e.value)
+    from hyperparallel.recipe.recipe import recipe_from_dict
+    assert recipe_from_dict(raw).pipeline_stage == 2   # planning is unaffected
+
+
+@pytest.mark.parametrize("key,value", [
+    ("recompute_config.recompute", [0, 0]), ("recompute_config.recompute", False),
+    ("recompute_config.select_recompute", []), ("recompute_config.select_recompute", {}),
+    ("use_legacy", True), ("resume_training", False), ("resume_training", ""), ("context.deterministic", "OFF"),
+    ("parallel.strategy_ckpt_load_file", ""),
+])
+def test_values_that_ask_for_nothing_still_train(key, value):
+    raw = load_recipe(MF).raw
+    sec, _, leaf = key.rpartition(".")
+    (raw.setdefault(sec, {}) if sec else raw)[leaf] = value
+    assert not [k for k, _ in schema.train_refusals(raw, "CPU") if k == key]
+
+
 def test_runner_batch_size_fills_and_checks_the_data():
     raw = load_recipe(TINY).raw
     raw["runner_config"] = {"batch_size": 3}

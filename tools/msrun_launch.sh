@@ -21,7 +21,8 @@ Options (msrun's names; `--name=value` or `--name value`):
   --master_port PORT      scheduler port, same on every node          (default 8118)
   --node_rank R           index of this node, 0..nodes-1               (default 0)
   --log_dir DIR           worker logs (worker_N.log)                   (default output/msrun_log)
-  --join True|False       msrun waits for the workers, reports failure (default True)
+  --join True|False       msrun waits for the workers, reports failure (default True;
+                          a recipe needs True: hyperparallel train waits for its ranks)
   --cluster_time_out S    seconds to wait for all nodes to join        (default 600)
   --bind_core True|False  bind CPU cores to workers (msrun)            (default: not passed)
   --dry-run               print the exact command and exit
@@ -95,6 +96,8 @@ flags=(--worker_num="$worker_num" --local_worker_num="$local_worker_num" --maste
 target="$1"
 case "$target" in
   *.yaml|*.yml)
+    # hyperparallel train waits for its ranks to report every step and the result
+    [[ "$join" == True ]] || die "--join False is not supported for a recipe (hyperparallel train waits for its ranks); give True or leave it out"
     env_value=""
     for f in "${flags[@]}"; do env_value+="$(quote "$f") "; done
     env_value="${env_value% }"

@@ -85,6 +85,9 @@ class MFLlamaMLLM(VitLLMAdapter):
         if mc.get("use_past", LLAMA_DEFAULTS["use_past"]):
             raise SpecError("model.model_config.use_past", f"{mc.get('use_past')!r} is the inference KV cache; "
                              f"training needs False")
+        if mc.get("pet_config") is not None:
+            raise SpecError("model.model_config.pet_config", f"{mc['pet_config']!r}: LoRA / parameter-efficient "
+                            "fine-tuning is not supported yet (the whole model would be trained); remove it")
         self.mc = dict(mc)
         where = "model.model_config"
         self.num_layers = _int(mc, "num_layers", where)

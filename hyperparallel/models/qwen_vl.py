@@ -43,14 +43,21 @@ TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "visi
 CPU_DTYPES = ("float32",)
 # MindFormers' keys in a model_config that are the recipe's, not the Hugging Face config's
 NOT_HF = ("type", "architectures", "model_type", "pp_interleave_num", "offset")
+# keys the recipe front end reads from a model_config besides NOT_HF (freeze_* flags, text_config.offset too)
+RECIPE_KEYS = NOT_HF + ("batch_size",)
 BYTES_PER_PARAM_TRAINED = 16   # float32 weight, gradient and Adam's two moments
+
+
+def _config_class(arch: str):
+    """transformers' config class of a mindone VLM class (``Qwen2_5_VLConfig``)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")   # no "PyTorch not found" line on stderr
+    import transformers
+    return getattr(transformers, ARCHS[arch][1])
 
 
 def _hf_config(arch: str, fields: dict):
     """The transformers config object of ``fields`` (Hugging Face config.json keys)."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")   # no "PyTorch not found" line on stderr
-    import transformers
-    cls = getattr(transformers, ARCHS[arch][1])
+    cls = _config_class(arch)
     kw = {k: v for k, v in fields.items() if k not in NOT_HF and not k.startswith("freeze_")}
     try:
         return cls(**kw)
@@ -86,7 +93,9 @@ class QwenVL(ModelAdapter):
                 weight_files(str(self.pretrained))
             except ValueError as e:
                 raise SpecError("model.pretrained", str(e)) from None
+        inline = sec.get("model_config") if isinstance(sec.get("model_config"), dict) else {}
         fields = model_config({"model": sec})
+        self._check_fields(inline, "text_config" in fields)
         given = (sec.get("model_config") or {}).get("type")
         if given not in (None, ARCHS[self.arch][1]):
             raise SpecError("model.model_config.type", f"{given!r} cannot configure {self.arch} "
@@ -100,6 +109,20 @@ class QwenVL(ModelAdapter):
         self._net = None
 
     # -- configuration checks (pure Python) ----------------------------------------------
+    def _check_fields(self, inline: dict, text_given: bool) -> None:
+        """Every field the recipe writes in ``model.model_config`` (and its ``text_config`` /
+        ``vision_config``) is one the config class reads, or the recipe's own: else refused, named
+        (:mod:`.hf_fields`)."""
+        from .hf_fields import check_section
+        cls = _config_class(self.arch)
+        subs = cls.sub_configs
+        check_section(inline, "model.model_config", cls, RECIPE_KEYS, ("freeze_",), flat_text=subs["text_config"],
+                      text_given=text_given)
+        for name, extra in (("text_config", ("offset",)), ("vision_config", ())):
+            sub = inline.get(name)
+            if isinstance(sub, dict):
+                check_section(sub, f"model.model_config.{name}", subs[name], extra)
+
     @property
     def text(self):
         return self.cfg.text_config

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 
+from contextlib import contextmanager
+
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Sequence, Tuple
 
@@ -79,6 +81,7 @@ class Recipe:
     layout: Optional[dict] = None  # MindFormers layer layout of the pipelined region: num_layers, offset, key
     costs: str = "mpipe.profile"   # where the profile's costs come from (an estimate is said so)
     memory_limit_gb: Optional[float] = None   # per device (mpipe.memory_limit_gb)
+    v_note: str = ""   # why a given pp_interleave_num > 1 reads as V = 1 (appended to errors about V)
 
     @property
     def estimated(self) -> bool:
@@ -94,8 +97,20 @@ class Recipe:
         """Layers of every chunk of the pipelined region by MindFormers' rule (None: the even split)."""
         if self.layout is None:
             return None
-        return mf.layer_layout(self.layout["num_layers"], self.layout["offset"], self.pipeline_stage,
-                               self.pp_interleave_num, self.layout["key"], zbv=order == "zbv")
+        with self._v_noted():
+            return mf.layer_layout(self.layout["num_layers"], self.layout["offset"], self.pipeline_stage,
+                                   self.pp_interleave_num, self.layout["key"], zbv=order == "zbv")
+
+    @contextmanager
+    def _v_noted(self):
+        """A refusal about V (its key, or pp_interleave_num in the text) says why a given V > 1 reads as 1."""
+        try:
+            yield
+        except SpecError as e:
+            text = str(e)[len(e.field) + 2:]
+            if not self.v_note or (e.field != self.v_key and "pp_interleave_num" not in text):
+                raise
+            raise SpecError(e.field, f"{text}; {self.v_note}") from None
 
     def plan_schedule(self, schedule=None) -> Schedule:
         """The parsed schedule to derive: the recipe's (or ``schedule``), with the ``mpipe.encoder``
@@ -104,8 +119,9 @@ class Recipe:
         spec = self.schedule if schedule is None else schedule
         sched = parse_schedule(spec, self.profile, V=self.pp_interleave_num, transpose=self.transpose_defaults)
         body, pipe = sched.body
-        orders.validate(pipe.order, self.pipeline_stage, self.pp_interleave_num, self.micro_batch_num,
-                        v_key=self.v_key)
+        with self._v_noted():
+            orders.validate(pipe.order, self.pipeline_stage, self.pp_interleave_num, self.micro_batch_num,
+                            v_key=self.v_key)
         layers = self.chunk_layers(pipe.order)
         if layers is None:
             return sched
@@ -127,8 +143,9 @@ def _whole(value, name: str, bound: Optional[int] = None) -> int:
     return value if bound is None else bounds.at_most(name, value, bound)
 
 
-def _parallel(raw: dict) -> Tuple[int, int, int, int, str]:
-    """(P, M, V, D, the key that set V) from ``parallel_config`` and MindFormers' V keys."""
+def _parallel(raw: dict) -> Tuple[int, int, int, int, str, str]:
+    """(P, M, V, D, the key that set V, why a given V > 1 reads as 1 or '') from ``parallel_config`` and
+    MindFormers' V keys."""
     pc = raw.get("parallel_config")
     if pc is not None and not isinstance(pc, dict):
         raise SpecError("parallel_config", f"must be a mapping with pipeline_stage and micro_batch_num, got "
@@ -152,12 +169,18 @@ def _parallel(raw: dict) -> Tuple[int, int, int, int, str]:
     V = _whole(v, v_key, bounds.MAX_INTERLEAVE)
     D = _whole(pc.get("data_parallel", 1), "parallel_config.data_parallel", bounds.MAX_DATA_PARALLEL)
     interleave = mf.pipeline_interleave(raw)
+    note = ""
     if interleave is False or (interleave is None and mf.is_mindformers_config(raw)):
         # MindFormers' LayerSetting: pp_interleave_num only counts with pipeline_interleave on
         # (MindSpore's default is off)
+        if V != 1:
+            why = "is false" if interleave is False else "is absent (MindSpore's default: false)"
+            note = (f"{v_key}: {V} reads as 1 because parallel.pipeline_config.pipeline_interleave {why}; "
+                    "set parallel.pipeline_config.pipeline_interleave: true (with pipeline_scheduler) to turn "
+                    "virtual stages on (MindFormers' rule)")
         V = 1
     mf.seq_split_num(raw)
-    return P, M, V, D, v_key
+    return P, M, V, D, v_key, note
 
 
 UNIT = dict(forward_ms=1.0, backward_ms=1.0, weight_ms=1.0, activation_mb=1.0, output_mb=1.0, param_mb=1.0)
@@ -318,7 +341,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
         apply_override(raw, item)
     schema.check_keys(raw)   # an unknown key (in the file or through --set): refused, the nearest named
     TrainConfig.from_raw(raw)   # optimizer / lr_schedule / train: keys checked by plan too (pure Python)
-    P, M, V, D, v_key = _parallel(raw)
+    P, M, V, D, v_key, v_note = _parallel(raw)
     mp, enc = _mpipe(raw)
     prof = mp.get("profile")
     hand_written = prof is not None
@@ -335,7 +358,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
                     data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
                     encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
-                    memory_limit_gb=_memory_limit(mp))
+                    memory_limit_gb=_memory_limit(mp), v_note=v_note)
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
         recipe.chunk_layers(spec if spec == "zbv" else "")

@@ -117,6 +117,36 @@ def _more_than_one(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1
 
 
+def _on(v) -> bool:
+    """A recompute setting that asks for something: true, a per-stage layer count list with a count
+    (``[1, 1]``, ``[[1], [0]]``), a list of op patterns, a non-empty mapping of patterns."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        return v.strip().lower() not in ("", "false")
+    if isinstance(v, (int, float)):
+        return v != 0
+    if isinstance(v, (list, tuple)):
+        return any(isinstance(x, str) or _on(x) for x in v)
+    if isinstance(v, dict):
+        return bool(v)
+    return v is not None
+
+
+def _named(v) -> bool:
+    """true, or a string naming something (``resume_training: checkpoint_name``); not false or empty."""
+    return v is True or (isinstance(v, str) and v.strip().lower() not in ("", "false"))
+
+
+def _false(v) -> bool:
+    return v is False or (isinstance(v, str) and v.lower() == "false")
+
+
+def _not_off(v) -> bool:
+    """A MindSpore on/off switch other than its default "OFF" (``context.deterministic: ON``)."""
+    return not (v is False or (isinstance(v, str) and v.strip().upper() in ("OFF", "FALSE", "")))
+
+
 #: (key, refused when, what to give instead)
 _REFUSED = (
     ("parallel_config.model_parallel", _more_than_one, "1: hyperparallel's runtime has no tensor parallelism"),
@@ -126,9 +156,9 @@ _REFUSED = (
     ("parallel_config.optimizer_shard", _true, "false or absent: no optimizer sharding"),
     ("parallel.enable_parallel_optimizer", _true, "false: the runtime does not shard the optimizer state"),
     ("micro_batch_interleave_num", _more_than_one, "1: no micro-batch interleaving"),
-    ("recompute_config.recompute", _true, "false: the runtime keeps every forward's activations (no recompute)"),
-    ("recompute_config.select_recompute", _true, "false: no selective recompute"),
-    ("recompute_config.select_comm_recompute", _true, "false: no selective recompute"),
+    ("recompute_config.recompute", _on, "false: the runtime keeps every forward's activations (no recompute)"),
+    ("recompute_config.select_recompute", _on, "false: no selective recompute"),
+    ("recompute_config.select_comm_recompute", _on, "false: no selective recompute"),
     ("swap_config.swap", _true, "false: no activation swapping"),
     ("runner_config.gradient_accumulation_steps", _more_than_one,
      "1: raise parallel_config.micro_batch_num instead (a pipeline step already accumulates its micro-batches)"),
@@ -136,7 +166,12 @@ _REFUSED = (
     ("runner_wrapper.use_skip_data_by_global_norm", _true, "false: steps are never skipped"),
     ("calculate_per_token_loss", _true, "false: the loss is the mean of the micro-batch losses"),
     ("use_skip_data_by_global_norm", _true, "false: steps are never skipped"),
-    ("resume_training", _true, "false: resume with hyperparallel train --resume / --resume-from"),
+    ("resume_training", _named, "false: resume with hyperparallel train --resume / --resume-from"),
+    ("use_legacy", _false, "true or leave it out: hyperparallel builds MindFormers' legacy model (or a mindone "
+                           "model), not the mcore one"),
+    ("context.deterministic", _not_off, "OFF: hyperparallel's runtime does not set MindSpore's deterministic mode"),
+    ("parallel.strategy_ckpt_load_file", _named, "none: graph-mode strategy files are not read (the plan comes from "
+                                                 "parallel_config and mpipe)"),
     ("do_eval", _true, "false: no evaluation during training"),
     ("layer_scale", _true, "false: no layer-wise learning-rate scale"),
     ("lr_scale", _true, "false: no batch-size learning-rate scale"),
