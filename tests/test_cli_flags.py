@@ -26,7 +26,7 @@ SAMPLE = {
               "save_dir": ["--save-dir", "{tmp}/ckpt"], "save_every": ["--save-every", "1"],
               "save_format": ["--save-format", "ckpt"], "resume": ["--resume"],
               "resume_from": ["--resume-from", "{tmp}/ckpt"], "no_digest": ["--no-digest"],
-              "timeout": ["--timeout", "77"]},
+              "timeout": ["--timeout", "77"], "overwrite_save_dir": ["--overwrite-save-dir"]},
     "bench": {"schedule": ["--schedule", "1f1b"], "steps": ["--steps", "3"], "warmup": ["--warmup", "1"],
               "repeats": ["--repeats", "2"], "max_contention": ["--max-contention", "1"],
               "overrides": ["--set", "train.lr=0.02"], "profile": ["--profile", HEAVY],
@@ -53,17 +53,18 @@ PATHS = {
            ("schedule", "steps", "overrides", "compile", "run_dir", "save_dir", "timeout")},
         "reference": "test_train_reference_flags_reach_the_reference",
         "resume_from": "test_checkpoint_resume.py::test_start_from_single_process_mindspore_file",
-        "resume": _RESUME}, {"save_every", "save_format", "no_digest"}),
+        "resume": _RESUME}, {"save_every", "save_format", "no_digest", "overwrite_save_dir"}),
     "train pipeline --save-dir": (["train", TINY, "--save-dir", "{tmp}/ckpt"], {
         **{d: "test_train_pipeline_flags_reach_the_launch" for d in
            ("schedule", "steps", "overrides", "compile", "run_dir", "save_dir", "save_every", "save_format",
             "no_digest", "timeout")},
         "reference": "test_train_reference_flags_reach_the_reference", "resume": _RESUME,
+        "overwrite_save_dir": "test_train_guards.py::test_overwrite_removes_the_old_step_directories_only",
         "resume_from": "test_checkpoint_resume.py::test_start_from_single_process_mindspore_file"}, set()),
     "train --reference": (["train", TINY, "--reference"], {
         d: "test_train_reference_flags_reach_the_reference" for d in ("reference", "steps", "overrides", "run_dir")},
         {"schedule", "compile", "save_dir", "save_every", "save_format", "resume", "resume_from", "no_digest",
-         "timeout"}),
+         "timeout", "overwrite_save_dir"}),
     "bench, profile measured": (["bench", TINY], {
         **{d: "test_bench_flags_reach_the_launches" for d in
            ("schedule", "steps", "warmup", "repeats", "max_contention", "overrides", "rotate", "out", "png",

@@ -57,6 +57,8 @@ NOT_HONOURED: Tuple[Tuple[str, str, Callable, str, str], ...] = (
                                                     "that enforces the timeout"),
     ("train", "save_every", _no_save_dir, "without --save-dir", "nothing is saved; give --save-dir"),
     ("train", "save_format", _no_save_dir, "without --save-dir", "nothing is saved; give --save-dir"),
+    ("train", "overwrite_save_dir", _reference, "with --reference", _REF_CKPT),
+    ("train", "overwrite_save_dir", _no_save_dir, "without --save-dir", "there is no save dir to overwrite"),
     ("train", "no_digest", _no_checkpoint, "without --save-dir, --resume or --resume-from",
      "no checkpoint is written or read"),
     ("bench", "profile_samples", _profile_not_measured, "with --profile or --recipe-profile",
