@@ -50,6 +50,8 @@ MSRUN_FLAGS = ("worker_num", "local_worker_num", "master_addr", "master_port", "
 # exit statuses of a launch beyond 0 (done), 1 (a rank failed) and 2 (bad input, nothing launched)
 PREEMPTED = 75     # stopped on a signal after a complete step (checkpointed with --save-dir): --resume
 SAVE_FAILED = 74   # a checkpoint could not be written (path and OS error named)
+# a step's loss or grad norm was NaN/infinite (train.nonfinite: stop), the step named (65, pure Python module)
+from .mindspore.nonfinite import NONFINITE_EXIT as NONFINITE  # noqa: E402
 HUNG = 124         # no rank moved for train.hang_timeout_s (the rank named), or the job's --timeout
 
 
@@ -235,8 +237,11 @@ def _msrun_report(log_dir: str, rank: int) -> str:
 
 def _progress(line: str) -> bool:
     """Rank 0's lines the console shows: steps, the run's settings, checkpoint saves and resumes."""
+    from .mindspore.nonfinite import NONFINITE
+    if line.startswith(NONFINITE):   # reported once, in the error line
+        return False
     return (" step " in line or "job finished" in line or "resumed" in line or line.startswith("saved ")
-            or "] optimizer " in line or "] data: " in line)
+            or "] optimizer " in line or "] data: " in line or "] train.nonfinite" in line)
 
 
 class _Signals:
@@ -377,6 +382,16 @@ def _stop_line(log_dir: str, ranks: List[int]) -> str:
     return ""
 
 
+def _nonfinite_stop(log_dir: str, world: int) -> str:
+    """The ranks' line about a step stopped for a NaN/infinite loss or grad norm ('' when none)."""
+    from .mindspore.nonfinite import NONFINITE as prefix
+    for r in range(world):
+        for line in _read(_worker_log(log_dir, r)).splitlines():
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+    return ""
+
+
 def _save_failure(log_dir: str, world: int) -> str:
     from .mindspore.ckpt_files import SAVE_FAILED as prefix
     for r in range(world):
@@ -514,6 +529,10 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
         saving = _save_failure(log_dir, world)
         if saving:
             res.returncode, res.message = SAVE_FAILED, f"checkpoint save failed: {saving}"
+            return res
+        bad = _nonfinite_stop(log_dir, world)
+        if bad:
+            res.returncode, res.message = NONFINITE, f"non-finite {bad}"
             return res
         missing = _missing_nodes(log_dir, world, overrides)
         if missing:

@@ -41,6 +41,9 @@ TRAIN = {
     "optimizer_compile": "`jit`: MindSpore's optimizer Cell runs its update as its own compiled graph (one compile "
                          "per run, then fast steps); `eager`: the same update op by op, bit-identical, no compile "
                          "(short runs, the test suite)",
+    "nonfinite": "a step whose loss or global grad norm is NaN or infinite, decided before its update on every "
+                 "rank: `stop` (exit 65 naming the step; nothing of it saved) or `skip` (no rank updates in that "
+                 "step, as MindSpore's loss-scale overflow check; logged and counted)",
 }
 
 SYNTHETIC = {
@@ -109,6 +112,9 @@ METRICS = {
                "(some chunks eager: the log says which and why)",
     "compiles": "graphs rank 0 compiled in this step (first calls of a new input shape)",
     "compile_s": "time of those first calls (compile + one run), part of `step_time_s`",
+    "skipped": "true when the step's loss or grad norm was not finite and no rank updated (`train.nonfinite: "
+               "skip`); non-finite numbers are written as `null` (the file is strict JSON)",
+    "steps_skipped": "steps of this run skipped so far (`train.nonfinite: skip`)",
     "memory": "every rank's memory record of the step, one object per rank (below)",
     "encoder_work": "with `data.balance: encoder`: the step's predicted encoder work per owner rank, "
                     "`patches` and `ms` (from the recipe's profile), and the same as position order would have "

@@ -7,7 +7,6 @@ seed in this process without a pipeline (MindSpore imported only then).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -253,7 +252,7 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
         print(f"not used by hyperparallel's runtime (no effect on this run): {', '.join(notes)}", flush=True)
     if recipe.estimated:
         print(f"note: {recipe.costs}", flush=True)
-    from ..launch import HUNG, PREEMPTED, SAVE_FAILED, launch
+    from ..launch import HUNG, NONFINITE, PREEMPTED, SAVE_FAILED, launch
     res = launch({"device": rc.device, "cases": [case]}, world, os.path.join(run_dir, "logs"),
                  timeout_s=args.timeout, hang_timeout_s=rc.train.hang_timeout_s, stop_grace_s=rc.train.stop_grace_s)
     if res.returncode == PREEMPTED:
@@ -264,8 +263,8 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
         refused = _refusal(res.log_dir, world, "--resume" if args.resume else "--resume-from")
         if refused:
             return _error(refused)
-        what = {HUNG: "job hung" if res.hung else "job timed out", SAVE_FAILED: "job failed"}.get(
-            res.returncode, "job stopped" if res.killed else "job failed")
+        what = {HUNG: "job hung" if res.hung else "job timed out", SAVE_FAILED: "job failed",
+                NONFINITE: "training stopped"}.get(res.returncode, "job stopped" if res.killed else "job failed")
         print(f"error: {what} (exit {res.returncode}): {res.message}" + _newest(args), file=sys.stderr)
         return res.returncode
     where = (f"metrics in {os.path.join(run_dir, 'metrics.jsonl')}" if node0 else
@@ -317,6 +316,7 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
     compat.setup_device(rc.device)
     ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
                     {r.name: r.trainable for r in recipe.profile.regions}, total_steps=steps)
+    from ..mindspore.nonfinite import NONFINITE_EXIT, NonFiniteStep, json_line
     from ..mindspore.worker import StepLog
     from ..mindspore.rank import StepResult
     log = StepLog("reference", "reference", steps, 0,
@@ -325,11 +325,16 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
         for step in range(steps):
             t0 = time.perf_counter()
-            loss, _ = ref.step(step)
+            try:
+                loss, _ = ref.step(step)
+            except NonFiniteStep as e:   # train.nonfinite: stop, before the update (as the pipeline's ranks)
+                print(f"error: training stopped (exit {NONFINITE_EXIT}): non-finite {e.describe(steps)}",
+                      file=sys.stderr, flush=True)
+                return NONFINITE_EXIT
             dt = time.perf_counter() - t0
-            rec = log.record(StepResult(step, loss, {}, dt, 0.0, 0.0, ref.grad_norm, ref.lr), 0)
+            rec = log.record(StepResult(step, loss, {}, dt, 0.0, 0.0, ref.grad_norm, ref.lr, skipped=ref.skipped), 0)
             print(log.line(rec), flush=True)
-            f.write(json.dumps(rec) + "\n")
+            f.write(json_line(rec) + "\n")
     return 0
 
 

@@ -94,16 +94,29 @@ class Progress(Hooks):
 
 
 class FaultInjection(Hooks):
-    """``HP_FAULT=RANK:STEP[:kill|:hang]`` makes that rank fail in the middle of that step: ``os._exit(13)``
+    """``HP_FAULT=RANK:STEP[:kill|:hang|:nan]`` makes that rank fail in the middle of that step: ``os._exit(13)``
     after a log line, with ``kill`` a silent SIGKILL, with ``hang`` it stops making progress (sleeps
-    for ever, alive). (``HP_FAULT=RANK:save:N[:kill|:enospc]``, failing while saving step N, is
-    handled by the checkpoint saver.)"""
+    for ever, alive); with ``nan`` every gradient it computes in that step is NaN (as an overflow would
+    make them; ``train.nonfinite``). (``HP_FAULT=RANK:save:N[:kill|:enospc]``, failing while saving step N,
+    is handled by the checkpoint saver.)"""
 
-    MODES = ("exit", "kill", "hang")
+    MODES = ("exit", "kill", "hang", "nan")
 
     def __init__(self, rank: int, step: int, kill: bool = False, mode: str = ""):
         self.rank, self.step = rank, step
         self.mode = mode or ("kill" if kill else "exit")
+        self._now = -1   # the step the rank is in (nan mode)
+
+    def wrap(self, category: str, name: str, fn: Callable) -> Callable:
+        if self.mode != "nan" or name != "grad":
+            return fn
+
+        def grad(*args, **kw):
+            out = fn(*args, **kw)
+            if self._now != self.step:
+                return out
+            return tuple(g * float("nan") if g is not None else g for g in out)
+        return grad
 
     @property
     def kill(self) -> bool:
@@ -121,7 +134,8 @@ class FaultInjection(Hooks):
         return FaultInjection(rank, int(spec[1]), mode=mode)
 
     def before_action(self, interp, step, index, action) -> None:
-        if step == self.step and index == len(interp.program) // 2:
+        self._now = step
+        if step == self.step and index == len(interp.program) // 2 and self.mode != "nan":
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.mode == "hang":   # alive, silent: only the launcher's hang watchdog ends the job

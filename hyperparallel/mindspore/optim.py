@@ -76,10 +76,14 @@ class Optimizer:
         self.opt(grads)
 
     def lr(self, step: int) -> float:
-        """The learning rate of optimizer step ``step`` (0-based: the update after ``step`` earlier ones)."""
+        """The learning rate of the next update (of step ``step``, 0-based): the schedule at the optimizer's
+        own ``global_step``, the updates it applied (MindSpore's optimizer reads its schedule there; a step
+        skipped for a non-finite loss, ``train.nonfinite: skip``, does not advance it), else at ``step``."""
         if self.schedule is None:
             return float(self.cfg.schedule.learning_rate)
-        return float(self.schedule(Tensor(int(step), ms.int32)).asnumpy())
+        gs = getattr(self.opt, "global_step", None)
+        at = int(gs.asnumpy().reshape(-1)[0]) if gs is not None else int(step)
+        return float(self.schedule(Tensor(at, ms.int32)).asnumpy())
 
     def state(self) -> Dict[str, Parameter]:
         """Optimizer state by MindSpore's own names (what checkpointing a single-process

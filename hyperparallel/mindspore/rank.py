@@ -17,7 +17,7 @@ from hyperparallel.models import ModelAdapter
 from hyperparallel.mpipe import ir
 from hyperparallel.recipe.train import TrainConfig
 from hyperparallel.runconfig import check_regions
-from . import checkpoint, compiled, sharded
+from . import checkpoint, compiled, nonfinite, sharded
 from .hooks import Hooks
 from .interpreter import Interpreter
 from .optim import Optimizer, clip_scale, scaled, square_sum
@@ -70,6 +70,7 @@ class StepResult:
     compiles: int = 0        # graphs this rank compiled in this step (first calls of a new input shape)
     compile_s: float = 0.0   # their first calls' time (compile + one run), part of program_s
     stop: bool = False       # some rank asked to stop after this step (agreed by every rank)
+    skipped: bool = False    # the loss or grad norm was not finite: no update (train.nonfinite: skip)
 
     @property
     def step_s(self) -> float:
@@ -117,6 +118,7 @@ class RankRuntime:
         self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index) & {p.name for p in self.interp.updated}
         self.next_step = 0
         self._started = False
+        self.steps_skipped = 0   # steps of this process without an update (train.nonfinite: skip)
 
     @property
     def rank(self) -> int:
@@ -146,13 +148,27 @@ class RankRuntime:
         loss, sq, stops = self.comm.all_reduce_values([part, sq_local, 1.0 if stop else 0.0])
         t2 = time.perf_counter()
         self.hooks.phase(s, "optimizer")
-        norm = max(sq, 0.0) ** 0.5
+        norm = max(sq, 0.0) ** 0.5   # max keeps a NaN (no comparison with it is true)
         lr = self.optimizer.lr(s)
-        self.optimizer.step(scaled(grads, clip_scale(norm, self.train.max_grad_norm)))
+        bad = nonfinite.verdict(loss, norm)   # the same reduced numbers, so the same verdict, on every rank
+        if bad:
+            ranks = self._nonfinite_ranks(part, sq_local)
+            if self.train.nonfinite != "skip":
+                raise nonfinite.NonFiniteStep(s, bad, ranks)
+            self.steps_skipped += 1
+        else:
+            self.optimizer.step(scaled(grads, clip_scale(norm, self.train.max_grad_norm)))
         t3 = time.perf_counter()
         self.next_step = s + 1
         new = [t for b in self.bodies.values() for t in b.take_new()]
-        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, len(new), sum(new), stop=stops > 0)
+        return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, len(new), sum(new), stop=stops > 0,
+                          skipped=bool(bad))
+
+    def _nonfinite_ranks(self, part: float, sq_local: float) -> list:
+        """The ranks whose own share of a non-finite step (loss part, counted gradients' square sum) was not
+        finite (a collective: every rank calls it, as every rank has the same verdict)."""
+        mine = not (nonfinite.finite(part) and nonfinite.finite(sq_local))
+        return [r for r, bad in enumerate(self.comm.all_gather_object(mine)) if bad]
 
     @property
     def compile_mode(self) -> str:

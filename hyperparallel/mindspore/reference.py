@@ -17,6 +17,7 @@ import mindspore as ms
 
 from hyperparallel.data.loss_norm import loss_scales
 from hyperparallel.runconfig import RunConfig
+from . import nonfinite
 from .optim import Optimizer, clip_scale, scaled, square_sum
 
 
@@ -50,13 +51,16 @@ class Reference:
         self.params = [p for r in self.model.region_names() if trainable.get(r, True) for p in self.whole.params(r)]
         self.opt = Optimizer(self.params, rc.train, total_steps or rc.train.steps)
         self.grad_norm, self.lr = 0.0, 0.0   # of the last step
+        self.skipped, self.steps_skipped = False, 0   # the last step had no update; steps so (train.nonfinite)
 
     def all_params(self) -> list:
         """Every parameter of the model (trained or frozen), e.g. to save it as one checkpoint file."""
         return [p for cell in self.cells for p in cell.get_parameters()]
 
     def step(self, step: int):
-        """Returns (loss, {param name: grad}) of this step, after applying the update."""
+        """Returns (loss, {param name: grad}) of this step, after applying the update; a non-finite loss or
+        grad norm raises :class:`~.nonfinite.NonFiniteStep` before it (``train.nonfinite: stop``) or skips it
+        (``skip``: ``self.skipped``)."""
         mbs = [self.source.micro_batch(step, m) for m in range(self.num_micro)]
         scales = loss_scales(self.source, step, self.num_micro, self.rc.train.loss_normalization)
 
@@ -69,5 +73,13 @@ class Reference:
         named = {p.name: g for p, g in zip(self.params, grads)}
         self.grad_norm = square_sum(list(named.values()), compiled=self.rc.train.optimizer_compile != "eager") ** 0.5
         self.lr = self.opt.lr(step)
-        self.opt.step(scaled(named, clip_scale(self.grad_norm, self.rc.train.max_grad_norm)))
-        return float(loss.asnumpy()), {k: v.asnumpy() for k, v in named.items()}
+        value = float(loss.asnumpy())
+        bad = nonfinite.verdict(value, self.grad_norm)   # before the update, as the pipeline decides it
+        self.skipped = bool(bad)
+        if bad and self.rc.train.nonfinite != "skip":
+            raise nonfinite.NonFiniteStep(step, bad)
+        if bad:
+            self.steps_skipped += 1
+        else:
+            self.opt.step(scaled(named, clip_scale(self.grad_norm, self.rc.train.max_grad_norm)))
+        return value, {k: v.asnumpy() for k, v in named.items()}

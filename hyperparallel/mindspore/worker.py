@@ -78,20 +78,25 @@ class StepLog:
         self.compile_mode = compile_mode
         self.samples, self.tokens = samples, samples * seq_len
         self.total_s = 0.0
+        self.steps_skipped = 0   # steps of this run without an update (train.nonfinite: skip)
 
     def record(self, res, skipped: int) -> dict:
         self.total_s += res.step_s
         done = res.step + 1
         mean = self.total_s / (done - self.start)
+        self.steps_skipped += bool(getattr(res, "skipped", False))
         return {"step": done, "loss": res.loss, "lr": res.lr, "grad_norm": res.grad_norm, "step_time_s": res.step_s,
                 "samples_per_s": self.samples / res.step_s if res.step_s > 0 else None,
                 "tokens_per_s": self.tokens / res.step_s if res.step_s > 0 else None,
                 "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped,
-                "compile": self.compile_mode, "compiles": res.compiles, "compile_s": res.compile_s}
+                "compile": self.compile_mode, "compiles": res.compiles, "compile_s": res.compile_s,
+                "skipped": bool(getattr(res, "skipped", False)), "steps_skipped": self.steps_skipped}
 
     def line(self, r: dict) -> str:
+        skip = (f" skipped: not finite, no update (train.nonfinite: skip; {r['steps_skipped']} so far)"
+                if r.get("skipped") else "")
         return (f"[{self.name}] step {r['step']}/{self.steps} loss {r['loss']:.6f} lr {r['lr']:.3e} "
-                f"grad_norm {r['grad_norm']:.4f} step_time {r['step_time_s']:.3f}s "
+                f"grad_norm {r['grad_norm']:.4f}{skip} step_time {r['step_time_s']:.3f}s "
                 f"{r['samples_per_s'] or 0:.1f} samples/s {r['tokens_per_s'] or 0:.0f} tokens/s "
                 f"eta {_clock(r['eta_s'])}")
 
@@ -116,6 +121,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     from hyperparallel.watch import Heartbeat
 
     from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
+    from hyperparallel.mindspore.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep, json_line
     from hyperparallel.mpipe.errors import SpecError
     comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
     hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
@@ -157,7 +163,14 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
                   plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len, rt.compile_mode)
     stopped = False
     for step in range(start, steps):
-        res = rt.step(step, stop=bool(stopper and stopper.requested))
+        try:
+            res = rt.step(step, stop=bool(stopper and stopper.requested))
+        except NonFiniteStep as e:   # every rank, at the same step: nothing of it is saved
+            if metrics:
+                metrics.close()
+            kept = f"nothing saved for step {step + 1}" if save_dir else ""
+            print(NONFINITE + e.describe(steps, kept), flush=True)
+            raise SystemExit(NONFINITE_EXIT) from None
         losses.append(res.loss)
         # step: steps done, as metrics.jsonl and the console count them
         mem = dict(rank_memory(rt, res.grads), step=step + 1) if (run_dir or dump_dir) else None
@@ -177,7 +190,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
                 rec["memory"] = mem_all
                 if encoder_work is not None:
                     rec["encoder_work"] = encoder_work(step)
-                metrics.write(json.dumps(rec) + "\n")
+                metrics.write(json_line(rec) + "\n")   # strict JSON: a NaN is written as null
                 metrics.flush()
         due = save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps or res.stop)
         if due:
@@ -196,6 +209,9 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
             break
     if metrics:
         metrics.close()
+    if comm.rank == 0 and log.steps_skipped:
+        print(f"[{name}] train.nonfinite: skip: {log.steps_skipped} of {steps - start} step(s) skipped (a "
+              "non-finite loss or grad norm; no update)", flush=True)
     from hyperparallel.mindspore.compiled import summary
     line = summary(rt.bodies, comm.rank)
     if line:

@@ -16,6 +16,8 @@ lists are MindFormers 1.9.0's / MindSpore 2.9.0's signatures (``tests/test_recip
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple
 
@@ -31,6 +33,11 @@ LOSS_NORMALIZATIONS = ("tokens", "micro_batch")
 #: a few steps, such as the test suite's many short cases). MindFormers' AdamW has no ``@jit``: it runs
 #: op by op under both.
 OPTIMIZER_COMPILES = ("jit", "eager")
+#: ``train.nonfinite``: what a step whose loss or global gradient norm is NaN or infinite does, decided
+#: before its update and the same on every rank: ``stop`` the run (the default: exit non-zero naming the
+#: step; nothing of that step is saved) or ``skip`` that step's update on every rank (as MindSpore's
+#: loss-scale overflow check does), logged and counted
+NONFINITE_POLICIES = ("stop", "skip")
 
 #: MindFormers optimizer types hyperparallel trains with, and the fields each class takes
 #: (``mindformers.core.optim.AdamW``, ``mindspore.nn.Adam``, ``mindspore.nn.SGD``); all run on CPU
@@ -44,6 +51,8 @@ OPTIMIZER_FIELDS = {
 #: ``lr_schedule`` is given
 MF_DEFAULT_LR = 5.0e-5
 
+#: the learning-rate classes' float fields beyond ``learning_rate`` and ``warmup_ratio`` (checked: finite, >= 0)
+LR_FLOATS = ("warmup_lr_init", "lr_end", "num_cycles", "power", "decay_ratio", "decay_start_ratio")
 #: MindFormers learning-rate classes (``mindformers.core.lr``) and their fields
 LR_FIELDS = {
     "ConstantWarmUpLR": ("learning_rate", "warmup_steps", "warmup_lr_init", "warmup_ratio", "total_steps"),
@@ -57,9 +66,43 @@ LR_FIELDS = {
 }
 
 
+#: a number Python reads that YAML 1.1 (PyYAML) reads as a string: an exponent without a dot in the
+#: mantissa or without a sign (``1e-4``, ``1.0e4``), e.g. ``lr: 1e-4``
+_EXPONENT = re.compile(r"^([-+]?)([0-9]*)(?:\.([0-9]*))?[eE]([-+]?)([0-9]+)$")
+
+
+def yaml_float(text: str) -> str:
+    """The spelling YAML 1.1 reads as the float ``text`` means (``1e-4`` -> ``1.0e-4``), '' when ``text``
+    is not a finite number."""
+    t = text.strip()
+    try:
+        if not math.isfinite(float(t)) or "_" in t:
+            return ""
+    except ValueError:
+        return ""
+    m = _EXPONENT.match(t)
+    if not m:
+        return t
+    sign, whole, frac, esign, exp = m.groups()
+    if not (whole or frac):
+        return ""
+    return f"{sign}{whole or '0'}.{frac or '0'}e{esign or '+'}{exp}"
+
+
+def _not_a_string(key: str, v) -> None:
+    """Refuse a number YAML read as a string (``lr: 1e-4``), saying how to write it."""
+    if isinstance(v, str) and yaml_float(v):
+        raise SpecError(key, f"{v!r} is a string to YAML; write {yaml_float(v)}")
+
+
 def _number(key: str, v, least: float = 0.0, strict: bool = False) -> float:
+    """``v`` as a finite float ``> least`` (``strict``) or ``>= least``; refused naming ``key`` otherwise."""
+    _not_a_string(key, v)
+    bound = f"{'>' if strict else '>='} {least:g}"
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
+        raise SpecError(key, f"must be a finite number {bound}, got {v!r}")
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (v <= least if strict else v < least):
-        raise SpecError(key, f"must be a number {'>' if strict else '>='} {least:g}, got {v!r}")
+        raise SpecError(key, f"must be a number {bound}, got {v!r}")
     return float(v)
 
 
@@ -129,6 +172,7 @@ class TrainConfig:
     hang_timeout_s: float = 20.0  # no rank moved for this long: the job is hung, ended naming the rank
     stop_grace_s: float = 25.0    # after SIGTERM/SIGINT: time to finish the step and save (under k8s' 30 s)
     optimizer_compile: str = "jit"   # jit | eager: how the optimizer Cell's update runs (OPTIMIZER_COMPILES)
+    nonfinite: str = "stop"       # stop | skip: a step with a NaN/infinite loss or grad norm (NONFINITE_POLICIES)
     # resolved (from_raw): the optimizer and schedule every rank builds, and gradient clipping
     opt: OptimizerSpec = field(default=None, compare=False)
     schedule: LRSpec = field(default=None, compare=False)
@@ -137,7 +181,7 @@ class TrainConfig:
     keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
 
     TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every", "loss_normalization", "hang_timeout_s",
-                  "stop_grace_s", "optimizer_compile")
+                  "stop_grace_s", "optimizer_compile", "nonfinite")
 
     @staticmethod
     def from_section(sec: Optional[dict]) -> "TrainConfig":
@@ -175,6 +219,9 @@ class TrainConfig:
         if compile_mode not in OPTIMIZER_COMPILES:
             raise SpecError("train.optimizer_compile",
                             f"{compile_mode!r} unknown; allowed: {', '.join(OPTIMIZER_COMPILES)}")
+        nonfinite = sec.get("nonfinite", "stop")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise SpecError("train.nonfinite", f"{nonfinite!r} unknown; allowed: {', '.join(NONFINITE_POLICIES)}")
         keys = {}
         seed = sec.get("seed", 0)
         keys["seed"] = "train.seed" if "seed" in sec else "default"
@@ -213,7 +260,7 @@ class TrainConfig:
                            hang_timeout_s=float(sec.get("hang_timeout_s", 20.0)),
                            stop_grace_s=float(sec.get("stop_grace_s", 25.0)), schedule=sched, max_grad_norm=clip,
                            steps_given="steps" in sec, keys=tuple(sorted(keys.items())), loss_normalization=norm,
-                           optimizer_compile=compile_mode)
+                           optimizer_compile=compile_mode, nonfinite=nonfinite)
 
     def describe(self, total_steps: int) -> str:
         """One line for the start of a run: optimizer, schedule, clipping, seed."""
@@ -223,8 +270,9 @@ class TrainConfig:
                 else "no clipping")
         loss = "mean over answer tokens" if self.loss_normalization == "tokens" else "mean of micro-batch means"
         update = ", update op by op (train.optimizer_compile: eager)" if self.optimizer_compile == "eager" else ""
+        skip = ", non-finite steps skipped (train.nonfinite: skip)" if self.nonfinite == "skip" else ""
         return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}{update}, "
-                f"{self.schedule.describe(total_steps)}, {clip}, seed {self.seed} ({keys['seed']}), loss {loss}")
+                f"{self.schedule.describe(total_steps)}, {clip}, seed {self.seed} ({keys['seed']}), loss {loss}{skip}")
 
 
 def _typed(name: str, sec, classes: dict) -> str:
@@ -252,6 +300,8 @@ def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
         _number("optimizer.eps", kw["eps"], 0.0, strict=True)
     if "betas" in kw:
         b = kw["betas"]
+        for x in (b if isinstance(b, (list, tuple)) else ()):
+            _not_a_string("optimizer.betas", x)
         if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(
                 not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x < 1 for x in b)):
             raise SpecError("optimizer.betas", f"must be two numbers in [0, 1), got {b!r}")
@@ -265,6 +315,7 @@ def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
                                               "BasicAdamW); give false")
     if kw.get("swap"):
         raise SpecError("optimizer.swap", "true (optimizer state offload) is not supported; give false")
+    _not_a_string("optimizer.loss_scale", kw.get("loss_scale"))
     if kw.get("loss_scale", 1.0) != 1.0:
         raise SpecError("optimizer.loss_scale", f"{kw['loss_scale']!r}: loss scaling is not supported; give 1.0")
     if sched is None:
@@ -275,6 +326,11 @@ def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
         if "learning_rate" not in sched:
             raise SpecError("lr_schedule.learning_rate", "missing")
         lr = _number("lr_schedule.learning_rate", sched["learning_rate"], 0.0, strict=True)
+        if "learning_rate" in opt:
+            _number("optimizer.learning_rate", opt["learning_rate"], 0.0, strict=True)
+        for k in LR_FLOATS:
+            if sched.get(k) is not None:
+                _number(f"lr_schedule.{k}", sched[k])
         if "learning_rate" in opt and opt["learning_rate"] != sched["learning_rate"]:
             raise SpecError("optimizer.learning_rate", f"{opt['learning_rate']!r} contradicts lr_schedule.learning_rate "
                                                        f"{sched['learning_rate']!r}; MindFormers uses the schedule's: give "
