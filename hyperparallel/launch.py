@@ -481,7 +481,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
             if death_seen is None and (find_failed_rank(log_dir, world) is not None or vanished is not None):
                 death_seen = now
             if hang_timeout_s and stop_at is None and death_seen is None:
-                verdict = _hang(log_dir, mine, hang_timeout_s, now)
+                verdict = _hang(log_dir, mine, ranks, hang_timeout_s, now)
                 if verdict:
                     res.hung, res.returncode = verdict, HUNG
                     break
@@ -557,9 +557,22 @@ def _saves(job: dict) -> bool:
     return any(c.get("save_dir") for c in job.get("cases", []))
 
 
-def _hang(log_dir: str, ranks: List[int], timeout_s: float, now: float) -> str:
+def _hang(log_dir: str, mine: List[int], ranks: "_Ranks", timeout_s: float, now: float) -> str:
     from .watch import hang_verdict, read_beats
-    return hang_verdict(read_beats(log_dir), timeout_s, now, ranks) or ""
+    beats = read_beats(log_dir)
+    return hang_verdict(beats, timeout_s, now, mine, _states(beats, ranks)) or ""
+
+
+def _states(beats: Dict[int, dict], ranks: "_Ranks") -> Dict[int, str]:
+    """{rank: the ``/proc`` state of its process} for the heartbeats whose pid is a rank this launch started
+    (still alive: a pid reused by another process is not asked)."""
+    out = {}
+    for r, b in beats.items():
+        pid = b.get("pid")
+        st = _stat(pid) if pid in ranks.pids else None
+        if st and st[2] == ranks.pids[pid]:
+            out[r] = st[1]
+    return out
 
 
 def _vanished(log_dir: str, mine: List[int], ranks: "_Ranks") -> Optional[int]:

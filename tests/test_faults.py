@@ -32,8 +32,8 @@ FAKE = os.path.join(ROOT, "tests", "fake_msrun.py")
 STEPS = 16
 
 
-def beat(rank, kind, index=5, waits=(), since=0.0, step=3, what="llm/1 micro 2", first_step=0):
-    return {"rank": rank, "pid": 1, "step": step, "first_step": first_step, "index": index, "length": 24,
+def beat(rank, kind, index=5, waits=(), since=0.0, step=3, what="llm/1 micro 2", first_step=0, pid=1):
+    return {"rank": rank, "pid": pid, "step": step, "first_step": first_step, "index": index, "length": 24,
             "kind": kind, "waits": list(waits), "what": what, "since": since}
 
 
@@ -54,6 +54,49 @@ def test_hang_verdict_chain_through_a_collective_and_a_cycle():
     assert hang_verdict(beats, 5.0, now=100.0).startswith("rank 3 hung: no progress for 60.0 s")
     cycle = {0: beat(0, "RECV", 2, [1], since=10.0), 1: beat(1, "RECV", 2, [0], since=20.0)}
     assert hang_verdict(cycle, 5.0, now=100.0).startswith("rank 0 hung:")   # a cycle: the rank stuck longest
+
+
+def test_a_blocked_send_waits_on_its_peer():
+    """Rank 0 stuck longest in a send to rank 1, rank 1 in compute: the send is held up by rank 1 (on CPU a
+    send that does not return waits on the receiver), so rank 1 is named, not the sender."""
+    beats = {0: beat(0, "SEND", 11, [1], since=80.0, what="llm/0 micro 2 act to rank 1"),
+             1: beat(1, "F", 9, since=90.0, what="llm/1 micro 1")}
+    assert hang_verdict(beats, 5.0, now=100.0) == (
+        "rank 1 hung: no progress for 10.0 s (train.hang_timeout_s 5) in step 3 at program index 9/24 (F llm/1 micro 1)"
+        ", not waiting on a peer; rank 0 waits on it at program index 11/24 (SEND llm/0 micro 2 act to rank 1)")
+
+
+def test_hang_verdict_names_the_stopped_process_not_the_rank_waiting_on_it():
+    """SIGSTOP of one rank: its peer blocks in a send to it or a receive from it. The heartbeats alone
+    cannot tell them apart (a wait cycle); the stopped process's state (``T``, by the heartbeat's pid) does,
+    in both directions and whichever rank got stuck first."""
+    # rank 1 stopped in a receive from rank 0; rank 0 blocked in its send to rank 1 (stuck longest)
+    beats = {0: beat(0, "SEND", 11, [1], since=80.0, what="llm/0 micro 2 act to rank 1", pid=4100),
+             1: beat(1, "RECV", 12, [0], since=85.0, what="llm/0 micro 2 act from rank 0", pid=4101)}
+    assert hang_verdict(beats, 5.0, now=100.0, states={0: "S", 1: "T"}) == (
+        "rank 1 stopped (SIGSTOP?), pid 4101: no progress for 15.0 s (train.hang_timeout_s 5) in step 3 at program "
+        "index 12/24 (RECV llm/0 micro 2 act from rank 0); rank 0 waits on it at program index 11/24 "
+        "(SEND llm/0 micro 2 act to rank 1)")
+    # the other way round: rank 0 stopped, rank 1 stuck longest
+    assert hang_verdict(beats, 5.0, now=100.0, states={0: "T", 1: "S"}).startswith(
+        "rank 0 stopped (SIGSTOP?), pid 4100: no progress for 20.0 s (train.hang_timeout_s 5) in step 3 at program "
+        "index 11/24 (SEND llm/0 micro 2 act to rank 1); rank 1 waits on it at program index 12/24 (RECV ")
+    # a rank in compute does not outrank a stopped one; a debugger's stop ('t') is named as such
+    compute = {0: beat(0, "RECV", 4, [1], since=90.0, pid=4100), 1: beat(1, "F", 5, since=80.0, pid=4101)}
+    assert hang_verdict(compute, 5.0, now=100.0, states={0: "t", 1: "R"}).startswith(
+        "rank 0 stopped (traced: a debugger?), pid 4100: no progress for 10.0 s")
+    # several stopped: the longest-stuck is named, the others listed
+    both = hang_verdict(beats, 5.0, now=100.0, states={0: "T", 1: "T"})
+    assert both.startswith("rank 0 stopped (SIGSTOP?), pid 4100: ") and "(stopped too: rank 1)" in both
+    assert "waits on it" not in both
+    # a stopped local rank is named at the usual time, even while it waits on another node's rank
+    remote = {0: beat(0, "barrier", -1, [1, 2], since=0.0, what="", pid=4100), 1: beat(1, "RECV", 3, [2], since=0.0)}
+    assert hang_verdict(remote, 10.0, now=11.0) is None
+    assert hang_verdict(remote, 10.0, now=11.0, states={0: "T"}).startswith("rank 0 stopped (SIGSTOP?), pid 4100")
+    # a save is not judged, unless the saving process is stopped
+    saving = {0: beat(0, "save", since=0.0, what="", pid=4100), 1: beat(1, "barrier", -1, [0], since=0.0, what="")}
+    assert hang_verdict(saving, 10.0, now=11.0, states={0: "S"}) is None
+    assert hang_verdict(saving, 10.0, now=11.0, states={0: "T"}).startswith("rank 0 stopped (SIGSTOP?), pid 4100: ")
 
 
 def test_no_hang_while_any_rank_moves_or_saves_or_starts():
