@@ -198,11 +198,21 @@ def test_save_errors_are_named_with_path_and_os_error():
 
 # -- the launcher's signal handling, against a fake msrun (seconds, no MindSpore) -----------------------
 
-def _drive(tmp_path, mode, grace, send):
+def _drive(tmp_path, mode, grace, send, hang=None):
     """Start fake_msrun.py drive; once both fake ranks run, ``send(driver, msrun pid)``; return (result, rank pids)."""
+    p, pids = _drive_start(tmp_path, mode, grace, hang)
+    msrun = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
+    send(p, msrun[0])
+    out, err = p.communicate(timeout=60)
+    return json.loads(out.strip().splitlines()[-1]), pids, err
+
+
+def _drive_start(tmp_path, mode, grace, hang=None):
+    """fake_msrun.py drive started, both fake ranks running and seen by the launcher: (driver, rank pids)."""
     log = tmp_path / "log"
-    p = subprocess.Popen([sys.executable, FAKE, "drive", str(log), mode, str(grace)], cwd=ROOT, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
+    p = subprocess.Popen([sys.executable, FAKE, "drive", str(log), mode, str(grace)] + ([str(hang)] if hang else []),
+                         cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
     pids, deadline = {}, time.time() + 60
     while len(pids) < 2 and time.time() < deadline:
         for r in (0, 1):
@@ -212,10 +222,7 @@ def _drive(tmp_path, mode, grace, send):
                 pids[r] = int(m.group(1))
         time.sleep(0.1)
     time.sleep(0.8)   # the launcher has seen the ranks (it looks every 0.5 s)
-    msrun = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
-    send(p, msrun[0])
-    out, err = p.communicate(timeout=60)
-    return json.loads(out.strip().splitlines()[-1]), pids, err
+    return p, pids
 
 
 def _gone(pid):
@@ -274,6 +281,75 @@ def test_msrun_killed_under_its_ranks_leaves_no_orphan(tmp_path):
     assert res["msrun_gone"] and "msrun ended (status -15) with 2 rank(s) running" in err
     assert res["returncode"] == 143 and res["killed"].startswith("msrun ended and the ranks did not stop")
     assert all(_gone(p) for p in pids.values())
+
+
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_sigstopped_rank_is_named_not_the_rank_blocked_on_it(tmp_path, stopped):
+    """SIGSTOP of rank S in a receive from its peer, which is blocked in a send to S and got stuck first: the
+    heartbeats alone make a wait cycle (a send waits on its receiver) whose longest-stuck rank is the peer;
+    the launcher reads S's process state by its heartbeat's pid (``T``) and names S, in both directions."""
+    log = tmp_path / "log"
+
+    def freeze_then_stop(p, m):
+        (log / "freeze").touch()
+        deadline = time.time() + 30
+        while read_beats(str(log)).get(stopped, {}).get("kind") != "RECV":
+            assert time.time() < deadline, "the fake rank never blocked"
+            time.sleep(0.02)
+        pid = int(re.search(r"pid (\d+)", (log / f"worker_{stopped}.log").read_text()).group(1))
+        os.kill(pid, signal.SIGSTOP)
+    res, pids, _ = _drive(tmp_path, f"blocked{stopped}", 60.0, freeze_then_stop, hang=3.0)
+    peer = 1 - stopped
+    assert res["returncode"] == 124 and res["hung"].startswith(
+        f"rank {stopped} stopped (SIGSTOP?), pid {pids[stopped]}: no progress for "), res
+    assert res["hung"].endswith(f"(train.hang_timeout_s 3) in step 3 at program index 12/24 (RECV llm/0 micro 2 act "
+                                f"from rank {peer}); rank {peer} waits on it at program index 11/24 (SEND llm/0 "
+                                f"micro 2 act to rank {stopped})"), res
+    assert all(_gone(p) for p in pids.values())   # the stopped rank too (SIGKILL ends a stopped process)
+
+
+def _left(path):
+    """Processes (not zombies) with ``path`` in their command line or environment, other than this one."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid() or _gone(int(name)):
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if path.encode() in cmd or path.encode() in env:
+            out.append((int(name), cmd.replace(b"\0", b" ").decode(errors="replace")[:200]))
+    return out
+
+
+def _wait_none_left(path, timeout):
+    """Wait (at most ``timeout`` s) until no process of the job is left; returns those still there."""
+    deadline = time.time() + timeout
+    while _left(path) and time.time() < deadline:
+        time.sleep(0.25)
+    return _left(path)
+
+
+def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path):
+    """SIGKILL of the launcher: msrun dies of its parent-death signal, but its ``tail -f`` log followers (its
+    own children) and ranks that do not stop (mode ``ignore``) would live on for ever, parent 1. The launcher's
+    guardian waits out the grace, then kills them all, and says so in LOG_DIR/launcher_gone.log."""
+    p, pids = _drive_start(tmp_path, "ignore", 1.0)
+    log = str(tmp_path / "log")
+    assert any("tail -f" in cmd for _, cmd in _left(log))   # msrun's followers run
+    p.kill()
+    p.wait()
+    left = _wait_none_left(log, 60)
+    assert not left, left
+    assert all(_gone(q) for q in pids.values())
+    with open(os.path.join(log, "launcher_gone.log")) as f:
+        report = f.read()
+    assert report.startswith(f"the launcher (pid {p.pid}) is gone without ending the job: the ranks had up to 11 s")
+    assert re.search(r"; killed \d+ left: pids ", report), report
 
 
 # -- real 2-rank runs: one save directory, seven runs, each stopped another way --------------------------
