@@ -3,13 +3,15 @@
 Fast: the hang verdict on synthetic heartbeats, refused settings, the launcher's signal handling
 against a fake msrun (tests/fake_msrun.py; no MindSpore). ``msrun``: one chain of real 2-rank
 ``hyperparallel train`` runs on one save directory, each interrupted another way, the last one
-finishing: its losses (steps 1-16, written by seven runs) equal the single-process reference.
+finishing: its losses (steps 1-16, written by ten runs) equal the single-process reference.
 
 1. SIGTERM to ``hyperparallel train``   -> the step finished and saved, exit 75
 2. SIGTERM to msrun                     -> the same (the ranks get SIGHUP when msrun dies)
 3. SIGTERM to rank 1 alone              -> every rank stops after the same step, exit 75
 4. disk full while saving (fault hook)  -> exit 74 naming the path and ENOSPC; older steps intact
 5. rank 1 hangs (``HP_FAULT=1:S:hang``) -> exit 124 within train.hang_timeout_s, the rank named
+   SIGSTOP of rank 1, then of rank 0   -> exit 124, the stopped rank named (its pid), not its waiting peer
+   SIGKILL to ``hyperparallel train``  -> the ranks stop after their step; no process of the job is left
 6. SIGTERM twice to ``train``           -> every rank killed at once, exit 143, the last checkpoint intact
 7. ``--resume`` to the end              -> exit 0, losses equal the reference
 """
@@ -344,6 +346,8 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path):
     p.kill()
     p.wait()
     left = _wait_none_left(log, 60)
+    for pid, _ in left:   # a failed test leaves nothing behind either
+        os.kill(pid, signal.SIGKILL)
     assert not left, left
     assert all(_gone(q) for q in pids.values())
     with open(os.path.join(log, "launcher_gone.log")) as f:
@@ -352,14 +356,14 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path):
     assert re.search(r"; killed \d+ left: pids ", report), report
 
 
-# -- real 2-rank runs: one save directory, seven runs, each stopped another way --------------------------
+# -- real 2-rank runs: one save directory, ten runs, each stopped another way --------------------------
 
 class Run:
     """A ``hyperparallel train`` in the background, its console read line by line."""
 
     def __init__(self, run_dir, ckpt, *args, env=None):
         self.run_dir, self.lines = str(run_dir), []
-        # the optimizer's update op by op: bit-identical, no ~1.5 s compile in each of the seven runs
+        # the optimizer's update op by op: bit-identical, no ~1.5 s compile in each of the ten runs
         cmd = [sys.executable, "-m", "hyperparallel", "train", RECIPE, "--steps", str(STEPS), "--save-dir", str(ckpt),
                "--run-dir", self.run_dir, "--set", "train.optimizer_compile=eager", "--compile", "eager", *args]
         self.p = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -433,6 +437,23 @@ def chain(tmp_path_factory):
                       env={"HP_FAULT": f"1:{k + 1}:hang"}).finish()
     logs = os.path.join(str(run), "logs")   # as the hung run left them (the next run starts new ones)
     out["hang_logs"] = {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs) if f.startswith("worker_")}
+    for rank in (1, 0):                                  # 5b, 5c. SIGSTOP of rank 1, then of rank 0
+        r = Run(run, ckpt, "--resume", "--set", "train.hang_timeout_s=4")
+        r.until(r" step \d+/%d " % STEPS)
+        r.until(r" step \d+/%d " % STEPS)              # past the run's first step (5x the allowance)
+        out[f"sigstop{rank}_pid"] = r.rank_pid(rank)
+        os.kill(r.rank_pid(rank), signal.SIGSTOP)
+        out[f"sigstop{rank}"] = r.finish()
+    r = Run(run, ckpt, "--resume")                       # 5d. SIGKILL of hyperparallel train
+    r.until(r" step \d+/%d " % STEPS)
+    r.p.kill()
+    r.p.wait()
+    out["sigkill_left"] = _wait_none_left(str(run), 90)
+    for pid, _ in out["sigkill_left"]:   # the chain goes on without them
+        os.kill(pid, signal.SIGKILL)
+    out["sigkill_launcher"] = r.p.pid
+    out["sigkill_logs"] = {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs)
+                           if f.startswith("worker_") or f == "launcher_gone.log"}
     r = Run(run, ckpt, "--resume")                       # 6. two SIGTERMs: stop at once
     r.until(r" step \d+/%d " % STEPS)
     r.p.send_signal(signal.SIGTERM)
@@ -508,6 +529,33 @@ def test_hung_rank_ends_the_job_naming_rank_index_kind_and_peer(chain):
     assert "fault injection (hang): rank 1 stops making progress" in logs["worker_1.log"]
     assert "Recv failed" not in logs["worker_0.log"]   # ended before MCCL's own 30 s receive timeout
     _no_rank_left(run)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sigstop_of_a_rank_names_that_rank_not_its_waiting_peer(chain, rank):
+    """SIGSTOP of one rank: no rank moves, the healthy one is blocked on the stopped one (in a send, a receive
+    or a collective); the verdict names the stopped rank and its pid, in both directions."""
+    run, peer = chain[f"sigstop{rank}"], 1 - rank
+    err = run.stderr.strip().splitlines()
+    assert run.code == 124 and len(err) == 1, run.stderr[-2000:]
+    m = re.match(r"error: job hung \(exit 124\): rank %d stopped \(SIGSTOP\?\), pid %d: no progress for [\d.]+ s "
+                 r"\(train.hang_timeout_s 4\) in step \d+ at [^;]*; rank %d waits on it at " % (
+                     rank, chain[f"sigstop{rank}_pid"], peer), err[0])
+    assert m, err[0]
+    _no_rank_left(run)   # the stopped rank too
+
+
+@pytest.mark.msrun
+def test_sigkill_of_train_leaves_no_process_of_the_job(chain):
+    """SIGKILL of ``hyperparallel train``: the ranks stop after their step as when msrun dies (SIGHUP), and then
+    nothing of the job is left -- no rank, no msrun, no scheduler, none of msrun's ``tail -f`` log followers."""
+    assert not chain["sigkill_left"], chain["sigkill_left"]
+    logs = chain["sigkill_logs"]
+    assert re.search(r"^stopped on signal: SIGTERM after step \d+/%d; checkpoint \S+ saved$" % STEPS,
+                     logs["worker_0.log"], re.M), logs["worker_0.log"][-2000:]
+    assert logs["launcher_gone.log"].startswith(f"the launcher (pid {chain['sigkill_launcher']}) is gone without "
+                                                f"ending the job: the ranks had up to 35 s to stop after their step")
 
 
 @pytest.mark.msrun
