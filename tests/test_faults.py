@@ -519,8 +519,8 @@ def test_hung_rank_ends_the_job_naming_rank_index_kind_and_peer(chain):
     assert run.code == 124 and len(err) == 1, run.stderr[-2000:]
     m = re.match(r"error: job hung \(exit 124\): rank 1 hung: no progress for [\d.]+ s \(train.hang_timeout_s 6\) in "
                  r"step (\d+) at program index (\d+)/(\d+) \((\w+) [^)]*\), (not waiting on a peer|waiting on rank 0); "
-                 r"rank 0 waits on it at (?:program index \d+/\d+ )?\((RECV|reduce)[^)]*\) \(logs: (\S+)/worker_<rank>.log\);"
-                 r" newest complete checkpoint: ", err[0])
+                 r"rank 0 waits on it at (?:program index \d+/\d+ )?\((RECV|SEND|reduce)[^)]*\) "
+                 r"\(logs: (\S+)/worker_<rank>.log\); newest complete checkpoint: ", err[0])
     assert m and int(m.group(1)) == chain["k"] + 1, err[0]
     assert int(m.group(2)) == int(m.group(3)) // 2   # where HP_FAULT stopped it: the middle of the program
     logs = chain["hang_logs"]   # every worker's log kept

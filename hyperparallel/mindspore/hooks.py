@@ -64,8 +64,8 @@ class Chain(Hooks):
 class Progress(Hooks):
     """The rank's heartbeat (:class:`hyperparallel.watch.Heartbeat`) before every action and phase: step,
     program index, action kind and the global ranks it waits on (a receive or a send: its peer -- a send that
-    does not return is held up by its peer, e.g. one whose process is stopped; a collective: the group's other members), for the launcher's
-    hang verdict."""
+    does not return is held up by its peer, e.g. one whose process is stopped; a collective: the group's
+    other members), for the launcher's hang verdict."""
 
     def __init__(self, heartbeat, comm):
         self.hb, self.comm = heartbeat, comm
