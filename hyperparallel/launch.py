@@ -12,7 +12,8 @@ which finish their step, save it and exit (:mod:`hyperparallel.mindspore.stop`);
 ``stop_grace_s`` running out kills them at once. msrun dying under the ranks (SIGTERM to msrun) is
 handled the same way. The launcher never returns while a rank it started is alive: msrun starts every
 worker in a session of its own, so the ranks are found as msrun's children (``MS_ROLE=MS_WORKER``)
-and killed by pid when they outlive the job.
+and killed by pid when they outlive the job. A launcher that dies without ending the job (SIGKILL)
+leaves nothing either: its guardian process (:class:`Guard`) ends what is left.
 """
 from __future__ import annotations
 
