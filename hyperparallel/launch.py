@@ -12,7 +12,8 @@ which finish their step, save it and exit (:mod:`hyperparallel.mindspore.stop`);
 ``stop_grace_s`` running out kills them at once. msrun dying under the ranks (SIGTERM to msrun) is
 handled the same way. The launcher never returns while a rank it started is alive: msrun starts every
 worker in a session of its own, so the ranks are found as msrun's children (``MS_ROLE=MS_WORKER``)
-and killed by pid when they outlive the job.
+and killed by pid when they outlive the job. A launcher that dies without ending the job (SIGKILL)
+leaves nothing either: its guardian process (:class:`Guard`) ends what is left.
 """
 from __future__ import annotations
 
@@ -269,11 +270,11 @@ class _Signals:
 
 
 def _stat(pid: int):
-    """(parent pid, state, start time) of a process from /proc, or None when it is gone."""
+    """(parent pid, state, start time, process group) of a process from /proc, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             rest = f.read().rsplit(")", 1)[1].split()
-        return int(rest[1]), rest[0], int(rest[19])
+        return int(rest[1]), rest[0], int(rest[19]), int(rest[2])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -417,7 +418,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     log_dir = overrides.get("log_dir", log_dir)  # HP_MSRUN_ARGS may move the logs
     os.makedirs(log_dir, exist_ok=True)
     for name in os.listdir(log_dir):  # msrun appends to old worker logs: a previous run's lines would mislead
-        if re.match(r"(worker_\d+\.log|progress_\d+\.json|done_\d+)$", name):
+        if re.match(r"(worker_\d+\.log|progress_\d+\.json|done_\d+|launcher_gone\.log)$", name):
             os.remove(os.path.join(log_dir, name))
     job = dict(job, stop_grace_s=stop_grace_s)
     job_path = os.path.join(log_dir, "job.json")
@@ -437,6 +438,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     with open(os.path.join(log_dir, "msrun.log"), "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 preexec_fn=_die_with_parent)
+    guard = Guard.start(proc.pid, job_path, stop_grace_s + GUARD_MARGIN_S, log_dir, env)
     ranks = _Ranks(proc.pid, job_path)
     res = LaunchResult(returncode=0, log_dir=log_dir)
     pos, death_seen, stop_at, told, last_scan, vanished = 0, None, None, set(), 0.0, None
@@ -500,7 +502,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
             if death_seen is None and (find_failed_rank(log_dir, world) is not None or vanished is not None):
                 death_seen = now
             if hang_timeout_s and stop_at is None and death_seen is None:
-                verdict = _hang(log_dir, mine, hang_timeout_s, now)
+                verdict = _hang(log_dir, mine, ranks, hang_timeout_s, now)
                 if verdict:
                     res.hung, res.returncode = verdict, HUNG
                     break
@@ -513,6 +515,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
             time.sleep(0.2)
     finally:
         _end(proc, ranks)
+        guard.release()
         sigs.restore()
     res.wall_s = time.time() - t0
     res.stopped = _stop_line(log_dir, mine)
@@ -580,9 +583,22 @@ def _saves(job: dict) -> bool:
     return any(c.get("save_dir") for c in job.get("cases", []))
 
 
-def _hang(log_dir: str, ranks: List[int], timeout_s: float, now: float) -> str:
+def _hang(log_dir: str, mine: List[int], ranks: "_Ranks", timeout_s: float, now: float) -> str:
     from .watch import hang_verdict, read_beats
-    return hang_verdict(read_beats(log_dir), timeout_s, now, ranks) or ""
+    beats = read_beats(log_dir)
+    return hang_verdict(beats, timeout_s, now, mine, _states(beats, ranks)) or ""
+
+
+def _states(beats: Dict[int, dict], ranks: "_Ranks") -> Dict[int, str]:
+    """{rank: the ``/proc`` state of its process} for the heartbeats whose pid is a rank this launch started
+    (still alive: a pid reused by another process is not asked)."""
+    out = {}
+    for r, b in beats.items():
+        pid = b.get("pid")
+        st = _stat(pid) if pid in ranks.pids else None
+        if st and st[2] == ranks.pids[pid]:
+            out[r] = st[1]
+    return out
 
 
 def _vanished(log_dir: str, mine: List[int], ranks: "_Ranks") -> Optional[int]:
@@ -613,3 +629,129 @@ def _end(proc, ranks: "_Ranks") -> None:
             pass
         proc.wait()
     ranks.kill_all()
+
+
+# -- the guardian: nothing of a job outlives its launcher, even a SIGKILLed one -----------------------------
+
+GUARD_MARGIN_S = 10.0   # past the ranks' own grace (stop_grace_s + 5 s, mindspore.worker) before the guardian kills
+GUARD_REPORT = "launcher_gone.log"
+
+
+class Guard:
+    """A small process beside the launcher that cleans up after it when it dies without doing so itself
+    (SIGKILL, the OOM killer). It holds the read end of a pipe whose write end only the launcher has: the
+    launcher writes one byte when it has ended the job; end of file without it means the launcher is gone.
+
+    Why a process of its own: msrun starts ``tail -f LOG_DIR/worker_N.log`` log followers as children in
+    its process group and kills them only on its own clean end, a worker's failure or SIGINT -- not on the
+    SIGTERM its parent-death signal (:func:`_die_with_parent`) brings, and a parent-death signal does not
+    reach msrun's children; nor does anything wait for msrun's scheduler or for a rank that cannot stop.
+    The guardian lets the ranks stop after their step as they do when msrun dies (SIGHUP,
+    :mod:`hyperparallel.mindspore.stop`), for up to ``grace_s``, then SIGKILLs what is left of the job:
+    msrun's process group (msrun, its scheduler, its log followers) and the job's ranks."""
+
+    def __init__(self, proc: Optional[subprocess.Popen], fd: int):
+        self.proc, self.fd = proc, fd
+
+    @staticmethod
+    def start(msrun_pid: int, job_path: str, grace_s: float, log_dir: str, env: Dict[str, str]) -> "Guard":
+        r, w = os.pipe()   # both ends close-on-exec: msrun and the ranks never hold the write end
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "hyperparallel.launch", "guard", str(msrun_pid),
+                                     job_path, f"{grace_s:g}", log_dir], stdin=r, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        except OSError:
+            os.close(w)
+            return Guard(None, -1)
+        finally:
+            os.close(r)
+        return Guard(proc, w)
+
+    def release(self) -> None:
+        """The launcher ended the job itself: the guardian exits without touching anything."""
+        if self.proc is None:
+            return
+        try:
+            os.write(self.fd, b"x")
+        except OSError:
+            pass
+        os.close(self.fd)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _ticks_now() -> int:
+    """Now, in the clock ticks since boot that ``/proc/<pid>/stat`` gives a process's start time in."""
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def job_processes(msrun_pid: int, job_path: str, born_by: int, role: str = "") -> List[int]:
+    """The live processes of a job, started no later than ``born_by`` (ticks; a later launch on the same job
+    file is not this job): msrun's process group (msrun leads one) and the processes with an ``MS_ROLE``
+    that run the job file (the ranks, which msrun puts in sessions of their own, and its scheduler).
+    With ``role``, only the processes of that ``MS_ROLE``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        pid = int(name)
+        st = _stat(pid)
+        if not st or st[1] == "Z" or st[2] > born_by:
+            continue
+        if role:
+            ours = _runs(pid, job_path) and _role(pid) == role
+        else:
+            ours = st[3] == msrun_pid or (_runs(pid, job_path) and bool(_role(pid)))
+        if ours:
+            out.append(pid)
+    return out
+
+
+def sweep(msrun_pid: int, job_path: str, grace_s: float) -> List[int]:
+    """What the guardian does once the launcher is gone: wait up to ``grace_s`` for the job's ranks to end,
+    then SIGKILL every process of the job still there (:func:`job_processes`); returns their pids."""
+    born_by = _ticks_now() + os.sysconf("SC_CLK_TCK")   # msrun may be forking a rank right now
+    deadline = time.time() + grace_s
+    while time.time() < deadline and job_processes(msrun_pid, job_path, born_by, role="MS_WORKER"):
+        time.sleep(0.2)
+    killed: List[int] = []
+    for _ in range(200):
+        left = job_processes(msrun_pid, job_path, born_by)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(0.05)
+    return killed
+
+
+def _guard_main(msrun_pid: int, job_path: str, grace_s: float, log_dir: str) -> int:
+    """The guardian process (:class:`Guard`): block until the launcher writes its byte or dies."""
+    for s in (signal.SIGINT, signal.SIGHUP):   # a terminal's signals are the launcher's to act on
+        signal.signal(s, signal.SIG_IGN)
+    launcher = os.getppid()
+    if os.read(0, 1):
+        return 0
+    t0 = time.time()
+    try:
+        killed = sweep(msrun_pid, job_path, grace_s)
+        why = f"killed {len(killed)} left: pids {', '.join(map(str, killed))}" if killed else "nothing left to kill"
+    except Exception as e:   # noqa: BLE001 -- the report is all there is to say it
+        why = f"cleanup failed: {type(e).__name__}: {e}"
+    with open(os.path.join(log_dir, GUARD_REPORT), "a") as f:
+        f.write(f"the launcher (pid {launcher}) is gone without ending the job: the ranks had up to {grace_s:g} s "
+                f"to stop after their step ({time.time() - t0:.1f} s taken); {why}\n")
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["guard"]:
+    sys.exit(_guard_main(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]))

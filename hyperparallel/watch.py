@@ -3,11 +3,14 @@
 Every training rank keeps one small file, ``LOG_DIR/progress_<rank>.json``, rewritten in place
 before each action of its program and at each phase between programs (the step's all-reduce,
 a checkpoint save): the step, the program index, the action kind, the rank(s) it waits on and
-``since``, the time the rank got there. The launcher reads these files; when no rank of this
-node has moved for ``train.hang_timeout_s`` (every ``since`` older), the job is hung and
-:func:`hang_verdict` names the rank that stopped: the wait-for chain is followed (a rank in a
-receive waits on its peer, a rank in a collective on the members not in it) to a rank that waits
-on nobody (stuck in compute), or the longest-stuck rank of a wait cycle. When the chain ends in a
+``since``, the time the rank got there, and its pid. The launcher reads these files; when no rank of
+this node has moved for ``train.hang_timeout_s`` (every ``since`` older), the job is hung and
+:func:`hang_verdict` names the rank that stopped. A rank whose process is stopped (``/proc`` state
+``T``: SIGSTOP, Ctrl-Z; ``t``: a debugger) is the one, whatever its peers wait on. Otherwise the
+wait-for chain is followed (a rank in a receive waits on its peer; in a send too: a send that does
+not return is held up by its peer, as MCCL's sends to a stopped process are; a rank in a collective
+waits on the members not in it) to a rank that waits on nobody (stuck in compute), or the
+longest-stuck rank of a wait cycle. When the chain ends in a
 wait on a rank of another node (multi-node jobs: each node's launcher sees its own ranks), the node
 holding that rank judges it; this node ends the job only after ``REMOTE_FACTOR`` times the allowance
 (a node that vanished with its launcher), naming the peer as not on this node.
@@ -25,8 +28,9 @@ from typing import Dict, List, Optional
 SIZE = 512               # every heartbeat is one write of exactly this many bytes at offset 0
 FIRST_STEP_FACTOR = 5    # the first step's allowance, in hang timeouts
 REMOTE_FACTOR = 5        # ranks of this node waiting on a rank of another node: that many times the allowance
-WAITS = ("RECV", "ALLREDUCE", "BROADCAST", "ALLGATHER", "reduce", "gather", "barrier")
+WAITS = ("SEND", "RECV", "ALLREDUCE", "BROADCAST", "ALLGATHER", "reduce", "gather", "barrier")
 EXEMPT = ("save", "restore")
+STOPPED_STATES = {"T": "SIGSTOP?", "t": "traced: a debugger?"}   # /proc/<pid>/stat: a stopped process
 _NAME = re.compile(r"progress_(\d+)\.json$")
 
 
@@ -88,42 +92,63 @@ def _waits_on(b: dict) -> str:
 
 
 def hang_verdict(beats: Dict[int, dict], timeout_s: float, now: Optional[float] = None,
-                 ranks: Optional[List[int]] = None) -> Optional[str]:
+                 ranks: Optional[List[int]] = None, states: Optional[Dict[int, str]] = None) -> Optional[str]:
     """One line naming the hung rank when no rank of ``ranks`` (default: every rank with a heartbeat) has
-    moved for ``timeout_s`` (see the module docstring); None while the job makes progress."""
+    moved for ``timeout_s`` (see the module docstring); None while the job makes progress. ``states``:
+    {rank: its process's ``/proc/<pid>/stat`` state letter} where known (the launcher reads it by the
+    heartbeat's pid)."""
     now = time.time() if now is None else now
     ranks = sorted(beats) if ranks is None else sorted(ranks)
     if not ranks or any(r not in beats for r in ranks):
         return None   # a rank not started yet (or its file not there): start-up is not judged
-    bs = {r: beats[r] for r in ranks}
-    if any(b["kind"] in EXEMPT for b in bs.values()):
-        return None
+    bs, states = {r: beats[r] for r in ranks}, states or {}
+    if any(b["kind"] in EXEMPT and states.get(r) not in STOPPED_STATES for r, b in bs.items()):
+        return None   # a save in progress (a stopped process's save never ends: that is judged)
     first = any(b["step"] <= b.get("first_step", 0) for b in bs.values())
     limit = timeout_s * (FIRST_STEP_FACTOR if first else 1)
     idle = {r: now - b["since"] for r, b in bs.items()}
     if min(idle.values()) < limit:
         return None
-    # follow the wait-for chain from the rank stuck longest to one that waits on nobody (or a cycle)
-    r, seen = max(idle, key=lambda k: (idle[k], -k)), []
-    while r not in seen:
-        seen.append(r)
-        nxt = [w for w in bs[r].get("waits") or [] if w in bs and w != r]
-        if bs[r]["kind"] not in WAITS or not nxt:
-            break
-        r = nxt[0]
-    hung = r
+    stopped = _stopped(bs, idle, states)
+    hung = stopped[0] if stopped else _end_of_chain(bs, idle)
     b = bs[hung]
     remote = [w for w in b.get("waits") or [] if w not in bs]
-    if b["kind"] in WAITS and remote and min(idle.values()) < limit * REMOTE_FACTOR:
+    if not stopped and b["kind"] in WAITS and remote and min(idle.values()) < limit * REMOTE_FACTOR:
         return None   # the chain leaves this node: the node holding the peer judges it first
-    where = ""
-    if b["kind"] in WAITS and remote:
-        where = f" (rank{'s' if len(remote) > 1 else ''} {', '.join(map(str, remote))} not on this node)"
-    line = (f"rank {hung} hung: no progress for {idle[hung]:.1f} s (train.hang_timeout_s {timeout_s:g}) in step "
-            f"{b['step']} at {_where(b)}, {_waits_on(b)}{where}")
-    waiting = [q for q in ranks if q != hung and hung in (bs[q].get("waits") or [])]
+    head = f"rank {hung} hung"
+    if stopped:
+        head = f"rank {hung} stopped ({STOPPED_STATES[states[hung]]}), pid {b.get('pid')}"
+    line = (f"{head}: no progress for {idle[hung]:.1f} s (train.hang_timeout_s {timeout_s:g}) in step "
+            f"{b['step']} at {_where(b)}")
+    if not stopped:
+        where = ""
+        if b["kind"] in WAITS and remote:
+            where = f" (rank{'s' if len(remote) > 1 else ''} {', '.join(map(str, remote))} not on this node)"
+        line += f", {_waits_on(b)}{where}"
+    elif len(stopped) > 1:
+        line += f" (stopped too: rank{'s' if len(stopped) > 2 else ''} {', '.join(map(str, stopped[1:]))})"
+    waiting = [q for q in ranks if q not in stopped and q != hung and hung in (bs[q].get("waits") or [])]
     if waiting:
         q = waiting[0]
         more = f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""
         line += f"; rank {q}{more} waits on it at {_where(bs[q])}"
     return line
+
+
+def _stopped(bs: Dict[int, dict], idle: Dict[int, float], states: Dict[int, str]) -> List[int]:
+    """The ranks whose process is stopped, the longest-stuck first: nothing else moves while they are."""
+    return sorted((r for r in bs if states.get(r) in STOPPED_STATES), key=lambda r: (-idle[r], r))
+
+
+def _end_of_chain(bs: Dict[int, dict], idle: Dict[int, float]) -> int:
+    """Follow the wait-for chain from the rank stuck longest to one that waits on nobody of this node (or on a
+    rank of another node); in a cycle, the cycle's longest-stuck rank."""
+    r, seen = max(idle, key=lambda k: (idle[k], -k)), []
+    while r not in seen:
+        seen.append(r)
+        nxt = [w for w in bs[r].get("waits") or [] if w in bs and w != r]
+        if bs[r]["kind"] not in WAITS or not nxt:
+            return r
+        r = nxt[0]
+    cycle = seen[seen.index(r):]
+    return max(cycle, key=lambda k: (idle[k], -k))

@@ -3,13 +3,15 @@
 Fast: the hang verdict on synthetic heartbeats, refused settings, the launcher's signal handling
 against a fake msrun (tests/fake_msrun.py; no MindSpore). ``msrun``: one chain of real 2-rank
 ``hyperparallel train`` runs on one save directory, each interrupted another way, the last one
-finishing: its losses (steps 1-16, written by seven runs) equal the single-process reference.
+finishing: its losses (steps 1-16, written by ten runs) equal the single-process reference.
 
 1. SIGTERM to ``hyperparallel train``   -> the step finished and saved, exit 75
 2. SIGTERM to msrun                     -> the same (the ranks get SIGHUP when msrun dies)
 3. SIGTERM to rank 1 alone              -> every rank stops after the same step, exit 75
 4. disk full while saving (fault hook)  -> exit 74 naming the path and ENOSPC; older steps intact
 5. rank 1 hangs (``HP_FAULT=1:S:hang``) -> exit 124 within train.hang_timeout_s, the rank named
+   SIGSTOP of rank 1, then of rank 0   -> exit 124, the stopped rank named (its pid), not its waiting peer
+   SIGKILL to ``hyperparallel train``  -> the ranks stop after their step; no process of the job is left
 6. SIGTERM twice to ``train``           -> every rank killed at once, exit 143, the last checkpoint intact
 7. ``--resume`` to the end              -> exit 0, losses equal the reference
 """
@@ -32,8 +34,8 @@ FAKE = os.path.join(ROOT, "tests", "fake_msrun.py")
 STEPS = 16
 
 
-def beat(rank, kind, index=5, waits=(), since=0.0, step=3, what="llm/1 micro 2", first_step=0):
-    return {"rank": rank, "pid": 1, "step": step, "first_step": first_step, "index": index, "length": 24,
+def beat(rank, kind, index=5, waits=(), since=0.0, step=3, what="llm/1 micro 2", first_step=0, pid=1):
+    return {"rank": rank, "pid": pid, "step": step, "first_step": first_step, "index": index, "length": 24,
             "kind": kind, "waits": list(waits), "what": what, "since": since}
 
 
@@ -54,6 +56,49 @@ def test_hang_verdict_chain_through_a_collective_and_a_cycle():
     assert hang_verdict(beats, 5.0, now=100.0).startswith("rank 3 hung: no progress for 60.0 s")
     cycle = {0: beat(0, "RECV", 2, [1], since=10.0), 1: beat(1, "RECV", 2, [0], since=20.0)}
     assert hang_verdict(cycle, 5.0, now=100.0).startswith("rank 0 hung:")   # a cycle: the rank stuck longest
+
+
+def test_a_blocked_send_waits_on_its_peer():
+    """Rank 0 stuck longest in a send to rank 1, rank 1 in compute: the send is held up by rank 1 (on CPU a
+    send that does not return waits on the receiver), so rank 1 is named, not the sender."""
+    beats = {0: beat(0, "SEND", 11, [1], since=80.0, what="llm/0 micro 2 act to rank 1"),
+             1: beat(1, "F", 9, since=90.0, what="llm/1 micro 1")}
+    assert hang_verdict(beats, 5.0, now=100.0) == (
+        "rank 1 hung: no progress for 10.0 s (train.hang_timeout_s 5) in step 3 at program index 9/24 (F llm/1 micro 1)"
+        ", not waiting on a peer; rank 0 waits on it at program index 11/24 (SEND llm/0 micro 2 act to rank 1)")
+
+
+def test_hang_verdict_names_the_stopped_process_not_the_rank_waiting_on_it():
+    """SIGSTOP of one rank: its peer blocks in a send to it or a receive from it. The heartbeats alone
+    cannot tell them apart (a wait cycle); the stopped process's state (``T``, by the heartbeat's pid) does,
+    in both directions and whichever rank got stuck first."""
+    # rank 1 stopped in a receive from rank 0; rank 0 blocked in its send to rank 1 (stuck longest)
+    beats = {0: beat(0, "SEND", 11, [1], since=80.0, what="llm/0 micro 2 act to rank 1", pid=4100),
+             1: beat(1, "RECV", 12, [0], since=85.0, what="llm/0 micro 2 act from rank 0", pid=4101)}
+    assert hang_verdict(beats, 5.0, now=100.0, states={0: "S", 1: "T"}) == (
+        "rank 1 stopped (SIGSTOP?), pid 4101: no progress for 15.0 s (train.hang_timeout_s 5) in step 3 at program "
+        "index 12/24 (RECV llm/0 micro 2 act from rank 0); rank 0 waits on it at program index 11/24 "
+        "(SEND llm/0 micro 2 act to rank 1)")
+    # the other way round: rank 0 stopped, rank 1 stuck longest
+    assert hang_verdict(beats, 5.0, now=100.0, states={0: "T", 1: "S"}).startswith(
+        "rank 0 stopped (SIGSTOP?), pid 4100: no progress for 20.0 s (train.hang_timeout_s 5) in step 3 at program "
+        "index 11/24 (SEND llm/0 micro 2 act to rank 1); rank 1 waits on it at program index 12/24 (RECV ")
+    # a rank in compute does not outrank a stopped one; a debugger's stop ('t') is named as such
+    compute = {0: beat(0, "RECV", 4, [1], since=90.0, pid=4100), 1: beat(1, "F", 5, since=80.0, pid=4101)}
+    assert hang_verdict(compute, 5.0, now=100.0, states={0: "t", 1: "R"}).startswith(
+        "rank 0 stopped (traced: a debugger?), pid 4100: no progress for 10.0 s")
+    # several stopped: the longest-stuck is named, the others listed
+    both = hang_verdict(beats, 5.0, now=100.0, states={0: "T", 1: "T"})
+    assert both.startswith("rank 0 stopped (SIGSTOP?), pid 4100: ") and "(stopped too: rank 1)" in both
+    assert "waits on it" not in both
+    # a stopped local rank is named at the usual time, even while it waits on another node's rank
+    remote = {0: beat(0, "barrier", -1, [1, 2], since=0.0, what="", pid=4100), 1: beat(1, "RECV", 3, [2], since=0.0)}
+    assert hang_verdict(remote, 10.0, now=11.0) is None
+    assert hang_verdict(remote, 10.0, now=11.0, states={0: "T"}).startswith("rank 0 stopped (SIGSTOP?), pid 4100")
+    # a save is not judged, unless the saving process is stopped
+    saving = {0: beat(0, "save", since=0.0, what="", pid=4100), 1: beat(1, "barrier", -1, [0], since=0.0, what="")}
+    assert hang_verdict(saving, 10.0, now=11.0, states={0: "S"}) is None
+    assert hang_verdict(saving, 10.0, now=11.0, states={0: "T"}).startswith("rank 0 stopped (SIGSTOP?), pid 4100: ")
 
 
 def test_no_hang_while_any_rank_moves_or_saves_or_starts():
@@ -155,11 +200,21 @@ def test_save_errors_are_named_with_path_and_os_error():
 
 # -- the launcher's signal handling, against a fake msrun (seconds, no MindSpore) -----------------------
 
-def _drive(tmp_path, mode, grace, send):
+def _drive(tmp_path, mode, grace, send, hang=None):
     """Start fake_msrun.py drive; once both fake ranks run, ``send(driver, msrun pid)``; return (result, rank pids)."""
+    p, pids = _drive_start(tmp_path, mode, grace, hang)
+    msrun = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
+    send(p, msrun[0])
+    out, err = p.communicate(timeout=60)
+    return json.loads(out.strip().splitlines()[-1]), pids, err
+
+
+def _drive_start(tmp_path, mode, grace, hang=None):
+    """fake_msrun.py drive started, both fake ranks running and seen by the launcher: (driver, rank pids)."""
     log = tmp_path / "log"
-    p = subprocess.Popen([sys.executable, FAKE, "drive", str(log), mode, str(grace)], cwd=ROOT, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
+    p = subprocess.Popen([sys.executable, FAKE, "drive", str(log), mode, str(grace)] + ([str(hang)] if hang else []),
+                         cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
     pids, deadline = {}, time.time() + 60
     while len(pids) < 2 and time.time() < deadline:
         for r in (0, 1):
@@ -169,10 +224,7 @@ def _drive(tmp_path, mode, grace, send):
                 pids[r] = int(m.group(1))
         time.sleep(0.1)
     time.sleep(0.8)   # the launcher has seen the ranks (it looks every 0.5 s)
-    msrun = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
-    send(p, msrun[0])
-    out, err = p.communicate(timeout=60)
-    return json.loads(out.strip().splitlines()[-1]), pids, err
+    return p, pids
 
 
 def _gone(pid):
@@ -233,14 +285,85 @@ def test_msrun_killed_under_its_ranks_leaves_no_orphan(tmp_path):
     assert all(_gone(p) for p in pids.values())
 
 
-# -- real 2-rank runs: one save directory, seven runs, each stopped another way --------------------------
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_sigstopped_rank_is_named_not_the_rank_blocked_on_it(tmp_path, stopped):
+    """SIGSTOP of rank S in a receive from its peer, which is blocked in a send to S and got stuck first: the
+    heartbeats alone make a wait cycle (a send waits on its receiver) whose longest-stuck rank is the peer;
+    the launcher reads S's process state by its heartbeat's pid (``T``) and names S, in both directions."""
+    log = tmp_path / "log"
+
+    def freeze_then_stop(p, m):
+        (log / "freeze").touch()
+        deadline = time.time() + 30
+        while read_beats(str(log)).get(stopped, {}).get("kind") != "RECV":
+            assert time.time() < deadline, "the fake rank never blocked"
+            time.sleep(0.02)
+        pid = int(re.search(r"pid (\d+)", (log / f"worker_{stopped}.log").read_text()).group(1))
+        os.kill(pid, signal.SIGSTOP)
+    res, pids, _ = _drive(tmp_path, f"blocked{stopped}", 60.0, freeze_then_stop, hang=3.0)
+    peer = 1 - stopped
+    assert res["returncode"] == 124 and res["hung"].startswith(
+        f"rank {stopped} stopped (SIGSTOP?), pid {pids[stopped]}: no progress for "), res
+    assert res["hung"].endswith(f"(train.hang_timeout_s 3) in step 3 at program index 12/24 (RECV llm/0 micro 2 act "
+                                f"from rank {peer}); rank {peer} waits on it at program index 11/24 (SEND llm/0 "
+                                f"micro 2 act to rank {stopped})"), res
+    assert all(_gone(p) for p in pids.values())   # the stopped rank too (SIGKILL ends a stopped process)
+
+
+def _left(path):
+    """Processes (not zombies) with ``path`` in their command line or environment, other than this one."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid() or _gone(int(name)):
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if path.encode() in cmd or path.encode() in env:
+            out.append((int(name), cmd.replace(b"\0", b" ").decode(errors="replace")[:200]))
+    return out
+
+
+def _wait_none_left(path, timeout):
+    """Wait (at most ``timeout`` s) until no process of the job is left; returns those still there."""
+    deadline = time.time() + timeout
+    while _left(path) and time.time() < deadline:
+        time.sleep(0.25)
+    return _left(path)
+
+
+def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path):
+    """SIGKILL of the launcher: msrun dies of its parent-death signal, but its ``tail -f`` log followers (its
+    own children) and ranks that do not stop (mode ``ignore``) would live on for ever, parent 1. The launcher's
+    guardian waits out the grace, then kills them all, and says so in LOG_DIR/launcher_gone.log."""
+    p, pids = _drive_start(tmp_path, "ignore", 1.0)
+    log = str(tmp_path / "log")
+    assert any("tail -f" in cmd for _, cmd in _left(log))   # msrun's followers run
+    p.kill()
+    p.wait()
+    left = _wait_none_left(log, 60)
+    for pid, _ in left:   # a failed test leaves nothing behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not left, left
+    assert all(_gone(q) for q in pids.values())
+    with open(os.path.join(log, "launcher_gone.log")) as f:
+        report = f.read()
+    assert report.startswith(f"the launcher (pid {p.pid}) is gone without ending the job: the ranks had up to 11 s")
+    assert re.search(r"; killed \d+ left: pids ", report), report
+
+
+# -- real 2-rank runs: one save directory, ten runs, each stopped another way --------------------------
 
 class Run:
     """A ``hyperparallel train`` in the background, its console read line by line."""
 
     def __init__(self, run_dir, ckpt, *args, env=None):
         self.run_dir, self.lines = str(run_dir), []
-        # the optimizer's update op by op: bit-identical, no ~1.5 s compile in each of the seven runs
+        # the optimizer's update op by op: bit-identical, no ~1.5 s compile in each of the ten runs
         cmd = [sys.executable, "-m", "hyperparallel", "train", RECIPE, "--steps", str(STEPS), "--save-dir", str(ckpt),
                "--run-dir", self.run_dir, "--set", "train.optimizer_compile=eager", "--compile", "eager", *args]
         self.p = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -314,6 +437,23 @@ def chain(tmp_path_factory):
                       env={"HP_FAULT": f"1:{k + 1}:hang"}).finish()
     logs = os.path.join(str(run), "logs")   # as the hung run left them (the next run starts new ones)
     out["hang_logs"] = {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs) if f.startswith("worker_")}
+    for rank in (1, 0):                                  # 5b, 5c. SIGSTOP of rank 1, then of rank 0
+        r = Run(run, ckpt, "--resume", "--set", "train.hang_timeout_s=4")
+        r.until(r" step \d+/%d " % STEPS)
+        r.until(r" step \d+/%d " % STEPS)              # past the run's first step (5x the allowance)
+        out[f"sigstop{rank}_pid"] = r.rank_pid(rank)
+        os.kill(r.rank_pid(rank), signal.SIGSTOP)
+        out[f"sigstop{rank}"] = r.finish()
+    r = Run(run, ckpt, "--resume")                       # 5d. SIGKILL of hyperparallel train
+    r.until(r" step \d+/%d " % STEPS)
+    r.p.kill()
+    r.p.wait()
+    out["sigkill_left"] = _wait_none_left(str(run), 90)
+    for pid, _ in out["sigkill_left"]:   # the chain goes on without them
+        os.kill(pid, signal.SIGKILL)
+    out["sigkill_launcher"] = r.p.pid
+    out["sigkill_logs"] = {f: open(os.path.join(logs, f)).read() for f in os.listdir(logs)
+                           if f.startswith("worker_") or f == "launcher_gone.log"}
     r = Run(run, ckpt, "--resume")                       # 6. two SIGTERMs: stop at once
     r.until(r" step \d+/%d " % STEPS)
     r.p.send_signal(signal.SIGTERM)
@@ -379,8 +519,8 @@ def test_hung_rank_ends_the_job_naming_rank_index_kind_and_peer(chain):
     assert run.code == 124 and len(err) == 1, run.stderr[-2000:]
     m = re.match(r"error: job hung \(exit 124\): rank 1 hung: no progress for [\d.]+ s \(train.hang_timeout_s 6\) in "
                  r"step (\d+) at program index (\d+)/(\d+) \((\w+) [^)]*\), (not waiting on a peer|waiting on rank 0); "
-                 r"rank 0 waits on it at (?:program index \d+/\d+ )?\((RECV|reduce)[^)]*\) \(logs: (\S+)/worker_<rank>.log\);"
-                 r" newest complete checkpoint: ", err[0])
+                 r"rank 0 waits on it at (?:program index \d+/\d+ )?\((RECV|SEND|reduce)[^)]*\) "
+                 r"\(logs: (\S+)/worker_<rank>.log\); newest complete checkpoint: ", err[0])
     assert m and int(m.group(1)) == chain["k"] + 1, err[0]
     assert int(m.group(2)) == int(m.group(3)) // 2   # where HP_FAULT stopped it: the middle of the program
     logs = chain["hang_logs"]   # every worker's log kept
@@ -389,6 +529,33 @@ def test_hung_rank_ends_the_job_naming_rank_index_kind_and_peer(chain):
     assert "fault injection (hang): rank 1 stops making progress" in logs["worker_1.log"]
     assert "Recv failed" not in logs["worker_0.log"]   # ended before MCCL's own 30 s receive timeout
     _no_rank_left(run)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sigstop_of_a_rank_names_that_rank_not_its_waiting_peer(chain, rank):
+    """SIGSTOP of one rank: no rank moves, the healthy one is blocked on the stopped one (in a send, a receive
+    or a collective); the verdict names the stopped rank and its pid, in both directions."""
+    run, peer = chain[f"sigstop{rank}"], 1 - rank
+    err = run.stderr.strip().splitlines()
+    assert run.code == 124 and len(err) == 1, run.stderr[-2000:]
+    m = re.match(r"error: job hung \(exit 124\): rank %d stopped \(SIGSTOP\?\), pid %d: no progress for [\d.]+ s "
+                 r"\(train.hang_timeout_s 4\) in step \d+ at [^;]*; rank %d waits on it at " % (
+                     rank, chain[f"sigstop{rank}_pid"], peer), err[0])
+    assert m, err[0]
+    _no_rank_left(run)   # the stopped rank too
+
+
+@pytest.mark.msrun
+def test_sigkill_of_train_leaves_no_process_of_the_job(chain):
+    """SIGKILL of ``hyperparallel train``: the ranks stop after their step as when msrun dies (SIGHUP), and then
+    nothing of the job is left -- no rank, no msrun, no scheduler, none of msrun's ``tail -f`` log followers."""
+    assert not chain["sigkill_left"], chain["sigkill_left"]
+    logs = chain["sigkill_logs"]
+    assert re.search(r"^stopped on signal: SIGTERM after step \d+/%d; checkpoint \S+ saved$" % STEPS,
+                     logs["worker_0.log"], re.M), logs["worker_0.log"][-2000:]
+    assert logs["launcher_gone.log"].startswith(f"the launcher (pid {chain['sigkill_launcher']}) is gone without "
+                                                f"ending the job: the ranks had up to 35 s to stop after their step")
 
 
 @pytest.mark.msrun

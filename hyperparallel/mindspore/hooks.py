@@ -63,8 +63,9 @@ class Chain(Hooks):
 
 class Progress(Hooks):
     """The rank's heartbeat (:class:`hyperparallel.watch.Heartbeat`) before every action and phase: step,
-    program index, action kind and the global ranks it waits on (a receive: its peer; a collective: the
-    group's other members), for the launcher's hang verdict."""
+    program index, action kind and the global ranks it waits on (a receive or a send: its peer -- a send that
+    does not return is held up by its peer, e.g. one whose process is stopped; a collective: the group's
+    other members), for the launcher's hang verdict."""
 
     def __init__(self, heartbeat, comm):
         self.hb, self.comm = heartbeat, comm
@@ -72,7 +73,7 @@ class Progress(Hooks):
         self._memo = {}
 
     def _waits(self, a):
-        if a.kind == "RECV":
+        if a.kind in ("SEND", "RECV"):
             return (self.comm.global_rank(a.peer),)
         if a.kind in ("ALLREDUCE", "BROADCAST"):
             return tuple(r for r in self.comm.ranks_of(a.group) if r != self.comm.rank)
