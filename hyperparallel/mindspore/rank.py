@@ -126,10 +126,11 @@ class RankRuntime:
         """This rank's parameters by name (MindSpore Parameters)."""
         return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
 
-    def step(self, step: Optional[int] = None, stop: bool = False) -> StepResult:
+    def step(self, step: Optional[int] = None, stop=False) -> StepResult:
         """Run optimizer step ``step`` (default: the next one) on this rank. ``stop``: this rank wants to stop
-        after the step (a signal); the wish rides on the step's all-reduce, so ``StepResult.stop`` is the
-        same on every rank."""
+        after the step (a signal), a bool or a callable asked when the step's all-reduce starts (a signal
+        that came while the step's programs ran still stops after this step); the wish rides on the
+        step's all-reduce, so ``StepResult.stop`` is the same on every rank."""
         s = self.next_step if step is None else int(step)
         if not self._started:
             self.interp.run_prologue(s)   # next-step (spill) work of the first step; nothing for most plans
@@ -143,7 +144,8 @@ class RankRuntime:
         self.hooks.phase(s, "reduce")
         sq_local = square_sum([g for n, g in grads.items() if n in self.counted],
                               compiled=self.train.optimizer_compile != "eager")
-        loss, sq, stops = self.comm.all_reduce_values([part, sq_local, 1.0 if stop else 0.0])
+        wants = stop() if callable(stop) else stop
+        loss, sq, stops = self.comm.all_reduce_values([part, sq_local, 1.0 if wants else 0.0])
         t2 = time.perf_counter()
         self.hooks.phase(s, "optimizer")
         norm = max(sq, 0.0) ** 0.5
