@@ -296,6 +296,7 @@ def chain(tmp_path_factory):
     out = {}
     # 1. SIGINT to hyperparallel train, sent by rank 1 in the middle of step index 1 (the console's step 2)
     out["train"] = Run(run, ckpt, env={"HP_FAULT": "1:1:SIGINT"}).finish()
+    out["train_log1"] = open(os.path.join(str(run), "logs", "worker_1.log")).read()   # the next run starts anew
     r = Run(run, ckpt, "--resume")                       # 2. SIGTERM to msrun
     r.until(r" step \d+/%d " % STEPS)
     os.kill(r.msrun_pid(), signal.SIGTERM)
@@ -356,7 +357,7 @@ def test_ctrl_c_during_a_step_stops_after_that_step_and_names_sigint(chain):
     forwarded signal reached it): every rank stops after step 2, not 3, and both the rank's line and the
     launcher's last line name SIGINT, the signal sent (not the SIGTERM it used to forward)."""
     run = chain["train"]
-    log1 = open(os.path.join(run.run_dir, "logs", "worker_1.log")).read()
+    log1 = chain["train_log1"]
     assert "fault injection: rank 1 sends SIGINT to the launcher" in log1 and " in step 1" in log1
     assert f"stopped on signal: SIGINT after step 2/{STEPS}; checkpoint " in run.stdout, run.stdout[-2000:]
     assert re.search(r"stopped \(exit 75\): SIGINT after step 2/%d; checkpoint \S+step_2 saved" % STEPS,
