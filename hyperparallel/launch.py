@@ -231,9 +231,9 @@ def _msrun_report(log_dir: str, rank: int) -> str:
 
 
 def _progress(line: str) -> bool:
-    """Rank 0's lines the console shows: steps, the run's settings, checkpoint saves and resumes."""
+    """Rank 0's lines the console shows: steps, the run's settings and parameters, checkpoint saves and resumes."""
     return (" step " in line or "job finished" in line or "resumed" in line or line.startswith("saved ")
-            or "] optimizer " in line or "] data: " in line)
+            or "] optimizer " in line or "] data: " in line or "] parameters: " in line)
 
 
 class _Signals:

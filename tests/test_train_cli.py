@@ -115,6 +115,17 @@ def test_tiny_recipe_trains_with_transpose(full_run):
     losses = [r["loss"] for r in m]
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses  # it learns
     assert " step 1/" in p.stdout and "loss" in p.stdout  # per-step progress shown
+    # the start banner says what compiles and what trains (counted on the ranks: the model's every parameter once)
+    out = p.stdout.splitlines()
+    assert out[1] == "compile: every chunk eager (mpipe.compile: eager)", out[:4]
+    from hyperparallel.mindspore import compat
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    compat.setup_device("CPU")
+    model = run_config_of(load_recipe(RECIPE)).model
+    n = {r: sum(int(q.size) for q in c.get_parameters()) for r, c in zip(model.region_names(), model.build_full())}
+    assert (f"[transpose] parameters: vision {n['vision']:,} trainable; llm {n['llm']:,} trainable; in all "
+            f"{n['vision'] + n['llm']:,} trainable, 0 frozen") in out, out[:6]
     assert f"saved {d / 'ckpt' / 'step_10'} (" in p.stdout   # each save on the console, not only in worker_0.log
     assert "[ERROR]" not in p.stdout + p.stderr
     steps = len(m)  # train.save_every=10: complete step directories at 10, 20, ... and at the end

@@ -148,6 +148,7 @@ def run(args) -> int:
     print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps ({args.steps_from}); run dir {run_dir}",
           flush=True)
+    print(compile_line(rc.model, rc.compile), flush=True)
     notes = schema.unused_keys(recipe.raw)
     if notes:
         print(f"not used by hyperparallel's runtime (no effect on this run): {', '.join(notes)}", flush=True)
@@ -173,6 +174,21 @@ def run(args) -> int:
              "this node has no rank 0: node 0's run directory has the metrics")
     print(f"done in {res.wall_s:.1f} s; {where}", flush=True)
     return 0
+
+
+def compile_line(model, mode: str) -> str:
+    """The start banner's compile line (pure Python, before launch): per region, whether its chunks run
+    compiled (``jit``) or op by op (``eager``) and why, as the model adapter says it
+    (``ModelAdapter.compile_reason``, the answer the ranks then follow)."""
+    if mode != "jit":
+        return f"compile: every chunk eager (mpipe.compile: {mode})"
+    said = {}   # the adapter's answer -> its regions, in data-flow order (regions alike said once)
+    for region in model.region_names():
+        said.setdefault(model.compile_reason(region), []).append(region)
+    parts = [", ".join(regions) + (" jit" if why == "" else f" eager ({why})" if why else
+                                   " as its chunk Cells give (jit with a tensor-only body; the ranks' logs say which)")
+             for why, regions in said.items()]
+    return "compile (mpipe.compile: jit): " + "; ".join(parts)
 
 
 def _newest(args) -> str:

@@ -140,8 +140,16 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     losses, memory = [], []
     encoder_work = encoder_record(rc, rt, case["raw"]) if comm.rank == 0 and run_dir else None
     skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
+    counts = None
+    if run_dir:   # what trains, per region, exact: every rank's parameters to rank 0 (a collective)
+        if progress:
+            progress.phase(start, "gather")
+        counts = comm.all_gather_object(rt.parameter_counts())
     if comm.rank == 0:
         print(f"[{name}] {rc.train.describe(steps)}", flush=True)
+        if counts:
+            from hyperparallel.mindspore.rank import parameters_line
+            print(f"[{name}] {parameters_line(counts, rt.plan.regions())}", flush=True)
         if skipped:
             print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
     plan = rt.plan
