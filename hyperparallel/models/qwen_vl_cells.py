@@ -21,7 +21,6 @@ from mindspore import Tensor, nn, ops
 
 from ..mpipe.errors import SpecError
 from . import qwen_vl_side as side
-from .qwen_vl import EAGER_REASON
 
 
 # -- the network -------------------------------------------------------------------------------
@@ -65,9 +64,8 @@ def load_hf_weights(net, path: str, rename) -> None:
 class _Slice(nn.Cell):
     """A chunk of the network: its cells registered under their own names, parameter names kept."""
 
-    #: why ``mpipe.compile: jit`` runs these chunks eager: the adapter's word (``QwenVL.compile_reason``), which
-    #: the start banner prints before launch
-    graph_reason = EAGER_REASON
+    # no tensor-only body: under ``mpipe.compile: jit`` these chunks run eager, for the reason the adapter gives
+    # (``QwenVL.compile_reason``: ``qwen_vl.EAGER_REASON``), which the start banner prints before launch
 
     def __init__(self, net):
         super().__init__(auto_prefix=False)
