@@ -37,8 +37,8 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   checkpoint files as the model's own, files a step directory carries (e.g. a Hugging Face
   ``config.json``), a directory of weights to start from.
 
-Constructing an adapter, ``regions()``, ``check_device()`` and ``compile_reason()`` are pure Python (the launcher checks a
-recipe before any rank starts); the other methods may import MindSpore.
+Constructing an adapter, ``regions()``, ``check_device()`` and ``compile_reason()`` are pure Python (the
+launcher checks a recipe before any rank starts); the other methods may import MindSpore.
 """
 from __future__ import annotations
 
