@@ -7,8 +7,9 @@ dies (msrun itself may wait for the survivors, which block in a receive until MC
 :func:`hyperparallel.mindspore.compat.comm_timeouts`), and, with ``hang_timeout_s``, when no rank has moved
 for that long (the ranks' heartbeats, :mod:`hyperparallel.watch`), naming the rank that stopped.
 
-Signals (preemption): the first SIGTERM/SIGINT/SIGHUP is forwarded as SIGTERM to this node's ranks,
-which finish their step, save it and exit (:mod:`hyperparallel.mindspore.stop`); a second signal or
+Signals (preemption): the first SIGTERM/SIGINT/SIGHUP is forwarded to this node's ranks (SIGINT as
+SIGINT, so that the ranks' stop line names what was sent; SIGTERM and SIGHUP as SIGTERM), which finish
+their step, save it and exit (:mod:`hyperparallel.mindspore.stop`); a second signal or
 ``stop_grace_s`` running out kills them at once. msrun dying under the ranks (SIGTERM to msrun) is
 handled the same way. The launcher never returns while a rank it started is alive: msrun starts every
 worker in a session of its own, so the ranks are found as msrun's children (``MS_ROLE=MS_WORKER``)
@@ -237,12 +238,13 @@ def _msrun_report(log_dir: str, rank: int) -> str:
 
 
 def _progress(line: str) -> bool:
-    """Rank 0's lines the console shows: steps, the run's settings, checkpoint saves and resumes."""
+    """Rank 0's lines the console shows: steps, the run's settings and parameters, checkpoint saves and resumes."""
     from .mindspore.nonfinite import NONFINITE
     if line.startswith(NONFINITE):   # reported once, in the error line
         return False
     return (" step " in line or "job finished" in line or "resumed" in line or line.startswith("saved ")
-            or "] optimizer " in line or "] data: " in line or "] train.nonfinite" in line)
+            or "] optimizer " in line or "] data: " in line or "] train.nonfinite" in line
+            or "] parameters: " in line)
 
 
 class _Signals:
@@ -267,6 +269,12 @@ class _Signals:
     def restore(self) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+def _forwarded(signum: int) -> int:
+    """The signal a rank gets for the launcher's first one: SIGINT stays SIGINT (the ranks' stop line then
+    names it); SIGTERM, and SIGHUP (on a rank it means msrun is gone), reach the ranks as SIGTERM."""
+    return signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
 
 
 def _stat(pid: int):
@@ -469,7 +477,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
                           f"exits (up to {stop_grace_s:g} s; a second signal stops at once)", file=sys.stderr,
                           flush=True)
                 fresh = [p for p in alive if p not in told]
-                ranks.signal(signal.SIGTERM, fresh)   # ranks that start after the signal get it too
+                ranks.signal(_forwarded(sigs.got[0]), fresh)   # ranks that start after the signal get it too
                 told.update(fresh)
                 if len(sigs.got) > 1 or now > stop_at:
                     why = (f"second signal ({signal.Signals(sigs.got[1]).name})" if len(sigs.got) > 1

@@ -110,3 +110,51 @@ def inside(root: str, name: str):
         return path if os.path.commonpath([real_root, real]) == real_root else None
     except ValueError:   # a NUL character in the name; different drives (Windows)
         return None
+
+
+class LibraryOutput:
+    """``with LibraryOutput(path) as con:`` everything this process writes to its stdout and stderr (file
+    descriptors 1 and 2: Python's warnings and logging, MindSpore's, MindFormers' and mindone's prints, C
+    and C++ log lines) goes to the log file ``path``; the project's own lines go to the console through
+    ``con.say(text)`` (``err=True``: stderr), as the launcher shows only rank 0's progress of the pipeline's
+    worker logs. Leaving the block (an exception too: its traceback then reaches the console) restores both."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._saved = ()
+
+    def __enter__(self) -> "LibraryOutput":
+        import os
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = (os.dup(1), os.dup(2))
+        self._out = os.fdopen(os.dup(self._saved[0]), "w", buffering=1)
+        self._err = os.fdopen(os.dup(self._saved[1]), "w", buffering=1)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        return self
+
+    def say(self, text: str, err: bool = False) -> None:
+        print(text, file=self._err if err else self._out, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        import os
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _flush_c_stdio()   # a library's buffered C stdout belongs in the log, not on the console at exit
+        for fd, saved in zip((1, 2), self._saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._out.close()
+        self._err.close()
+
+
+def _flush_c_stdio() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass

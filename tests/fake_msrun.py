@@ -6,8 +6,8 @@
     python fake_msrun.py msrun --flag=v... SCRIPT JOB    what launch() starts: 2 ranks, each in a session
                                                     of its own with MS_ROLE=MS_WORKER, and a ``tail -f`` of
                                                     each rank's log in its own process group, as msrun does
-    python fake_msrun.py rank R LOG_DIR MODE JOB    one rank: MODE ``ignore`` ignores SIGTERM (a step that
-                                                    never ends), ``stop`` stops cleanly on it (rank 0 prints
+    python fake_msrun.py rank R LOG_DIR MODE JOB    one rank: MODE ``ignore`` ignores SIGTERM and SIGINT (a
+                                                    step that never ends), ``stop`` stops cleanly on them (rank 0 prints
                                                     the ``stopped on signal`` line), ``done`` finishes its job
                                                     after 2 s (``done_<rank>``) and then never exits (a
                                                     teardown that does not end; msrun waits for it);
@@ -32,11 +32,12 @@ def rank(r: int, log_dir: str, mode: str) -> None:
 
     def on_term(signum, frame):
         if mode == "stop":
-            if r == 0:
+            if r == 0:   # names the signal it got, as a real rank's StopRequest does
                 from hyperparallel.mindspore.stop import STOPPED
-                print(f"{STOPPED}SIGTERM after step 3/9; no --save-dir: nothing saved")
+                print(f"{STOPPED}{signal.Signals(signum).name} after step 3/9; no --save-dir: nothing saved")
             sys.exit(0)
-    signal.signal(signal.SIGTERM, on_term if mode == "stop" else signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, on_term if mode == "stop" else signal.SIG_IGN)
     if mode.startswith("blocked"):
         blocked(r, log_dir, int(mode[len("blocked"):]))
     t0 = time.time()

@@ -46,6 +46,43 @@ def test_bad_compile_flag_is_one_line_exit_2_before_launch(argv, field, capsys):
     assert len(err) == 1 and err[0].startswith(f"error: {field}: ") and "allowed:" in err[0], err
 
 
+# -- the start banner's compile line: the adapter's word, before launch (pure Python) -------------------
+
+QWEN = os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")
+
+
+def _model(path, *ov):
+    """(model adapter, mpipe.compile) of a recipe (the model section alone: no data files needed)."""
+    from hyperparallel.models import adapter_for
+    from hyperparallel.recipe.recipe import compile_settings
+    raw = load_recipe(path, list(ov)).raw
+    return adapter_for(raw["model"], {}, 0), compile_settings(raw)[0]
+
+
+def test_banner_says_per_region_whether_chunks_compile_and_why_before_launch():
+    """``hyperparallel train``'s start banner: mindone's Qwen-VL chunks run eager under the default jit, and the
+    line says why (the reason the ranks' chunks then carry); the tiny MLLM's compile; ``eager`` says so; an
+    adapter that does not say leaves it to its chunk Cells, and the line says that."""
+    from hyperparallel.commands.train import compile_line
+    from hyperparallel.models.qwen_vl import EAGER_REASON
+    from hyperparallel.models.base import ModelAdapter, Region
+    model, mode = _model(QWEN)
+    assert mode == "jit" and model.compile_reason("vision") == model.compile_reason("llm") == EAGER_REASON
+    assert compile_line(model, mode) == f"compile (mpipe.compile: jit): vision, llm eager ({EAGER_REASON})"
+    assert "Tensor.transpose(1, 2)" in EAGER_REASON
+    assert compile_line(*_model(TINY)) == "compile (mpipe.compile: jit): vision, llm jit"
+    assert compile_line(*_model(TINY, "mpipe.compile=eager")) == "compile: every chunk eager (mpipe.compile: eager)"
+
+    class Own(ModelAdapter):
+        def regions(self):
+            return [Region("enc", 1), Region("llm", 2)]
+
+        def compile_reason(self, region):
+            return None if region == "llm" else "host-side loops"
+    assert compile_line(Own(), "jit") == ("compile (mpipe.compile: jit): enc eager (host-side loops); llm as its "
+                                          "chunk Cells give (jit with a tensor-only body; the ranks' logs say which)")
+
+
 # -- MindSpore's jit graph under the tape (what compat.JIT_SPLITS_BACKWARD records) -------------------
 
 @pytest.fixture(scope="module")
@@ -199,6 +236,50 @@ def test_a_chunk_without_a_tensor_only_body_runs_eager_and_says_why(ms_cpu):
     from hyperparallel.mindspore.compiled import Body
     plain = Body(("vision", 0), nn.Dense(2, 2), "jit")
     assert plain.mode == "eager" and "no tensor-only body" in plain.reason
+
+
+def test_the_ranks_follow_the_adapters_compile_reason(ms_cpu):
+    """One source of truth: the chunks run what the banner said (``compile_reason``): a reason makes a chunk
+    eager with that reason even when its Cell could compile; '' for a Cell without a tensor-only body is an
+    adapter's contradiction, refused naming the chunk; a one-device runtime of the tiny MLLM compiles what
+    the adapter says compiles."""
+    from hyperparallel.mindspore.compiled import Body, build_bodies
+    model, _ = _model(TINY, "parallel_config.pipeline_stage=1")
+    cell = model.build_chunk("llm", 0, model.depth("llm"))
+    assert Body(("llm", 0), cell, "jit", reason="").mode == "jit"
+    told = Body(("llm", 0), cell, "jit", reason="host-side loops")
+    assert told.mode == "eager" and told.reason == "host-side loops"
+    with pytest.raises(RuntimeError, match=r"chunk vision/0: the model adapter's compile_reason\('vision'\) says"):
+        Body(("vision", 0), ms_cpu.nn.Dense(2, 2), "jit", reason="")
+    bodies = build_bodies({("vision", 0): model.build_chunk("vision", 0, model.depth("vision")), ("llm", 0): cell},
+                          "jit", reason=lambda region: "said so" if region == "vision" else "")
+    assert {k: (b.mode, b.reason) for k, b in bodies.items()} == {("vision", 0): ("eager", "said so"),
+                                                                 ("llm", 0): ("jit", "")}
+
+
+def test_parameters_line_counts_each_parameter_once_trainable_or_frozen(ms_cpu):
+    """What trains, per region, for the start banner: a frozen encoder's parameters counted frozen, the
+    LLM's trainable, every parameter once (a replicated encoder's copies on two ranks merged by name), the
+    numbers those of the whole model the adapter builds."""
+    from hyperparallel.mindspore.comm import LocalComm
+    from hyperparallel.mindspore.rank import RankRuntime, parameters_line
+    from hyperparallel.recipe import checked_plan
+    from hyperparallel.runconfig import run_config_of
+    recipe = load_recipe(TINY, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b", "mpipe.compile=eager",
+                                "mpipe.encoder.trainable=false"])
+    rc = run_config_of(recipe)
+    rt = RankRuntime(checked_plan(recipe, "1f1b"), rc.model, rc.source(), rc.train, LocalComm(),
+                     compile="eager", log=None)
+    counts = rt.parameter_counts()
+    rt.close()
+    whole = {r: sum(int(p.size) for p in cell.get_parameters())
+             for r, cell in zip(rc.model.region_names(), rc.model.build_full())}
+    assert whole["vision"] > 0 and whole["llm"] > 0
+    line = parameters_line([counts, {n: v for n, v in counts.items() if v[0] == "vision"}], ["vision", "llm"])
+    assert line == (f"parameters: vision {whole['vision']:,} frozen; llm {whole['llm']:,} trainable; "
+                    f"in all {whole['llm']:,} trainable, {whole['vision']:,} frozen")
+    both = {n: (r, k, True) for n, (r, k, _) in counts.items()}
+    assert parameters_line([both], ["vision", "llm"]).endswith(f"in all {sum(whole.values()):,} trainable, 0 frozen")
 
 
 # -- a one-device runtime, compiled, against the reference ----------------------------------------

@@ -5,7 +5,8 @@ against a fake msrun (tests/fake_msrun.py; no MindSpore). ``msrun``: one chain o
 ``hyperparallel train`` runs on one save directory, each interrupted another way, the last one
 finishing: its losses (steps 1-16, written by ten runs) equal the single-process reference.
 
-1. SIGTERM to ``hyperparallel train``   -> the step finished and saved, exit 75
+1. SIGINT (Ctrl-C) to ``hyperparallel train`` while step 2 runs (``HP_FAULT=1:1:SIGINT``)
+                                        -> step 2 finished and saved, exit 75, the lines name SIGINT
 2. SIGTERM to msrun                     -> the same (the ranks get SIGHUP when msrun dies)
 3. SIGTERM to rank 1 alone              -> every rank stops after the same step, exit 75
 4. disk full while saving (fault hook)  -> exit 74 naming the path and ENOSPC; older steps intact
@@ -253,8 +254,10 @@ def test_second_signal_stops_at_once(tmp_path):
 
 
 def test_clean_stop_is_reported_as_preempted(tmp_path):
-    res, pids, _ = _drive(tmp_path, "stop", 60.0, lambda p, m: p.send_signal(signal.SIGINT))
-    assert res["returncode"] == 75 and res["stopped"] == "SIGTERM after step 3/9; no --save-dir: nothing saved"
+    """Ctrl-C (SIGINT) to the launcher reaches the ranks as SIGINT: the stop line names the signal sent."""
+    res, pids, err = _drive(tmp_path, "stop", 60.0, lambda p, m: p.send_signal(signal.SIGINT))
+    assert "SIGINT: every rank finishes its step, then exits" in err
+    assert res["returncode"] == 75 and res["stopped"] == "SIGINT after step 3/9; no --save-dir: nothing saved"
     assert not res["killed"] and all(_gone(p) for p in pids.values())
 
 
@@ -414,10 +417,9 @@ def chain(tmp_path_factory):
     d = tmp_path_factory.mktemp("faults")
     ckpt, run = d / "ckpt", d / "run"
     out = {}
-    r = Run(run, ckpt)                                   # 1. SIGTERM to hyperparallel train
-    r.until(r" step 2/%d " % STEPS)
-    r.p.send_signal(signal.SIGTERM)
-    out["train"] = r.finish()
+    # 1. SIGINT to hyperparallel train, sent by rank 1 in the middle of step index 1 (the console's step 2)
+    out["train"] = Run(run, ckpt, env={"HP_FAULT": "1:1:SIGINT"}).finish()
+    out["train_log1"] = open(os.path.join(str(run), "logs", "worker_1.log")).read()   # the next run starts anew
     r = Run(run, ckpt, "--resume")                       # 2. SIGTERM to msrun
     r.until(r" step \d+/%d " % STEPS)
     os.kill(r.msrun_pid(), signal.SIGTERM)
@@ -483,10 +485,24 @@ def test_sigterm_finishes_the_step_saves_it_and_exits_75(chain, how):
     assert cf().verdict(path) == "" and path == os.path.join(chain["ckpt"], f"step_{step}")
     assert f"] step {step}/{STEPS} " in run.stdout and f"] step {step + 1}/{STEPS} " not in run.stdout
     if how == "train":   # the launcher's own word on the console
-        assert "SIGTERM: every rank finishes its step and saves it, then exits (up to 25 s" in run.stderr
+        assert "SIGINT: every rank finishes its step and saves it, then exits (up to 25 s" in run.stderr
     if how == "msrun":
         assert "msrun ended (status -15) with 2 rank(s) running: they finish their step and exit" in run.stderr
     _no_rank_left(run)
+
+
+@pytest.mark.msrun
+def test_ctrl_c_during_a_step_stops_after_that_step_and_names_sigint(chain):
+    """SIGINT reached the launcher while step 2 ran (rank 1 sent it mid-program and went on only once the
+    forwarded signal reached it): every rank stops after step 2, not 3, and both the rank's line and the
+    launcher's last line name SIGINT, the signal sent (not the SIGTERM it used to forward)."""
+    run = chain["train"]
+    log1 = chain["train_log1"]
+    assert "fault injection: rank 1 sends SIGINT to the launcher" in log1 and " in step 1" in log1
+    assert f"stopped on signal: SIGINT after step 2/{STEPS}; checkpoint " in run.stdout, run.stdout[-2000:]
+    assert re.search(r"stopped \(exit 75\): SIGINT after step 2/%d; checkpoint \S+step_2 saved" % STEPS,
+                     run.stderr), run.stderr[-2000:]
+    assert _stopped_at(run)[0] == 2 and f"] step 3/{STEPS} " not in run.stdout
 
 
 @pytest.mark.msrun

@@ -570,8 +570,9 @@ def test_qwen3_whole_model_gradients_finite_difference():
 
 
 def test_mindone_decoder_layer_still_does_not_compile(tmp_path):
-    """Why mindone's Qwen-VL chunks run eager under ``mpipe.compile: jit`` (``qwen_vl_cells._Slice.graph_reason``,
-    README): its decoder layer does not compile under ``mindspore.jit``. Fails, saying so, the day it does."""
+    """Why mindone's Qwen-VL chunks run eager under ``mpipe.compile: jit`` (``qwen_vl.EAGER_REASON``, the
+    adapter's ``compile_reason``, README): its decoder layer does not compile under ``mindspore.jit``. Fails,
+    saying so, the day it does."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
@@ -580,5 +581,6 @@ def test_mindone_decoder_layer_still_does_not_compile(tmp_path):
                          text=True, timeout=600, env=env, cwd=tmp_path)   # MindSpore writes rank_0/om/ there
     out = [l for l in run.stdout.splitlines() if l.startswith(("COMPILED", "FAILED"))]
     assert out, run.stdout[-2000:] + run.stderr[-2000:]
-    assert out[-1] != "COMPILED", "mindone's decoder layer compiles now: give the Qwen-VL chunks a graph_body"
+    assert out[-1] != "COMPILED", ("mindone's decoder layer compiles now: give the Qwen-VL chunks a graph_body "
+                                   "(and compile_reason '')")
     assert "Tensor.transpose" in out[-1], out[-1]

@@ -115,6 +115,17 @@ def test_tiny_recipe_trains_with_transpose(full_run):
     losses = [r["loss"] for r in m]
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses  # it learns
     assert " step 1/" in p.stdout and "loss" in p.stdout  # per-step progress shown
+    # the start banner says what compiles and what trains (counted on the ranks: the model's every parameter once)
+    out = p.stdout.splitlines()
+    assert out[1] == "compile: every chunk eager (mpipe.compile: eager)", out[:4]
+    from hyperparallel.mindspore import compat
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    compat.setup_device("CPU")
+    model = run_config_of(load_recipe(RECIPE)).model
+    n = {r: sum(int(q.size) for q in c.get_parameters()) for r, c in zip(model.region_names(), model.build_full())}
+    assert (f"[transpose] parameters: vision {n['vision']:,} trainable; llm {n['llm']:,} trainable; in all "
+            f"{n['vision'] + n['llm']:,} trainable, 0 frozen") in out, out[:6]
     assert f"saved {d / 'ckpt' / 'step_10'} (" in p.stdout   # each save on the console, not only in worker_0.log
     assert "[ERROR]" not in p.stdout + p.stderr
     steps = len(m)  # train.save_every=10: complete step directories at 10, 20, ... and at the end
@@ -147,3 +158,62 @@ def test_dead_rank_fails_job_fast_and_is_named(tmp_path, mode):
     err = p.stderr.strip().splitlines()[-1]
     assert err.startswith("error: job failed") and "rank 1 failed" in err, p.stderr
     assert "step 2/6" in p.stdout and "step 3/6" not in p.stdout  # it died in step index 2
+
+
+# -- the console of --reference and ckpt --export-hf: the project's lines; other libraries' output in a log ------
+
+QWEN = os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")
+NOISE = ("Config not found for parakeet", "FutureWarning", "loss_type=None")   # mindone's / transformers' own
+
+
+@pytest.fixture(scope="module")
+def qwen_demo(tmp_path_factory):
+    pytest.importorskip("mindone", reason="mindone is not installed")
+    from make_demo_data import write_demo
+    paths = write_demo(str(tmp_path_factory.mktemp("qdemo")), 24, seed=3, videos=False)
+    return [a for k, v in sorted(paths.items()) for a in ("--set", f"data.{k}={v}")]
+
+
+def _quiet(p, log):
+    """The console holds none of the libraries' lines and names the log once; the log holds them."""
+    console = p.stdout + p.stderr
+    assert not [w for w in NOISE if w in console], console[-3000:]
+    assert console.count(f"other libraries' output (warnings, MindSpore, mindone): {log}") == 1, console[-3000:]
+    return open(log).read()
+
+
+def test_reference_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_demo, tmp_path):
+    run = tmp_path / "ref"
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", QWEN, "--reference", "--steps", "1",
+                        "--run-dir", str(run), *qwen_demo], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "[reference] step 1/1 loss " in p.stdout and "[reference] optimizer " in p.stdout
+    log = _quiet(p, str(run / "logs" / "reference.log"))
+    assert all(w in log for w in NOISE), log[-3000:]   # every one of them printed, into the log
+    assert len(metrics(run)) == 1
+
+
+def test_export_hf_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_demo, tmp_path):
+    """A one-device checkpoint of the tiny Qwen2.5-VL (saved in this process), exported: the console has the
+    project's lines only, mindone's and transformers' output is in ``OUT.log`` beside the directory."""
+    from hyperparallel.mindspore import compat
+    from hyperparallel.mindspore.comm import LocalComm
+    from hyperparallel.mindspore.rank import RankRuntime
+    from hyperparallel.recipe import checked_plan, load_recipe
+    from hyperparallel.runconfig import run_config_of
+    compat.setup_device("CPU")
+    ov = [v for v in qwen_demo if v != "--set"] + ["parallel_config.pipeline_stage=1", "mpipe.compile=eager"]
+    recipe = load_recipe(QWEN, ov)
+    rc = run_config_of(recipe)
+    rt = RankRuntime(checked_plan(recipe, "1f1b"), rc.model, rc.source(), rc.train, LocalComm(), compile="eager",
+                     log=None)
+    rt.saver(str(tmp_path / "ckpt"), meta={"schedule": "1f1b"}).save(1)
+    rt.close()
+    out = tmp_path / "hf"
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", str(tmp_path / "ckpt" / "step_1"),
+                        "--export-hf", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines()[-1].startswith(f"wrote {out}: ") and (out / "model.safetensors").exists()
+    assert not [f for f in os.listdir(out) if f.endswith(".log")]   # the log is beside the directory, not in it
+    log = _quiet(p, str(out) + ".log")
+    assert "Config not found for parakeet" in log, log[-3000:]

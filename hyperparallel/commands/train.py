@@ -247,6 +247,7 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
     print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps ({args.steps_from}); run dir {run_dir}",
           flush=True)
+    print(compile_line(rc.model, rc.compile), flush=True)
     notes = schema.unused_keys(recipe.raw)
     if notes:
         print(f"not used by hyperparallel's runtime (no effect on this run): {', '.join(notes)}", flush=True)
@@ -271,6 +272,21 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
              "this node has no rank 0: node 0's run directory has the metrics")
     print(f"done in {res.wall_s:.1f} s; {where}", flush=True)
     return 0
+
+
+def compile_line(model, mode: str) -> str:
+    """The start banner's compile line (pure Python, before launch): per region, whether its chunks run
+    compiled (``jit``) or op by op (``eager``) and why, as the model adapter says it
+    (``ModelAdapter.compile_reason``, the answer the ranks then follow)."""
+    if mode != "jit":
+        return f"compile: every chunk eager (mpipe.compile: {mode})"
+    said = {}   # the adapter's answer -> its regions, in data-flow order (regions alike said once)
+    for region in model.region_names():
+        said.setdefault(model.compile_reason(region), []).append(region)
+    parts = [", ".join(regions) + (" jit" if why == "" else f" eager ({why})" if why else
+                                   " as its chunk Cells give (jit with a tensor-only body; the ranks' logs say which)")
+             for why, regions in said.items()]
+    return "compile (mpipe.compile: jit): " + "; ".join(parts)
 
 
 def _newest(args) -> str:
@@ -309,32 +325,40 @@ def _refusal(log_dir: str, world: int, flag: str):
 
 
 def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
+    """The single-process reference: the console shows the project's lines; what MindSpore, MindFormers and
+    mindone print (warnings, their logs) goes to ``RUN_DIR/logs/reference.log``, as a pipeline run's worker
+    logs hold theirs."""
+    from ..util import LibraryOutput
     os.environ.setdefault("GLOG_v", "3")
     os.environ.setdefault("LOCAL_DEFAULT_PATH", os.path.join(os.path.abspath(run_dir), "mindformers"))
-    from ..mindspore import compat
-    from ..mindspore.reference import Reference
-    compat.setup_device(rc.device)
-    ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
-                    {r.name: r.trainable for r in recipe.profile.regions}, total_steps=steps)
-    from ..mindspore.nonfinite import NONFINITE_EXIT, NonFiniteStep, json_line
-    from ..mindspore.worker import StepLog
-    from ..mindspore.rank import StepResult
-    log = StepLog("reference", "reference", steps, 0,
-                  recipe.micro_batch_num * recipe.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
-    print(f"[reference] {rc.train.describe(steps)}", flush=True)
-    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
-        for step in range(steps):
-            t0 = time.perf_counter()
-            try:
-                loss, _ = ref.step(step)
-            except NonFiniteStep as e:   # train.nonfinite: stop, before the update (as the pipeline's ranks)
-                print(f"error: training stopped (exit {NONFINITE_EXIT}): non-finite {e.describe(steps)}",
-                      file=sys.stderr, flush=True)
-                return NONFINITE_EXIT
-            dt = time.perf_counter() - t0
-            rec = log.record(StepResult(step, loss, {}, dt, 0.0, 0.0, ref.grad_norm, ref.lr, skipped=ref.skipped), 0)
-            print(log.line(rec), flush=True)
-            f.write(json_line(rec) + "\n")
+    path = os.path.join(run_dir, "logs", "reference.log")
+    with LibraryOutput(path) as con:
+        con.say(f"[reference] other libraries' output (warnings, MindSpore, mindone): {path}")
+        from ..mindspore import compat
+        from ..mindspore.reference import Reference
+        compat.setup_device(rc.device)
+        ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
+                        {r.name: r.trainable for r in recipe.profile.regions}, total_steps=steps)
+        from ..mindspore.nonfinite import NONFINITE_EXIT, NonFiniteStep, json_line
+        from ..mindspore.worker import StepLog
+        from ..mindspore.rank import StepResult
+        log = StepLog("reference", "reference", steps, 0,
+                      recipe.micro_batch_num * recipe.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
+        con.say(f"[reference] {rc.train.describe(steps)}")
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            for step in range(steps):
+                t0 = time.perf_counter()
+                try:
+                    loss, _ = ref.step(step)
+                except NonFiniteStep as e:   # train.nonfinite: stop, before the update (as the pipeline's ranks)
+                    con.say(f"error: training stopped (exit {NONFINITE_EXIT}): non-finite {e.describe(steps)}",
+                            err=True)
+                    return NONFINITE_EXIT
+                dt = time.perf_counter() - t0
+                rec = log.record(StepResult(step, loss, {}, dt, 0.0, 0.0, ref.grad_norm, ref.lr,
+                                            skipped=ref.skipped), 0)
+                con.say(log.line(rec))
+                f.write(json_line(rec) + "\n")
     return 0
 
 
@@ -352,11 +376,36 @@ def _ckpt_source(path: str, digests: bool):
     return src
 
 
+def _export_hf(path: str, out: str, digests: bool) -> int:
+    """``ckpt PATH --export-hf OUT``: the console shows the project's lines; what mindone and transformers
+    print while the model is built and saved (warnings, their logs) goes to ``OUT.log``, beside the
+    directory (not in it: the directory is what ``from_pretrained`` and the hub read)."""
+    from ..mindspore.ckpt_files import CheckpointError, resolve
+    from ..util import LibraryOutput
+    try:
+        src = resolve(path, digests)
+    except CheckpointError as e:
+        return _error(f"ckpt: {e}")
+    log = os.path.abspath(out).rstrip(os.sep) + ".log"
+    try:
+        with LibraryOutput(log) as con:
+            con.say(f"other libraries' output (warnings, MindSpore, mindone): {log}")
+            os.environ.setdefault("GLOG_v", "3")
+            from ..mindspore import compat
+            compat.setup_device("CPU")
+            from ..mindspore.checkpoint import export_hf
+            n = export_hf(src, out)
+    except CheckpointError as e:
+        return _error(f"ckpt: {e}")
+    print(f"wrote {out}: {n} tensors from {src.path} (Hugging Face format)")
+    return 0
+
+
 def run_ckpt(args) -> int:
     """``hyperparallel ckpt``: the step directories of a save directory (complete or not),
     ``--merge OUT``: one MindSpore file of a step for single-process use, or ``--export-hf OUT_DIR``: a
     Hugging Face model directory of a step."""
-    from ..mindspore.ckpt_files import CheckpointError, read_meta, step_dirs, verdict
+    from ..mindspore.ckpt_files import read_meta, step_dirs, verdict
 
     digests = not args.no_digest
     if args.export_hf:
@@ -364,16 +413,7 @@ def run_ckpt(args) -> int:
             return _error("--export-hf: give either --merge or --export-hf")
         if os.path.isfile(args.export_hf):
             return _error(f"--export-hf: {args.export_hf} is a file; give a directory")
-        src = _ckpt_source(args.path, digests)
-        if isinstance(src, int):
-            return src
-        from ..mindspore.checkpoint import export_hf
-        try:
-            n = export_hf(src, args.export_hf)
-        except CheckpointError as e:
-            return _error(f"ckpt: {e}")
-        print(f"wrote {args.export_hf}: {n} tensors from {src.path} (Hugging Face format)")
-        return 0
+        return _export_hf(args.path, args.export_hf, digests)
 
     if args.merge:
         if not args.merge.endswith((".safetensors", ".ckpt")):

@@ -21,7 +21,10 @@ the tape (see :mod:`.compat`, ``JIT_SPLITS_BACKWARD``), so a compiled chunk repo
 False``: the interpreter's ``B`` then computes the weight grads with the input grad in one backward
 call and keeps them for the ``W`` action (exact; the W work moves into B), and says so in the log.
 
-A chunk that has no tensor-only body runs eager, and the log says which and why. A compile that
+Whether a region's chunks compile is the adapter's word where it gives one
+(``ModelAdapter.compile_reason``, pure Python: the launcher's start banner prints the same answer before
+launch); else the chunk Cell's (a tensor-only body or not). A chunk that runs eager says which and why in
+the log. A compile that
 fails at run time stops the job naming the rank and the chunk (``mpipe.compile_fallback: error``,
 the default) or, with ``compile_fallback: eager``, logs MindSpore's first error line and runs that
 chunk eager from then on.
@@ -61,7 +64,9 @@ class Body:
     """The forward of one chunk, called as ``body(x, tensors)`` (what the interpreter calls)."""
 
     def __init__(self, key: Tuple[str, int], cell, mode: str, fallback: str = "error", rank: int = 0,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, reason: Optional[str] = None):
+        """``reason``: the adapter's ``compile_reason`` of the chunk's region: why it runs eager, '' (it
+        compiles: its Cell must give the tensor-only body), or None (the Cell decides)."""
         self.key, self.cell, self.fallback, self.rank, self.log = key, cell, fallback, rank, log
         self.reason = ""               # why this chunk runs eager although jit was asked for
         self.compiles: List[float] = []       # seconds of every call that compiled (compile + one run)
@@ -71,7 +76,13 @@ class Body:
         self.earlier: set = set()             # those compiled in earlier cases (a pooled Body, GraphPool)
         self.graph = None
         if mode == "jit":
-            if not (hasattr(cell, "graph_body") and hasattr(cell, "graph_args")):
+            tensor_only = hasattr(cell, "graph_body") and hasattr(cell, "graph_args")
+            if reason == "" and not tensor_only:
+                raise RuntimeError(f"chunk {self.name}: the model adapter's compile_reason({key[0]!r}) says its "
+                                   f"chunks compile, but {type(cell).__name__} has no graph_body/graph_args")
+            if reason:
+                self.reason = reason
+            elif not tensor_only:
                 self.reason = getattr(cell, "graph_reason", "") or \
                     f"{type(cell).__name__} has no tensor-only body (graph_body/graph_args)"
             else:
@@ -184,16 +195,20 @@ def pool_key(model_section, data_shapes, seed, region: str, start: int, stop: in
 
 def build_bodies(chunks: dict, mode: str, fallback: str = "error", rank: int = 0,
                  log: Callable[[str], None] = print, pool: Optional[GraphPool] = None,
-                 keys: Optional[Dict[Tuple[str, int], tuple]] = None) -> Dict[Tuple[str, int], Body]:
+                 keys: Optional[Dict[Tuple[str, int], tuple]] = None,
+                 reason: Callable[[str], Optional[str]] = lambda region: None) -> Dict[Tuple[str, int], Body]:
     """A :class:`Body` per chunk of this rank (``chunks``: (region, index) -> Cell); with ``pool`` and
     ``keys`` (chunk -> :func:`pool_key`) under ``jit``, a kept Body of the same chunk where there is one
-    (its Cell then replaces the fresh one: read the Cells back from the Bodies)."""
+    (its Cell then replaces the fresh one: read the Cells back from the Bodies). ``reason``: the adapter's
+    ``compile_reason`` (region -> why eager, '' or None; :class:`Body`)."""
     out = {}
     for key, cell in sorted(chunks.items()):
+        why = reason(key[0]) if mode == "jit" else None
         kept = pool.take(keys[key], key, cell, fallback, rank, log) if pool is not None and keys and mode == "jit" \
-            and key in keys else None
-        out[key] = kept if kept is not None else Body(key, cell, mode, fallback, rank, log)
+            and key in keys and not why else None
+        out[key] = kept if kept is not None else Body(key, cell, mode, fallback, rank, log, why)
     return out
+
 
 
 def describe(bodies: Dict[Tuple[str, int], Body], rank: int, split: set) -> str:

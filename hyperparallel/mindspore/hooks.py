@@ -95,16 +95,19 @@ class Progress(Hooks):
 
 
 class FaultInjection(Hooks):
-    """``HP_FAULT=RANK:STEP[:kill|:hang|:nan]`` makes that rank fail in the middle of that step: ``os._exit(13)``
-    after a log line, with ``kill`` a silent SIGKILL, with ``hang`` it stops making progress (sleeps
-    for ever, alive); with ``nan`` every gradient it computes in that step is NaN (as an overflow would
-    make them; ``train.nonfinite``). (``HP_FAULT=RANK:save:N[:kill|:enospc]``, failing while saving step N,
-    is handled by the checkpoint saver.)"""
+    """``HP_FAULT=RANK:STEP[:kill|:hang|:nan|:SIGINT|:SIGTERM]`` makes that rank fail in the middle of that
+    step: ``os._exit(13)`` after a log line, with ``kill`` a silent SIGKILL, with ``hang`` it stops making
+    progress (sleeps for ever, alive); with ``nan`` every gradient it computes in that step is NaN (as an
+    overflow would make them; ``train.nonfinite``). With a signal's name the rank sends that signal to the
+    launcher (msrun's parent: a Ctrl-C or a ``kill`` while that step runs) and goes on once the launcher's
+    forwarded signal has reached it (``stopper``, the rank's :class:`~.stop.StopRequest`), so the signal
+    lands in that step, deterministically. (``HP_FAULT=RANK:save:N[:kill|:enospc]``, failing while saving
+    step N, is handled by the checkpoint saver.)"""
 
-    MODES = ("exit", "kill", "hang", "nan")
+    MODES = ("exit", "kill", "hang", "nan", "SIGINT", "SIGTERM")
 
-    def __init__(self, rank: int, step: int, kill: bool = False, mode: str = ""):
-        self.rank, self.step = rank, step
+    def __init__(self, rank: int, step: int, kill: bool = False, mode: str = "", stopper=None):
+        self.rank, self.step, self.stopper = rank, step, stopper
         self.mode = mode or ("kill" if kill else "exit")
         self._now = -1   # the step the rank is in (nan mode)
 
@@ -124,7 +127,7 @@ class FaultInjection(Hooks):
         return self.mode == "kill"
 
     @staticmethod
-    def from_env(rank: int):
+    def from_env(rank: int, stopper=None):
         spec = os.environ.get("HP_FAULT", "").split(":")
         if spec[0] != str(rank) or len(spec) < 2 or spec[1] == "save":
             return None
@@ -132,11 +135,24 @@ class FaultInjection(Hooks):
         if mode not in FaultInjection.MODES:
             raise ValueError(f"HP_FAULT={os.environ['HP_FAULT']}: mode {mode!r} unknown; allowed: "
                              f"{', '.join(FaultInjection.MODES)}")
-        return FaultInjection(rank, int(spec[1]), mode=mode)
+        return FaultInjection(rank, int(spec[1]), mode=mode, stopper=stopper)
+
+    def _signal_launcher(self, step: int) -> None:
+        """Send the mode's signal to the launcher; wait (up to 60 s) until the forwarded one reached this rank."""
+        launcher = _parent_of(os.getppid())
+        print(f"fault injection: rank {self.rank} sends {self.mode} to the launcher (pid {launcher}) in step {step}",
+              flush=True)
+        os.kill(launcher, getattr(signal, self.mode))
+        deadline = time.time() + 60
+        while not (self.stopper and self.stopper.requested) and time.time() < deadline:
+            time.sleep(0.05)
 
     def before_action(self, interp, step, index, action) -> None:
         self._now = step
         if step == self.step and index == len(interp.program) // 2 and self.mode != "nan":
+            if self.mode.startswith("SIG"):
+                self.step = None   # once
+                return self._signal_launcher(step)
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.mode == "hang":   # alive, silent: only the launcher's hang watchdog ends the job
@@ -147,3 +163,9 @@ class FaultInjection(Hooks):
             print(f"fault injection: rank {self.rank} exits at step {step}, action {index}/{len(interp.program)}",
                   flush=True)
             os._exit(13)
+
+
+def _parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])

@@ -54,6 +54,22 @@ def plan_depths(plan: ir.Plan):
             for r in plan.regions()]
 
 
+def parameters_line(counts, regions) -> str:
+    """What trains, for the start banner: per region (``regions``, in data-flow order) its trainable and
+    frozen parameter elements, from every rank's :meth:`RankRuntime.parameter_counts` (``counts``, merged by
+    name: a replicated encoder or a data-parallel copy counts once), and the totals."""
+    merged = {}
+    for c in counts:
+        merged.update(c)
+    per = {r: [0, 0] for r in regions}
+    for region, n, trained in merged.values():
+        per.setdefault(region, [0, 0])[0 if trained else 1] += n
+    trained, frozen = sum(t for t, _ in per.values()), sum(f for _, f in per.values())
+    parts = [f"{r} " + " + ".join(([f"{t:,} trainable"] if t or not f else []) + ([f"{f:,} frozen"] if f else []))
+             for r, (t, f) in per.items()]
+    return f"parameters: {'; '.join(parts)}; in all {trained:,} trainable, {frozen:,} frozen"
+
+
 @dataclass
 class StepResult:
     """One optimizer step: the step loss (the same on every rank), this rank's gradients, and where
@@ -102,7 +118,7 @@ class RankRuntime:
         self._pool_keys = {(c.region, c.index): compiled.pool_key(*pool_model, c.region, c.start, c.stop)
                            for c in plan.chunks_on(comm.device)} if pool is not None else None
         self.bodies = compiled.build_bodies(self.chunks, compile, compile_fallback, comm.rank, log,
-                                            pool, self._pool_keys)
+                                            pool, self._pool_keys, model.compile_reason)
         self.chunks = {k: self.bodies[k].cell for k in self.chunks}   # a pooled Body brings its own Cell
         self.hooks = hooks or Hooks()
         self.interp = Interpreter(plan, comm, model, source, self.chunks, hooks, self.bodies,
@@ -128,10 +144,17 @@ class RankRuntime:
         """This rank's parameters by name (MindSpore Parameters)."""
         return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
 
-    def step(self, step: Optional[int] = None, stop: bool = False) -> StepResult:
+    def parameter_counts(self) -> Dict[str, Tuple[str, int, bool]]:
+        """This rank's parameters: name -> (region, elements, trained: the region is trainable in the plan).
+        Gathered from every rank and merged by name (:func:`parameters_line`), each counts once."""
+        return {p.name: (region, int(p.size), bool(self.plan.trainable.get(region, True)))
+                for (region, _), cell in sorted(self.chunks.items()) for p in cell.get_parameters()}
+
+    def step(self, step: Optional[int] = None, stop=False) -> StepResult:
         """Run optimizer step ``step`` (default: the next one) on this rank. ``stop``: this rank wants to stop
-        after the step (a signal); the wish rides on the step's all-reduce, so ``StepResult.stop`` is the
-        same on every rank."""
+        after the step (a signal), a bool or a callable asked when the step's all-reduce starts (a signal
+        that came while the step's programs ran still stops after this step); the wish rides on the
+        step's all-reduce, so ``StepResult.stop`` is the same on every rank."""
         s = self.next_step if step is None else int(step)
         if not self._started:
             self.interp.run_prologue(s)   # next-step (spill) work of the first step; nothing for most plans
@@ -145,7 +168,8 @@ class RankRuntime:
         self.hooks.phase(s, "reduce")
         sq_local = square_sum([g for n, g in grads.items() if n in self.counted],
                               compiled=self.train.optimizer_compile != "eager")
-        loss, sq, stops = self.comm.all_reduce_values([part, sq_local, 1.0 if stop else 0.0])
+        wants = stop() if callable(stop) else stop
+        loss, sq, stops = self.comm.all_reduce_values([part, sq_local, 1.0 if wants else 0.0])
         t2 = time.perf_counter()
         self.hooks.phase(s, "optimizer")
         norm = max(sq, 0.0) ** 0.5   # max keeps a NaN (no comparison with it is true)

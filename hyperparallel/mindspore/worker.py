@@ -127,7 +127,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
     progress = Progress(hb, comm) if hb else None
     try:
-        rc, rt = case_runtime(case, comm, Chain([progress, FaultInjection.from_env(comm.rank)]), pool)
+        rc, rt = case_runtime(case, comm, Chain([progress, FaultInjection.from_env(comm.rank, stopper)]), pool)
     except SpecError as e:   # e.g. model.pretrained weights that do not fit the config
         print(REFUSED_INPUT + str(e).splitlines()[0], flush=True)
         raise SystemExit(2) from None
@@ -154,17 +154,29 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     losses, memory = [], []
     encoder_work = encoder_record(rc, rt, case["raw"]) if comm.rank == 0 and run_dir else None
     skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
+    counts = None
+    if run_dir:   # what trains, per region, exact: every rank's parameters to rank 0 (a collective)
+        if progress:
+            progress.phase(start, "gather")
+        counts = comm.all_gather_object(rt.parameter_counts())
     if comm.rank == 0:
         print(f"[{name}] {rc.train.describe(steps)}", flush=True)
+        if counts:
+            from hyperparallel.mindspore.rank import parameters_line
+            print(f"[{name}] {parameters_line(counts, rt.plan.regions())}", flush=True)
         if skipped:
             print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
     plan = rt.plan
     log = StepLog(name, case.get("schedule", name), steps, start,
                   plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len, rt.compile_mode)
     stopped = False
+
+    def wants_stop() -> bool:   # asked at the step's last collectives: a signal during step k stops after k
+        return bool(stopper and stopper.requested)
+
     for step in range(start, steps):
         try:
-            res = rt.step(step, stop=bool(stopper and stopper.requested))
+            res = rt.step(step, stop=wants_stop)
         except NonFiniteStep as e:   # every rank, at the same step: nothing of it is saved
             if metrics:
                 metrics.close()
@@ -175,10 +187,17 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
         # step: steps done, as metrics.jsonl and the console count them
         mem = dict(rank_memory(rt, res.grads), step=step + 1) if (run_dir or dump_dir) else None
         memory.append(mem)
-        # every rank's record to rank 0 (after the step's programs: a collective every rank reaches here)
-        if progress and run_dir:
-            progress.phase(step, "gather")
-        mem_all = comm.all_gather_object(mem) if run_dir else None
+        # every rank's record to rank 0 (after the step's programs: a collective every rank reaches here),
+        # with every rank's stop wish: a signal after the all-reduce (the update, the records) still stops
+        # after this step, the step whose line rank 0 has not printed yet, on every rank alike
+        stop = res.stop
+        mem_all = None
+        if run_dir:
+            if progress:
+                progress.phase(step, "gather")
+            gathered = comm.all_gather_object((mem, wants_stop()))
+            mem_all = [m for m, _ in gathered]
+            stop = stop or any(w for _, w in gathered)
         if dump_dir and step == start:
             os.makedirs(dump_dir, exist_ok=True)
             np.savez(os.path.join(dump_dir, f"grads_rank{comm.rank}.npz"),
@@ -192,7 +211,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
                     rec["encoder_work"] = encoder_work(step)
                 metrics.write(json_line(rec) + "\n")   # strict JSON: a NaN is written as null
                 metrics.flush()
-        due = save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps or res.stop)
+        due = save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps or stop)
         if due:
             if hb:
                 hb.beat(step, "save")
@@ -200,7 +219,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
                 saver.save(step + 1)
             except SaveError:
                 raise SystemExit(SAVE_FAILED_EXIT) from None
-        if res.stop and step + 1 < steps:
+        if stop and step + 1 < steps:
             stopped = True
             if comm.rank == 0:
                 kept = f"checkpoint {step_dir(save_dir, step + 1)} saved" if save_dir else "no --save-dir: nothing saved"

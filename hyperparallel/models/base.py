@@ -16,6 +16,9 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   (what ``forward`` computes; ``forward`` may simply call it), compiled with ``mindspore.jit``; a
   chunk without them runs eager and its ``graph_reason`` (or a default) says why in the log
   (:mod:`hyperparallel.mindspore.compiled`);
+* ``compile_reason(region)`` (optional, pure Python): whether a region's chunks compile, said before
+  launch: '' (they compile), why they run eager, or None (only the chunk Cell can tell: the default).
+  The launcher's start banner prints it and the ranks follow the same answer;
 * ``tensors(micro_batch, loss_scale)``: the side inputs every chunk may read
   (token ids, masks, positions, targets), as MindSpore tensors;
 * ``model_input(tensors)``: the input of the model's first chunk;
@@ -34,13 +37,13 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   checkpoint files as the model's own, files a step directory carries (e.g. a Hugging Face
   ``config.json``), a directory of weights to start from.
 
-Constructing an adapter, ``regions()`` and ``check_device()`` are pure Python (the launcher checks a
-recipe before any rank starts); the other methods may import MindSpore.
+Constructing an adapter, ``regions()``, ``check_device()`` and ``compile_reason()`` are pure Python (the
+launcher checks a recipe before any rank starts); the other methods may import MindSpore.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,13 @@ class ModelAdapter:
     def check_device(self, device: str) -> None:
         """Pure Python, before launch: SpecError('model.<key>', ...) if the model cannot train on
         ``device`` (e.g. a kernel that device lacks). Default: every device."""
+
+    def compile_reason(self, region: str) -> Optional[str]:
+        """Pure Python, before launch: why the chunks of ``region`` run eager under ``mpipe.compile: jit``,
+        '' when they compile (their Cells give ``graph_body``/``graph_args``), or None when the adapter does
+        not say (then each chunk Cell decides on its rank). The start banner prints it; the ranks run
+        what it says (:class:`hyperparallel.mindspore.compiled.Body`)."""
+        return None
 
     def data_format(self) -> dict:
         """The micro-batch layout a data source must produce (the data layer knows the formats)."""

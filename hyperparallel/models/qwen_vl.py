@@ -35,6 +35,15 @@ from ..recipe.mindformers import model_config
 from .base import ModelAdapter, Region, TensorSpec
 
 VISION, LLM = "vision", "llm"
+
+#: why ``mpipe.compile: jit`` runs every chunk of these models eager (the start banner and the ranks' log say
+#: it). Tried on MindSpore 2.9.0 (CPU) with a tensor-only LLM body (side inputs and the rotary table as graph
+#: inputs): mindone's decoder layer does not compile under ``mindspore.jit``: its attention's torch-style
+#: ``Tensor.transpose(1, 2)`` is read as a full permutation in graph mode ("the number of axes must be equal
+#: to the dimension"), and its rotary embedding's ``expand(..., -1, 1)`` fails shape inference; rewriting
+#: mindone's layers here would no longer run mindone's own model classes (tests/mindone_jit_probe.py).
+EAGER_REASON = ("no tensor-only body: mindone's Qwen-VL layers do not compile under mindspore.jit "
+                "(torch-style Tensor.transpose(1, 2) in their attention; README, compiled chunks)")
 # mindone class -> (family key, transformers config class, model_type)
 ARCHS = {"Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLConfig"),
          "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLConfig")}
@@ -207,6 +216,11 @@ class QwenVL(ModelAdapter):
                 dtype = (sub or {}).get(key) if isinstance(sub, dict) else None
                 if dtype is not None and str(dtype).replace("torch.", "") not in CPU_DTYPES:
                     raise SpecError(f"{where}.{key}", f"{dtype!r} cannot train on CPU here; set float32")
+
+    def compile_reason(self, region: str) -> str:
+        """Every chunk runs eager (:data:`EAGER_REASON`)."""
+        self.depth(region)   # KeyError for a region the model lacks
+        return EAGER_REASON
 
     def data_format(self) -> dict:
         v = self.vision

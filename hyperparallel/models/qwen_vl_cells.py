@@ -64,14 +64,8 @@ def load_hf_weights(net, path: str, rename) -> None:
 class _Slice(nn.Cell):
     """A chunk of the network: its cells registered under their own names, parameter names kept."""
 
-    #: why ``mpipe.compile: jit`` runs these chunks eager (the runtime logs it). Tried on MindSpore 2.9.0 (CPU)
-    #: with a tensor-only LLM body (side inputs and the rotary table as graph inputs): mindone's decoder layer
-    #: does not compile under ``mindspore.jit``: its attention's torch-style ``Tensor.transpose(1, 2)`` is read
-    #: as a full permutation in graph mode ("the number of axes must be equal to the dimension"), and its
-    #: rotary embedding's ``expand(..., -1, 1)`` fails shape inference; rewriting mindone's layers here would
-    #: no longer run mindone's own model classes.
-    graph_reason = ("no tensor-only body: mindone's Qwen-VL layers do not compile under mindspore.jit "
-                    "(torch-style Tensor.transpose(1, 2) in their attention; README, compiled chunks)")
+    # no tensor-only body: under ``mpipe.compile: jit`` these chunks run eager, for the reason the adapter gives
+    # (``QwenVL.compile_reason``: ``qwen_vl.EAGER_REASON``), which the start banner prints before launch
 
     def __init__(self, net):
         super().__init__(auto_prefix=False)

@@ -54,6 +54,11 @@ class VitLLMAdapter(ModelAdapter):
             return VitChunk(self.vit, start, stop, self.seed)
         return self.build_llm_chunk(start, stop)
 
+    def compile_reason(self, region: str) -> str:
+        """Every chunk compiles: the encoder's and the LLM's chunk Cells give tensor-only bodies."""
+        self.depth(region)   # KeyError for a region the model lacks
+        return ""
+
     def model_input(self, tensors):
         return tensors.patches
 
