@@ -153,7 +153,7 @@ def _guard_save_dir(args, node0: bool) -> None:
 def _check_metrics(run_dir: str) -> None:
     """A resumed run keeps the lines of ``RUN_DIR/metrics.jsonl`` up to its checkpoint: checked before
     launch (a partial last line noted, the ranks drop it; a bad line before it: SpecError, file and line)."""
-    from ..util import jsonl_rows
+    from ..fileio import jsonl_rows
     path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.isfile(path):
         _, note = jsonl_rows(path)

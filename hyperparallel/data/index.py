@@ -19,7 +19,7 @@ from typing import Any, List, Tuple
 
 from .text import SampleProblem
 from ..mpipe.errors import SpecError
-from ..util import inside
+from ..fileio import inside
 
 
 @dataclass(frozen=True)

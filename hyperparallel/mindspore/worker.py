@@ -31,7 +31,7 @@ def open_metrics(path: str, start: int):
     """metrics.jsonl for appending, keeping only the lines of the ``start`` steps done before (a resumed
     run replaces what a failed run logged after its checkpoint; steps count from 1, as ``step_<N>``). A last
     line cut short (a full disk) is left out, a note printed; a bad line before it: SpecError (file, line)."""
-    from hyperparallel.util import jsonl_rows
+    from hyperparallel.fileio import jsonl_rows
     kept = []
     if start > 0 and os.path.exists(path):
         rows, note = jsonl_rows(path)

@@ -6,7 +6,7 @@ import json
 import os
 from typing import List
 
-from ..util import inside
+from ..fileio import inside
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 
