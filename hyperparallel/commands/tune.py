@@ -31,6 +31,7 @@ from ..recipe.recipe import READ_KEYS
 from ..tune.overlay import offset_line, write_overlay
 from ..tune.search import Outcome, Scored, lowest_peak, search
 from ..tune.space import Space
+from ..util import output_file
 
 if TYPE_CHECKING:
     from ..recipe.recipe import Recipe
@@ -51,9 +52,7 @@ def _check_args(args) -> None:
     if args.out is not None:
         if not args.out.endswith((".yaml", ".yml")):
             raise SpecError("--out", f"must name a .yaml file, got {args.out!r}")
-        d = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(d):
-            raise SpecError("--out", f"folder does not exist: {d}")
+        output_file("--out", args.out, inputs=(args.recipe, *args.profile))
 
 
 def load(path: str, overrides) -> "Recipe":

@@ -14,6 +14,7 @@ import yaml
 
 from .search import Scored
 from .space import Space
+from ..util import write_text
 
 
 def offset_line(space: Space, s: Scored) -> str:
@@ -32,8 +33,4 @@ def overlay_text(space: Space, s: Scored, out_path: str, header: List[str]) -> s
 
 
 def write_overlay(space: Space, s: Scored, out_path: str, header: List[str]) -> None:
-    text = overlay_text(space, s, out_path, header)
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, out_path)
+    write_text(out_path, overlay_text(space, s, out_path, header))
