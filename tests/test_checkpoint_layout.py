@@ -251,9 +251,9 @@ def two_steps(saved, tmp_path):
     return d, os.path.join(d, "step_5")
 
 
-def _ckpt_cli(*args):
+def _ckpt_cli(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=timeout)
 
 
 def _edit_meta(step_path, **changes):
@@ -453,7 +453,7 @@ def test_merge_refuses_the_checkpoint_itself_and_existing_files(saved, tmp_path)
     names = {n for f in cf.read_meta(s3)["files"] for n in cf.safetensors_header(os.path.join(s3, f))}
     params = names - set(cf.optimizer_state_names(names))
     for out in (str(user), inside):   # --force: replaced whole, the step untouched
-        p = _ckpt_cli(d, "--merge", out, "--force")
+        p = _ckpt_cli(d, "--merge", out, "--force", timeout=300)
         assert p.returncode == 0 and p.stdout.startswith(f"wrote {out}: "), p.stderr
         assert set(cf.safetensors_header(out)) == params
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]   # no temporary file left
@@ -537,7 +537,7 @@ def test_export_hf_force_replaces_the_previous_model_and_keeps_the_other_files(q
     (out / "notes.txt").write_text("the user's notes")
     _refused(_ckpt_cli(step, "--export-hf", str(out)), "--export-hf", "is not empty (5 entries", "--force")
     assert (out / shards[0]).exists()
-    p = _ckpt_cli(step, "--export-hf", str(out), "--force")
+    p = _ckpt_cli(step, "--export-hf", str(out), "--force", timeout=600)
     assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith(f"wrote {out}: {len(values)} tensors from {step}"), \
         p.stderr[-2000:]
     left = set(os.listdir(out))
