@@ -140,6 +140,10 @@ def _train_parsers(sub) -> None:
     p.add_argument("--export-hf", default=None, metavar="OUT_DIR",
                    help="write the step (newest complete of a save directory) as a Hugging Face model directory "
                         "(config.json + model.safetensors) that from_pretrained loads")
+    p.add_argument("--force", action="store_true",
+                   help="--merge may replace an existing file, --export-hf write into a non-empty folder (its "
+                        "previous weights are replaced, other files kept), either write inside a save directory "
+                        "(never inside a step directory)")
     p.set_defaults(func=train.run_ckpt)
 
     p = sub.add_parser("data", help="data set tools: check (scan a recipe's data for bad samples)")

@@ -1,4 +1,5 @@
-"""Small helpers every front end shares: the one-line error, run-directory names, order statistics."""
+"""Small helpers every front end shares: the one-line error, run-directory names, order statistics,
+output paths checked before the work and files written whole."""
 from __future__ import annotations
 
 import re
@@ -34,9 +35,10 @@ def quantile(xs: Sequence[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def output_file(flag: str, path: str, suffixes: Sequence[str] = ()) -> str:
+def output_file(flag: str, path: str, suffixes: Sequence[str] = (), inputs: Sequence[str] = ()) -> str:
     """``path`` if a file can be written there (refused naming ``flag`` otherwise, before any work):
-    not a directory, its folder exists and is writable, and (with ``suffixes``) it ends with one."""
+    not a directory, its folder exists and is writable, (with ``suffixes``) it ends with one, and it is
+    none of the ``inputs`` (files the command reads, e.g. its recipe: never overwritten by its output)."""
     import os
     from .mpipe.errors import SpecError
     if not path:
@@ -45,6 +47,9 @@ def output_file(flag: str, path: str, suffixes: Sequence[str] = ()) -> str:
         raise SpecError(flag, f"{path} is a directory; give a file name")
     if suffixes and not path.lower().endswith(tuple(suffixes)):
         raise SpecError(flag, f"{path}: the file name must end with {' or '.join(suffixes)}")
+    for src in inputs:
+        if src and os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
+            raise SpecError(flag, f"{path} is the input {src}; give another file name")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise SpecError(flag, f"folder {folder} does not exist; create it first")
@@ -120,3 +125,28 @@ def _flush_c_stdio() -> None:
         ctypes.CDLL(None).fflush(None)
     except (OSError, AttributeError):
         pass
+
+
+def write_text(path: str, text: str) -> None:
+    """``text`` as the file ``path``, whole or not at all: written to a hidden file beside it, then renamed
+    over it; the hidden file is removed when anything fails (no ``.tmp`` left behind)."""
+    import os
+    import tempfile
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _umask() -> int:
+    import os
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -2,6 +2,7 @@
 and one small real run (msrun). No timing assertions: timings belong to the benchmark output."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -493,3 +494,21 @@ def test_when_every_measured_step_compiled_they_are_kept():
     for st in ranks[0]["steps"]:
         st["compiles"] = 1
     assert B.kept_step_times(ranks, warmup=2) == [1.0, 3.0]
+
+
+def test_profile_and_bench_check_their_output_files_before_launch(tmp_path):
+    """``profile --out DIR`` ran the whole profile and then failed; a missing folder was created after it:
+    both refused first, naming the flag, as is the recipe itself as the output; nothing launched."""
+    own = tmp_path / "tiny.yaml"
+    shutil.copy(TINY, own)
+    (tmp_path / "adir.yaml").mkdir()
+    for flags, part in ((["--out", str(tmp_path / "adir.yaml")], "is a directory; give a file name"),
+                        (["--out", str(tmp_path / "nodir" / "p.yaml")], "does not exist; create it first"),
+                        (["--out", str(own)], f"is the input {own}")):
+        p = cli("profile", str(own), "--run-dir", str(tmp_path / "run"), "--samples", "1", "--repeats", "1", *flags)
+        assert p.returncode == 2 and p.stderr.startswith("error: --out: ") and part in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    for flag, path in (("--out", tmp_path / "nodir" / "b.json"), ("--save-profile", own)):
+        p = cli("bench", str(own), "--run-dir", str(tmp_path / "run"), flag, str(path))
+        assert p.returncode == 2 and p.stderr.startswith(f"error: {flag}: ") and not (tmp_path / "run").exists()
+    assert own.read_text() == open(TINY).read() and sorted(os.listdir(tmp_path)) == ["adir.yaml", "tiny.yaml"]

@@ -251,9 +251,9 @@ def two_steps(saved, tmp_path):
     return d, os.path.join(d, "step_5")
 
 
-def _ckpt_cli(*args):
+def _ckpt_cli(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=timeout)
 
 
 def _edit_meta(step_path, **changes):
@@ -349,3 +349,208 @@ def test_train_refuses_unwritable_output_dirs_before_launch(tmp_path):
         p = train(flag, str(blocker / "sub"), "--steps", "1")
         assert p.returncode == 2 and p.stderr.startswith(f"error: {flag}: ") and "is a file" in p.stderr, p.stderr
         assert "Traceback" not in p.stderr
+
+
+# -- every file of a step covered by its digests (issue 41) -------------------------------------------
+
+def test_every_file_of_a_step_is_covered_and_an_uncovered_or_changed_one_named(two_steps):
+    """Saver records every file it writes into a step (config.json too, via ``extra_files``); a file
+    written into the step afterwards, or a recorded one changed, is named by the one verdict."""
+    d, _ = two_steps
+    from hyperparallel.mindspore.checkpoint import recipe_hash
+    recipe, plan, ranks = _ranks()
+    meta = {"recipe_hash": recipe_hash(recipe.raw), "schedule": "transpose"}
+    savers = [rt.saver(d, "safetensors", meta) for *_, rt in ranks]
+    savers[0].extra_files = {"config.json": '{"architectures": ["X"]}'}   # what a Hugging Face model adds
+    for phase in ("begin", "write", "finish"):
+        for s in savers:
+            getattr(s, phase)(7)
+    s7 = cf.step_dir(d, 7)
+    m = cf.read_meta(s7)
+    assert m["format_version"] == 2 and m["files"] == ["rank_0.safetensors", "rank_1.safetensors"]
+    assert sorted(m["digests"]) == ["config.json", "rank_0.safetensors", "rank_1.safetensors"] == cf.step_contents(s7)
+    assert m["digests"]["config.json"]["sha256"] == cf.file_digest(os.path.join(s7, "config.json"))
+    assert cf.verdict(s7) == ""
+    with open(os.path.join(s7, "config.json"), "w") as f:   # rewritten, same size: only the digest tells
+        f.write('{"architectures": ["Y"]}')
+    assert re.search(r"step_7/config.json: content differs from the SHA-256 meta.json records", cf.verdict(s7))
+    assert cf.verdict(s7, digests=False) == ""   # --no-digest: sizes only
+    with open(os.path.join(s7, "config.json"), "w") as f:
+        f.write('{"architectures": ["X"]}')
+    assert cf.verdict(s7) == ""
+    os.makedirs(os.path.join(s7, "hf"))
+    with open(os.path.join(s7, "hf", "model.safetensors"), "wb") as f:   # e.g. an export into the step
+        f.write(b"x")
+    why = cf.verdict(s7, digests=False)
+    assert why.endswith("step_7/hf/model.safetensors is not covered by the digests meta.json records "
+                        "(written into the step after the save)"), why
+    src = cf.resolve(d)   # --resume: the newest step whose every file is covered
+    assert src.path == os.path.join(d, "step_5") and re.search("hf/model.safetensors is not covered", src.why[s7])
+    p = _ckpt_cli(d)
+    assert "step_7: incomplete (ignored by --resume): " in p.stdout and "hf/model.safetensors is not covered" in p.stdout
+    os.remove(os.path.join(s7, "config.json"))
+    shutil.rmtree(os.path.join(s7, "hf"))
+    assert cf.verdict(s7).endswith("step_7/config.json is missing although COMPLETE is there (removed after the save)")
+
+
+def test_a_format_1_step_keeps_its_unrecorded_config_json(two_steps):
+    """Checkpoints written before every file was covered (format_version 1) recorded only the weight files;
+    their config.json is accepted unverified, any other unrecorded file is named."""
+    d, s5 = two_steps
+    m = cf.read_meta(s5)
+    m["format_version"] = 1
+    for name in ("config.json", "notes.txt"):
+        with open(os.path.join(s5, name), "w") as f:
+            f.write("{}")
+    m["digests"] = {n: m["digests"][n] for n in m["files"]}   # what format 1 recorded
+    cf.write_json(os.path.join(s5, "meta.json"), m)
+    cf.write_json(os.path.join(s5, "COMPLETE"), {"step": 5, "files": m["files"],
+                                                 "meta_sha256": cf.file_digest(os.path.join(s5, "meta.json"))})
+    assert re.search(r"step_5/notes.txt is not covered by the digests", cf.verdict(s5))
+    os.remove(os.path.join(s5, "notes.txt"))
+    assert cf.verdict(s5) == ""
+
+
+# -- ckpt --merge / --export-hf never overwrite what a user has (issue 41) ------------------------------
+
+def _tree_digest(path):
+    return {os.path.relpath(os.path.join(r, n), path): cf.file_digest(os.path.join(r, n))
+            for r, _, files in os.walk(path) for n in files}
+
+
+def _refused(p, flag, *parts):
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.startswith(f"error: {flag}: ") and len(p.stderr.splitlines()) == 1, p.stderr
+    for part in parts:
+        assert part in p.stderr, p.stderr
+
+
+def test_merge_refuses_the_checkpoint_itself_and_existing_files(saved, tmp_path):
+    """``--merge OUT`` onto a step's own file (the newest checkpoint destroyed: ``--resume`` would go back a
+    step without a word) is refused even with --force; inside the save directory or over an existing file
+    only with --force; a missing folder or a folder given as OUT before anything is read."""
+    save_dir, _, _ = saved
+    d = str(tmp_path / "ck")
+    shutil.copytree(save_dir, d)
+    before = _tree_digest(d)
+    s3 = os.path.join(d, "step_3")
+    for out in (os.path.join(s3, "rank_0.safetensors"), os.path.join(s3, "merged.safetensors")):
+        for force in ((), ("--force",)):
+            _refused(_ckpt_cli(d, "--merge", out, *force), "--merge", out,
+                     f"is inside the checkpoint step directory {s3}", "not even --force")
+    inside = os.path.join(d, "merged.safetensors")
+    _refused(_ckpt_cli(d, "--merge", inside), "--merge", inside, f"inside the save directory {d}", "--force")
+    user = tmp_path / "mine.safetensors"
+    user.write_bytes(b"the user's own file")
+    _refused(_ckpt_cli(d, "--merge", str(user)), "--merge", f"{user} exists", "--force")
+    _refused(_ckpt_cli(str(tmp_path / "no_such_ckpt"), "--merge", str(user)), "--merge", "exists")   # checked first
+    assert user.read_bytes() == b"the user's own file"
+    _refused(_ckpt_cli(d, "--merge", str(tmp_path / "nodir" / "m.safetensors")), "--merge", "does not exist")
+    (tmp_path / "adir.ckpt").mkdir()
+    _refused(_ckpt_cli(d, "--merge", str(tmp_path / "adir.ckpt")), "--merge", "is a directory")
+    _refused(_ckpt_cli(d, "--force"), "--force", "only with --merge or --export-hf")
+    assert _tree_digest(d) == before and cf.resolve(d).path == s3
+    names = {n for f in cf.read_meta(s3)["files"] for n in cf.safetensors_header(os.path.join(s3, f))}
+    params = names - set(cf.optimizer_state_names(names))
+    for out in (str(user), inside):   # --force: replaced whole, the step untouched
+        p = _ckpt_cli(d, "--merge", out, "--force", timeout=300)
+        assert p.returncode == 0 and p.stdout.startswith(f"wrote {out}: "), p.stderr
+        assert set(cf.safetensors_header(out)) == params
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]   # no temporary file left
+    assert {k: v for k, v in _tree_digest(d).items() if k != "merged.safetensors"} == before
+    assert cf.resolve(d).path == s3 and cf.verdict(s3) == ""
+
+
+def test_export_hf_refuses_checkpoints_files_and_non_empty_folders(saved, tmp_path):
+    """``--export-hf OUT`` into a step (its config.json rewritten), into the save directory itself (it would
+    then read as a Hugging Face model: --resume from step 0), onto a file, or into a folder with the
+    user's files (save_pretrained's clean-up deleted their shards) is refused before anything is read."""
+    save_dir, _, _ = saved
+    d = str(tmp_path / "ck")
+    shutil.copytree(save_dir, d)
+    before = _tree_digest(d)
+    s3 = os.path.join(d, "step_3")
+    for out in (s3, os.path.join(s3, "hf"), os.path.join(d, "step_9")):
+        for force in ((), ("--force",)):
+            _refused(_ckpt_cli(d, "--export-hf", out, *force), "--export-hf", out, "inside the checkpoint step directory")
+    for force in ((), ("--force",)):
+        _refused(_ckpt_cli(d, "--export-hf", d, *force), "--export-hf", "is the save directory itself")
+    _refused(_ckpt_cli(d, "--export-hf", os.path.join(d, "hf")), "--export-hf", f"inside the save directory {d}")
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    _refused(_ckpt_cli(d, "--export-hf", str(f)), "--export-hf", "is a file")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model-00001-of-00002.safetensors").write_bytes(b"shard")
+    (mine / "config.json").write_text("{}")
+    _refused(_ckpt_cli(d, "--export-hf", str(mine)), "--export-hf", f"{mine} is not empty (2 entries: config.json, "
+             "model-00001-of-00002.safetensors)", "--force")
+    assert sorted(os.listdir(mine)) == ["config.json", "model-00001-of-00002.safetensors"]
+    assert (mine / "config.json").read_text() == "{}" and _tree_digest(d) == before
+    assert not os.path.exists(os.path.join(d, "hf")) and not os.path.exists(os.path.join(d, "step_9"))
+
+
+QWEN = os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def qwen_step(tmp_path_factory):
+    """A step directory of the tiny Qwen2.5-VL without a job: the whole model's parameters in one rank file
+    and its config.json (what the ranks' Saver writes for it), sealed as the Saver seals a step."""
+    pytest.importorskip("mindone", reason="mindone is not installed")
+    import mindspore as ms
+    from hyperparallel.mindspore import compat
+    from hyperparallel.models import adapter_for
+    compat.setup_device("CPU")
+    adapter = adapter_for(load_recipe(QWEN).raw["model"], {}, 0)
+    net = adapter.network()
+    d = cf.step_dir(str(tmp_path_factory.mktemp("qck")), 1)
+    os.makedirs(d)
+    rank0 = os.path.join(d, "rank_0.safetensors")
+    ms.save_checkpoint(net, rank0, format="safetensors")
+    for name, text in adapter.checkpoint_files().items():
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+    cf.seal_step(d, {"format_version": cf.FORMAT_VERSION, "format": "safetensors", "step": 1,
+                     "files": ["rank_0.safetensors"]}, {"rank_0.safetensors": cf.file_record(rank0)})
+    assert cf.verdict(d) == "" and "config.json" in cf.read_meta(d)["digests"]
+    return d, {p.name: p.asnumpy() for p in net.get_parameters()}
+
+
+def test_export_hf_force_replaces_the_previous_model_and_keeps_the_other_files(qwen_step, tmp_path):
+    """``--export-hf OUT --force`` into a folder holding a previous, sharded export and the user's own
+    files: the previous config.json, index and shards are replaced (none left that a loader would read
+    before the new model.safetensors), the other files kept, no temporary folder left; the new
+    weights are the step's."""
+    import mindspore as ms
+    import numpy as np
+    from hyperparallel.models import hf_dir
+    step, values = qwen_step
+    before = _tree_digest(step)
+    out = tmp_path / "hf"
+    out.mkdir()
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    for s in shards:
+        (out / s).write_bytes(b"an older export's shard")
+    (out / "config.json").write_text('{"architectures": ["Older"]}')
+    (out / "notes.txt").write_text("the user's notes")
+    _refused(_ckpt_cli(step, "--export-hf", str(out)), "--export-hf", "is not empty (5 entries", "--force")
+    assert (out / shards[0]).exists()
+    p = _ckpt_cli(step, "--export-hf", str(out), "--force", timeout=600)
+    assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith(f"wrote {out}: {len(values)} tensors from {step}"), \
+        p.stderr[-2000:]
+    left = set(os.listdir(out))
+    assert {"config.json", "model.safetensors", "notes.txt"} <= left and not left & set(shards)
+    assert "model.safetensors.index.json" not in left and (out / "notes.txt").read_text() == "the user's notes"
+    assert hf_dir.weight_files(str(out)) == [str(out / "model.safetensors")]   # what the project's loader reads
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2_5_vl" and "architectures" not in cfg   # save_pretrained's, not the older one
+    got = ms.load_checkpoint(str(out / "model.safetensors"), format="safetensors")
+    assert len(got) == len(values) and "lm_head.weight" in got and any(n.startswith("visual.") for n in got)
+    for hub, v in got.items():   # the hub's spelling of the step's names, the step's values
+        np.testing.assert_array_equal(v.asnumpy(), values["model." + hub if hub.startswith("visual.") else
+                                                           "model.language_model." + hub[6:] if hub.startswith("model.")
+                                                           else hub])
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]   # the export's temporary folder removed
+    assert _tree_digest(step) == before and cf.verdict(step) == ""

@@ -107,3 +107,15 @@ def test_planning_never_imports_mindspore():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "IMPORTED []" in r.stdout
+
+
+def test_outputs_never_overwrite_the_recipe(cli, tmp_path):
+    """``plan --export``, ``simulate --trace/--png`` onto the recipe being read: refused naming the flag,
+    the recipe as it was."""
+    own = tmp_path / "llm.yaml"
+    own.write_text(open(recipe("llm_pipeline.yaml")).read())
+    before = own.read_text()
+    for args in (("plan", str(own), "--export", str(own)), ("simulate", str(own), "--trace", str(own))):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {args[2]}: {own} is the input {own}"), r.stderr
+    assert own.read_text() == before

@@ -347,3 +347,41 @@ def test_overlay_trains_as_is_on_two_ranks_like_its_reference(cli, tmp_path):
     np.testing.assert_allclose(got, reference_run(load_recipe(out), 2)[0], rtol=1e-5)
     # (not compared with the tuned-from recipe's losses: synthetic data draws each micro-batch from
     # (seed, step, micro), so another M trains on other samples; a data set is read by sample index)
+
+
+def test_out_is_checked_before_the_search_and_leaves_no_temporary_file(cli, tmp_path):
+    """``tune --out`` onto a folder failed after the search naming ``OUT.tmp`` and left it behind; now
+    refused first naming --out, as are a missing folder and the recipe itself; a written overlay
+    leaves nothing beside it."""
+    own = tmp_path / "frozen.yaml"
+    own.write_text(open(recipe("mllm_frozen_vit.yaml")).read())
+    (tmp_path / "adir.yaml").mkdir()
+    for out, part in ((tmp_path / "adir.yaml", "is a directory; give a file name"),
+                      (tmp_path / "nodir" / "t.yaml", "does not exist; create it first"),
+                      (own, f"is the input {own}")):
+        r = cli("tune", str(own), "--out", str(out))
+        assert r.returncode == 2 and r.stderr.startswith("error: --out: ") and part in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and ".tmp" not in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["adir.yaml", "frozen.yaml"]
+    r = cli("tune", str(own), "--out", str(tmp_path / "t.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["adir.yaml", "frozen.yaml", "t.yaml"]   # no .tmp beside it
+
+
+def test_write_text_leaves_the_old_file_and_no_temporary_one_when_it_fails(tmp_path):
+    from hyperparallel.util import write_text
+    write_text(str(tmp_path / "a.txt"), "one")
+    os.chmod(tmp_path / "a.txt", 0o640)
+    write_text(str(tmp_path / "a.txt"), "two")
+    assert (tmp_path / "a.txt").read_text() == "two"
+    assert oct(os.stat(tmp_path / "a.txt").st_mode & 0o777) == oct(0o666 & ~_umask())   # as open() makes it
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OSError):
+        write_text(str(tmp_path / "d"), "x")   # a folder in the way: the rename fails
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "d"] and not os.listdir(tmp_path / "d")
+
+
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m

@@ -17,7 +17,7 @@ import time
 from typing import Dict, List, Optional
 
 from ..mpipe.errors import PlanError, SpecError
-from ..util import error, median, quantile, slug
+from ..util import error, median, output_file, quantile, slug, write_text
 from ..recipe.cases import split_case
 from .profile import BENCH_WORKER
 
@@ -292,9 +292,7 @@ def prepare(args):
             continue
         if not path.endswith(ext):
             raise SpecError(flag, f"must name a {ext} file, got {path!r}")
-        d = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(d):
-            raise SpecError(flag, f"folder does not exist: {d}")
+        output_file(flag, path)
     if args.rotate not in ("steps", "launches"):
         raise SpecError("--rotate", f"must be steps or launches, got {args.rotate!r}")
     if args.measure_profile and args.profile:
@@ -313,8 +311,8 @@ def prepare(args):
         args.profile_schedule = DEFAULT_REFERENCE
     if args.profile_schedule == "none":
         args.profile_schedule = None
-    if args.save_profile and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_profile))):
-        raise SpecError("--save-profile", f"folder does not exist: {os.path.dirname(os.path.abspath(args.save_profile))}")
+    if args.save_profile:
+        output_file("--save-profile", args.save_profile, inputs=(args.recipe,))
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
@@ -529,9 +527,8 @@ def run_modes(args, modes: List[str], launcher=None) -> int:
     print()
     print(format_modes(modes, rows))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"recipe": args.recipe, "modes": modes, "compare": rows, "results": results,
-                       "command": "hyperparallel " + " ".join(sys.argv[1:])}, f, indent=1)
+        write_text(args.out, json.dumps({"recipe": args.recipe, "modes": modes, "compare": rows, "results": results,
+                                         "command": "hyperparallel " + " ".join(sys.argv[1:])}, indent=1))
         print(f"wrote {args.out}")
     return 0
 
@@ -629,8 +626,7 @@ def _run_mode(args, launcher=None):
               "device_scale": list(recipe.profile.device_scale),
               "compile": rc.compile, "command": "hyperparallel " + " ".join(sys.argv[1:]), "schedules": rows}
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_text(args.out, json.dumps(result, indent=1))
         print(f"wrote {args.out}")
     if args.png:
         from .plot import bar_chart

@@ -21,7 +21,7 @@ from typing import Dict, List
 import yaml
 
 from ..mpipe.errors import SpecError
-from ..util import median
+from ..util import median, output_file, write_text
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
 PIPELINE_KINDS = ("F", "B", "W", "BW")  # compute actions whose in-pipeline times set the costs
@@ -48,6 +48,7 @@ def prepare(args):
         raise SpecError("--repeats", f"must be >= 1, got {args.repeats}")
     if plan.num_devices * plan.data_parallel < 2:
         raise SpecError("parallel_config.pipeline_stage", "profile needs >= 2 ranks (the link is measured between two)")
+    output_file("--out", args.out or default_out(args.recipe), inputs=(args.recipe,))   # before the measuring
     return recipe, rc, plan
 
 
@@ -273,8 +274,7 @@ def write_profile(path: str, recipe_path: str, block: dict, comments: List[str],
     body = yaml.safe_dump({"base_config": rel, "mpipe": {"profile": block}}, sort_keys=False,
                           default_flow_style=None, width=120)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write("\n".join(head) + "\n" + body)
+    write_text(path, "\n".join(head) + "\n" + body)
 
 
 def profile_job(recipe, rc, plan, samples: int, passes: int, out_dir: str) -> dict:

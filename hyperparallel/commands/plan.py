@@ -11,7 +11,7 @@ from ..mpipe.errors import SpecError
 from ..mpipe.ir import Plan
 from ..mpipe.table import program_table
 from ..recipe import derive_recipe, load_recipe, memory_warning, planned
-from ..util import output_file
+from ..util import output_file, write_text
 
 
 def check_generated_data(recipe) -> None:
@@ -25,7 +25,7 @@ def check_generated_data(recipe) -> None:
 
 def cmd_plan(args) -> int:
     if args.export:
-        output_file("--export", args.export)
+        output_file("--export", args.export, inputs=(args.recipe,))
     recipe, plan = planned(args.recipe, args.overrides, args.schedule)
     check_generated_data(recipe)
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
@@ -35,8 +35,7 @@ def cmd_plan(args) -> int:
         print(f"note: {recipe.costs}")
     print(program_table(plan))
     if args.export:
-        with open(args.export, "w") as f:
-            f.write(plan.dumps())
+        write_text(args.export, plan.dumps())
         print(f"wrote {args.export}")
     warning = memory_warning(recipe, plan)
     if warning:

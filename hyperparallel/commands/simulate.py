@@ -30,9 +30,9 @@ def run_simulate(args) -> int:
             raise SpecError("--schedule", f"{s!r}: settings after '|' are read by --data-steps and bench only (the "
                                           "plain cost model does not read the data)")
     if args.trace:
-        output_file("--trace", args.trace)
+        output_file("--trace", args.trace, inputs=(args.recipe,))
     if args.png:
-        output_file("--png", args.png, (".png", ".svg", ".pdf"))
+        output_file("--png", args.png, (".png", ".svg", ".pdf"), inputs=(args.recipe,))
     if args.steps is not None and args.steps < 1:
         raise SpecError("--steps", f"must be >= 1, got {args.steps}")
     if args.steps is not None:

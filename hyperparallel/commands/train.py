@@ -14,7 +14,7 @@ import time
 
 from ..mpipe.errors import PlanError, SpecError
 from ..recipe import schema
-from ..util import error as _error, slug
+from ..util import error as _error, output_file, slug, writable_dir
 
 
 def _prepare(args):
@@ -401,6 +401,52 @@ def _export_hf(path: str, out: str, digests: bool) -> int:
     return 0
 
 
+def check_ckpt_output(args) -> None:
+    """``--merge OUT`` / ``--export-hf OUT_DIR`` checked before anything is read (SpecError naming the flag):
+    never inside a step directory (its files are what its digests cover, and a later ``--resume`` reads
+    them; not even with ``--force``) nor onto the checkpoint being read; without ``--force`` not inside a
+    save directory, not over an existing file, and (``--export-hf``) not into a non-empty folder."""
+    from ..mindspore.ckpt_files import checkpoint_holding
+    from ..models import hf_dir
+    if args.export_hf and args.merge:
+        raise SpecError("--export-hf", "give either --merge or --export-hf")
+    flag, out = ("--merge", args.merge) if args.merge else ("--export-hf", args.export_hf)
+    if out is None:
+        if args.force:
+            raise SpecError("--force", "only with --merge or --export-hf")
+        return
+    if flag == "--merge" and not out.endswith((".safetensors", ".ckpt")):
+        raise SpecError("--merge", f"{out} must end with .safetensors or .ckpt")
+    if flag == "--export-hf" and os.path.isfile(out):
+        raise SpecError("--export-hf", f"{out} is a file; give a directory")
+    kind, where = checkpoint_holding(out)
+    if kind == "step":
+        raise SpecError(flag, f"{out} is inside the checkpoint step directory {where}, whose files its digests "
+                              "cover; write it elsewhere (not even --force writes there)")
+    target, src = os.path.realpath(out), os.path.realpath(args.path)
+    if (os.path.isfile(src) and target == src) or (os.path.isdir(src) and hf_dir.is_hf_dir(src)
+                                                   and (target + os.sep).startswith(src + os.sep)):
+        raise SpecError(flag, f"{out} is the checkpoint being read ({args.path}); write it elsewhere")
+    if flag == "--export-hf" and kind == "save" and target == where:
+        raise SpecError(flag, f"{out} is the save directory itself: a model directory there would be taken for "
+                              "its checkpoint (--resume would start from it at step 0); write it elsewhere")
+    if flag == "--merge":
+        output_file("--merge", out)
+    else:
+        writable_dir("--export-hf", out)
+    if args.force:
+        return
+    if kind == "save":
+        raise SpecError(flag, f"{out} is inside the save directory {where}; write it elsewhere, or give --force")
+    if flag == "--merge" and os.path.exists(out):
+        raise SpecError(flag, f"{out} exists; give a new file name, or --force to replace it")
+    if flag == "--export-hf" and os.path.isdir(out) and os.listdir(out):
+        names = sorted(os.listdir(out))
+        raise SpecError(flag, f"{out} is not empty ({len(names)} entries: {', '.join(names[:3])}"
+                              f"{', ...' if len(names) > 3 else ''}); give a new or empty folder, or --force to "
+                              "replace the model there (its config.json and weights; other files are kept)")
+
+
 def run_ckpt(args) -> int:
     """``hyperparallel ckpt``: the step directories of a save directory (complete or not),
     ``--merge OUT``: one MindSpore file of a step for single-process use, or ``--export-hf OUT_DIR``: a
@@ -408,16 +454,11 @@ def run_ckpt(args) -> int:
     from ..mindspore.ckpt_files import read_meta, step_dirs, verdict
 
     digests = not args.no_digest
+    check_ckpt_output(args)
     if args.export_hf:
-        if args.merge:
-            return _error("--export-hf: give either --merge or --export-hf")
-        if os.path.isfile(args.export_hf):
-            return _error(f"--export-hf: {args.export_hf} is a file; give a directory")
         return _export_hf(args.path, args.export_hf, digests)
 
     if args.merge:
-        if not args.merge.endswith((".safetensors", ".ckpt")):
-            return _error(f"--merge: {args.merge} must end with .safetensors or .ckpt")
         src = _ckpt_source(args.path, digests)
         if isinstance(src, int):
             return src

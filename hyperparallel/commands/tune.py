@@ -28,9 +28,10 @@ from ..mpipe.table import text_table
 from ..recipe import checked_plan, load_raw, load_recipe
 from ..recipe.files import check_override_key
 from ..recipe.recipe import READ_KEYS
-from ..tune.overlay import offset_line, write_overlay
+from ..tune.overlay import offset_line, overlay_text
 from ..tune.search import Outcome, Scored, lowest_peak, search
 from ..tune.space import Space
+from ..util import output_file, write_text
 
 if TYPE_CHECKING:
     from ..recipe.recipe import Recipe
@@ -51,9 +52,7 @@ def _check_args(args) -> None:
     if args.out is not None:
         if not args.out.endswith((".yaml", ".yml")):
             raise SpecError("--out", f"must name a .yaml file, got {args.out!r}")
-        d = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(d):
-            raise SpecError("--out", f"folder does not exist: {d}")
+        output_file("--out", args.out, inputs=(args.recipe, *args.profile))
 
 
 def load(path: str, overrides) -> "Recipe":
@@ -196,7 +195,7 @@ def run(args) -> int:
                   f"layer split for your own MindFormers YAML: {offset_line(space, best)}",
                   f"global batch kept: {space.batch.samples} samples per data-parallel replica "
                   f"= {best.cand.M} x {space.batch.samples // best.cand.M}"]
-        write_overlay(space, best, args.out, header)
+        write_text(args.out, overlay_text(space, best, args.out, header))   # whole, or not at all
     if args.verify:
         from ..bench.verify import verify
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():

@@ -5,7 +5,8 @@ Layout, completeness and ownership are in :mod:`.ckpt_files`. Saving step N:
 1. rank 0 removes an old ``step_<N>/`` (marker first);
 2. every writing rank saves the names it owns to a temporary file, records its size and SHA-256
    (``.digest_<file>.json``, unless ``--no-digest``) and renames it;
-3. rank 0 writes ``meta.json`` (the files' records gathered into ``digests``) and the
+3. rank 0 writes ``meta.json`` (the files' records gathered into ``digests``, with those of the
+   step's other files, e.g. ``config.json``: every file of the step is covered) and the
    ``COMPLETE`` marker (with the SHA-256 of ``meta.json``).
 
 Each phase ends with a one-float all-reduce of "did this rank fail" (the barrier between phases): a
@@ -25,13 +26,15 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import time
 from typing import Dict, Optional, Tuple
 
 import mindspore as ms
 
-from .ckpt_files import (MARKER, META, SAVE_FAILED, CheckpointError, Source, check_names, chunk_owners, file_digest,
-                         file_record, rank_file, safetensors_header, scalar_owner, step_dir, writers)
+from .ckpt_files import (FORMAT_VERSION, MARKER, SAVE_FAILED, CheckpointError, Source, check_names, chunk_owners,
+                         file_record, rank_file, safetensors_header, scalar_owner, seal_step, step_dir, write_json,
+                         writers)
 from .compat import load_optimizer_state, write_param
 from .optim import HYPER_PARAMS
 
@@ -71,12 +74,6 @@ def os_error_text(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
-def _write_json(path: str, obj: dict) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
-
-
 class Saver:
     """Writes this rank's part of each checkpoint (nothing when it owns no name).
 
@@ -103,7 +100,7 @@ class Saver:
         self.files = [rank_file(r, fmt) for r in writers(plan)]
         self.fault = save_fault(comm.rank)
         self.source = source
-        self.meta = {"format_version": 1, "format": fmt, "recipe_hash": meta.get("recipe_hash"),
+        self.meta = {"format_version": FORMAT_VERSION, "format": fmt, "recipe_hash": meta.get("recipe_hash"),
                      "schedule": meta.get("schedule") or plan.meta.get("schedule_name"),
                      "P": plan.num_devices, "V": int(plan.meta.get("pp_interleave_num", 1)),
                      "D": plan.data_parallel, "M": plan.num_micro, "optimizer": meta.get("optimizer"),
@@ -164,7 +161,7 @@ class Saver:
                                format=self.fmt)
             if self.fault and self.fault[0] == step and self.fault[1] != "enospc":
                 self._die(step)
-            _write_json(os.path.join(d, f".digest_{name}.json"), file_record(tmp, self.digests))
+            write_json(os.path.join(d, f".digest_{name}.json"), file_record(tmp, self.digests))
             os.replace(tmp, os.path.join(d, name))
         if self.comm.rank == 0:
             for name, text in self.extra_files.items():
@@ -172,8 +169,9 @@ class Saver:
                     f.write(text)
 
     def finish(self, step: int) -> None:
-        """Phase 3 (rank 0, every file written): ``meta.json`` with every file's record, then the marker
-        with the SHA-256 of ``meta.json``."""
+        """Phase 3 (rank 0, every file written): ``meta.json`` with every file's record (the weight files'
+        from their ranks, the others' such as ``config.json`` made here), then the marker with the SHA-256
+        of ``meta.json`` (:func:`~.ckpt_files.seal_step`)."""
         if self.comm.rank != 0:
             return
         d = step_dir(self.save_dir, step)
@@ -183,13 +181,10 @@ class Saver:
             with open(side) as f:
                 records[name] = json.load(f)
             os.remove(side)
-        _write_json(os.path.join(d, META), dict(
-            self.meta, step=step, digests=records,
-            data_position={"next_step": step, "micro_batch": 0,
-                           "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel,
-                           **self.source.position(step)}))
-        _write_json(os.path.join(d, MARKER), {"step": step, "files": self.files,
-                                              "meta_sha256": file_digest(os.path.join(d, META))})
+        seal_step(d, dict(self.meta, step=step,
+                          data_position={"next_step": step, "micro_batch": 0,
+                                         "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel,
+                                         **self.source.position(step)}), records, self.digests)
 
     def _die(self, step: int) -> None:
         if self.fault[1] == "kill":
@@ -274,7 +269,8 @@ def restore_with_data(src: Source, comm, chunks, opt, data, rename=_same) -> Tup
 
 def merge(src: Source, out: str, with_state: bool = False) -> int:
     """Write the step's files as one MindSpore checkpoint file (format from ``out``'s extension):
-    the parameters, and the optimizer state too with ``with_state``. Returns the number of names."""
+    the parameters, and the optimizer state too with ``with_state``; written whole (a hidden file beside
+    ``out``, renamed over it: a failed write leaves ``out`` as it was). Returns the number of names."""
     from .ckpt_files import optimizer_state_names
     params = {}
     for f in src.files:
@@ -283,15 +279,24 @@ def merge(src: Source, out: str, with_state: bool = False) -> int:
         for n in optimizer_state_names(params):
             params.pop(n)
     fmt = "safetensors" if out.endswith(".safetensors") else "ckpt"
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    ms.save_checkpoint(params, out, format=fmt)
+    folder, name = os.path.split(os.path.abspath(out))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp_{os.getpid()}_{name}")   # the file whole, then renamed over OUT
+    try:
+        ms.save_checkpoint(params, tmp, format=fmt)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return len(params)
 
 
 def export_hf(src: Source, out: str) -> int:
     """Write a step's parameters as a Hugging Face model directory (``save_pretrained``: config.json +
     model.safetensors with the hub's names) that ``from_pretrained`` loads; the step directory must carry
-    the model's ``config.json`` (runs of Hugging Face models write it). Returns the number of tensors."""
+    the model's ``config.json`` (runs of Hugging Face models write it). ``out`` may hold other files (the
+    command refuses that without ``--force``): the previous weights there are replaced
+    (:func:`~hyperparallel.models.hf_dir.install`), the rest kept. Returns the number of tensors."""
     from hyperparallel.models import adapter_for
     cfg_path = os.path.join(src.path, "config.json")
     if not os.path.isfile(cfg_path):
@@ -308,6 +313,13 @@ def export_hf(src: Source, out: str) -> int:
     if missing:
         raise CheckpointError(f"{src.path}: parameters missing: {', '.join(missing[:4])} ({len(missing)} in all)")
     ms.load_param_into_net(net, {n: values[n] for n in names}, strict_load=True)
-    os.makedirs(out, exist_ok=True)
-    net.save_pretrained(out)
+    from hyperparallel.models import hf_dir
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", suffix=".tmp", dir=parent)
+    try:   # written whole beside OUT first: save_pretrained's clean-up sees no file of the user's
+        net.save_pretrained(tmp)
+        hf_dir.install(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return len(names)

@@ -5,15 +5,18 @@ A checkpoint of step N (N optimizer steps done) is the directory ``SAVE_DIR/step
     rank_<r>.safetensors   (or .ckpt)  MindSpore checkpoint files, one per writing rank; names are
                                        the single-process model's (``Parameter.name``) plus the
                                        optimizer's own state names (``moment1.<param>``, ``beta1_power``...)
+    config.json                        (Hugging Face models) the model's config, for ``--export-hf``
     meta.json                          step, data position, recipe hash, schedule, P, V, D, files, and
-                                       ``digests``: per file its size and SHA-256 (written by its rank)
+                                       ``digests``: per file of the step (every one but ``meta.json``
+                                       and the marker) its size and SHA-256 (a weight file's by its rank)
     COMPLETE                           written last, by rank 0, after every rank has written its file:
                                        the step, the files and the SHA-256 of ``meta.json``
 
 Integrity (:func:`verdict`, the one verdict ``--resume``, ``--resume-from`` and ``hyperparallel ckpt``
 give): a step directory counts when its marker is there, ``meta.json`` is the one the marker names
-(its digest), its step is the directory's, and every listed file is there with the size and SHA-256
-that ``meta.json`` records (a safetensors header is checked too). Anything else is named: the step is
+(its digest), its step is the directory's, every recorded file is there with the size and SHA-256
+that ``meta.json`` records (a safetensors header is checked too) and no other file is in the step
+folder (one written into it after the save is named). Anything else is named: the step is
 passed over by ``--resume`` (the next older good step is used) and refused by ``--resume-from``.
 ``--no-digest`` skips the SHA-256 of the files (sizes and headers are still checked), for huge files;
 the log says so. Checkpoints without digests (written before they existed) are checked without them.
@@ -38,6 +41,8 @@ from hyperparallel.mpipe import ir
 
 MARKER = "COMPLETE"
 META = "meta.json"
+FORMAT_VERSION = 2   # 2: meta.json's digests cover every file of the step (1: the weight files only)
+UNRECORDED_V1 = ("config.json",)   # written without a record by format 1 (accepted there, unverified)
 FORMATS = ("safetensors", "ckpt")
 REFUSED = "checkpoint refused: "  # line prefix of a rank's refusal; the launcher maps it to exit 2
 SAVE_FAILED = "checkpoint save failed: "  # a rank's line when its part of a save could not be written (path, OS error)
@@ -74,6 +79,40 @@ def file_record(path: str, digest: bool = True) -> dict:
     return {"bytes": os.path.getsize(path), "sha256": file_digest(path) if digest else None}
 
 
+def step_contents(path: str) -> List[str]:
+    """Every file under the step directory ``path`` but ``meta.json`` and the marker, as paths relative to
+    it ('/'-separated), sorted: what ``meta.json``'s digests must cover."""
+    out = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        rel = os.path.relpath(root, path)
+        for name in files:
+            r = name if rel == "." else os.path.join(rel, name).replace(os.sep, "/")
+            if r not in (META, MARKER):
+                out.append(r)
+    return sorted(out)
+
+
+def write_json(path: str, obj: dict) -> None:
+    """``obj`` as ``path`` (written beside it, then renamed over it)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def seal_step(path: str, meta: dict, records: Dict[str, dict], digest: bool = True) -> None:
+    """Write ``meta.json`` (``meta`` with ``digests``: every file of the step, the given ``records`` (the
+    weight files, hashed by their ranks) and each other file recorded here, e.g. ``config.json``), then
+    the marker with the SHA-256 of ``meta.json``. Called once every rank has written its files."""
+    records = dict(records)
+    for name in step_contents(path):
+        if name not in records:
+            records[name] = file_record(os.path.join(path, name), digest)
+    write_json(os.path.join(path, META), dict(meta, digests=records))
+    write_json(os.path.join(path, MARKER), {"step": meta["step"], "files": meta["files"],
+                                             "meta_sha256": file_digest(os.path.join(path, META))})
+
+
 def _read_marker(path: str) -> dict:
     try:
         with open(os.path.join(path, MARKER)) as f:
@@ -104,7 +143,13 @@ def verdict(path: str, digests: bool = True) -> str:
     if "step" in marker and marker["step"] != meta.get("step"):
         return f"{os.path.join(path, META)} says step {meta.get('step')!r}, {MARKER} says {marker['step']!r}"
     records = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
-    for name in meta["files"]:
+    if records:   # checkpoints without digests (older ones) have no record of which files they hold
+        old = meta.get("format_version", 1) < FORMAT_VERSION if isinstance(meta.get("format_version"), int) else True
+        extra = [n for n in step_contents(path) if n not in records and not (old and n in UNRECORDED_V1)]
+        if extra:
+            return (f"{os.path.join(path, extra[0])} is not covered by the digests {META} records (written into "
+                    f"the step after the save)" + (f"; {len(extra) - 1} more such files" if len(extra) > 1 else ""))
+    for name in list(meta["files"]) + sorted(n for n in records if n not in meta["files"]):
         f = os.path.join(path, str(name))
         if not os.path.isfile(f):
             return f"{f} is missing although {MARKER} is there (removed after the save)"
@@ -137,6 +182,34 @@ def step_dirs(save_dir: str) -> List[Tuple[int, str]]:
             if m and os.path.isdir(path):
                 out.append((int(m.group(1)), path))
     return sorted(out, reverse=True)
+
+
+def _is_save_dir(path: str) -> bool:
+    try:
+        return any(_STEP_RE.match(n) and os.path.isdir(os.path.join(path, n)) for n in os.listdir(path))
+    except OSError:   # not a folder, or one that cannot be listed
+        return False
+
+
+def checkpoint_holding(path: str) -> Tuple[str, str]:
+    """("step", STEP_DIR) when ``path`` is or lies inside a step directory (a ``step_<N>`` folder that
+    exists or would be one of a save directory), ("save", SAVE_DIR) when it is or lies inside a save
+    directory (a folder holding step directories), ("", "") otherwise: where an output must not go."""
+    p = os.path.realpath(path)
+    chain = []
+    while True:
+        chain.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    for p in chain:   # the innermost first
+        if _STEP_RE.match(os.path.basename(p)) and (os.path.isdir(p) or _is_save_dir(os.path.dirname(p))):
+            return "step", p
+    for p in chain:
+        if _is_save_dir(p):
+            return "save", p
+    return "", ""
 
 
 def list_steps(save_dir: str, digests: bool = False) -> Tuple[List[Tuple[int, str]], List[Tuple[int, str]]]:

@@ -52,3 +52,30 @@ def shard_leaves(path: str, shard: str) -> bool:
     real_index_dir = os.path.dirname(os.path.realpath(os.path.join(path, INDEX)))
     joined = os.path.join(os.path.abspath(path), shard)
     return inside(path, shard) is None and inside(real_index_dir, joined) is None
+
+
+def weight_set(path: str) -> List[str]:
+    """The names of the files in ``path`` a loader reads weights from: ``model.safetensors``, the index and
+    the shards it names (those that are there)."""
+    names = [n for n in (WEIGHTS, INDEX) if os.path.isfile(os.path.join(path, n))]
+    try:
+        with open(os.path.join(path, INDEX)) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        shards = []
+    return names + [s for s in shards if isinstance(s, str) and os.path.basename(s) == s
+                    and os.path.isfile(os.path.join(path, s)) and s not in names]
+
+
+def install(new: str, out: str) -> List[str]:
+    """Move the model directory ``new`` (just written, e.g. by ``save_pretrained``) to ``out``, which may
+    hold other files: the weights there (:func:`weight_set`: a loader would read a stale index or single
+    file before or beside the new ones) are removed first, then each file of ``new`` replaces the one of
+    its name; every other file of ``out`` stays. Returns the names removed."""
+    os.makedirs(out, exist_ok=True)
+    stale = weight_set(out)
+    for name in stale:
+        os.remove(os.path.join(out, name))
+    for name in sorted(os.listdir(new)):
+        os.replace(os.path.join(new, name), os.path.join(out, name))
+    return stale

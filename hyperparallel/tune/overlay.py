@@ -23,17 +23,10 @@ def offset_line(space: Space, s: Scored) -> str:
 
 
 def overlay_text(space: Space, s: Scored, out_path: str, header: List[str]) -> str:
+    """The overlay file's text (``base_config`` relative to ``out_path``'s folder; the command writes it)."""
     recipe_path = os.path.abspath(space.recipe.path)
     base = os.path.relpath(recipe_path, os.path.dirname(os.path.abspath(out_path)))
     body = {"base_config": base}
     body.update(space.keys(s.cand))
     lines = [f"# {h}" if h else "#" for h in header]
     return "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=110)
-
-
-def write_overlay(space: Space, s: Scored, out_path: str, header: List[str]) -> None:
-    text = overlay_text(space, s, out_path, header)
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, out_path)
