@@ -37,14 +37,19 @@ def plan_groups(plan: ir.Plan):
     return groups
 
 
-def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int) -> set:
+def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied: Optional[dict] = None) -> set:
     """Names of the parameters this rank counts in the global gradient norm: those of the chunks whose
     first holder is this device, on data-parallel index 0 (a replicated encoder and every data-parallel
-    copy hold the same gradients once all-reduced: each is counted once)."""
+    copy hold the same gradients once all-reduced: each is counted once); a tied weight (``tied``: {label:
+    parameter name} held here) only on the lowest device holding a copy (its copies' grads are summed)."""
     first = {(c.region, c.index): min(c.devices) for c in plan.chunks}
     if dp_index != 0:
         return set()
-    return {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()}
+    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()}
+    for t in plan.tied_on(device):
+        if device != min(t.devices):
+            names.discard((tied or {}).get(t.name))
+    return names
 
 
 def plan_depths(plan: ir.Plan):
@@ -114,7 +119,8 @@ class RankRuntime:
             self.optimizer = sharded.ShardedOptimizer(self.interp.updated, shards, train, total_steps or train.steps)
         else:
             self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
-        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index) & {p.name for p in self.interp.updated}
+        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied) & \
+            {p.name for p in self.interp.updated}
         self.next_step = 0
         self._started = False
 
@@ -172,7 +178,7 @@ class RankRuntime:
         meta = dict(meta or {})
         meta.setdefault("optimizer", self.train.optimizer)
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
-                                self.model.checkpoint_files(), digests=digests)
+                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied)
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks
