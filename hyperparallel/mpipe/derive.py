@@ -87,8 +87,8 @@ class _Derivation:
         self.main = self._body_sequences()
         self.pairs = {d: orders.overlap_pairs(self.pipe.order, P, V, M, d) for d in range(P)}
         self._timing = None
-        self.owners = self._owners()
         self.tied = self._tied()
+        self.owners = self._owners()
 
     # -- validation and placement -------------------------------------------------
     def _validate_upstream(self) -> None:
