@@ -94,6 +94,10 @@ def test_cost_times_the_tied_all_reduce_and_counts_the_copy_on_every_holder():
         a, b = rep_t.devices[d], rep_p.devices[d]
         assert (a.params_mb - b.params_mb, a.grads_mb - b.grads_mb, a.optimizer_mb - b.optimizer_mb) == \
             pytest.approx((64.0, 64.0, 128.0))
+    from hyperparallel.mpipe.draw import trace_events, COMM_TID
+    drawn = [e for e in trace_events([(derive(tied, "1f1b", 2, 4), rep_t)]) if e.get("ph") == "X"
+             and e["name"] == "ALLREDUCE tied llm group=[0, 1]"]
+    assert len(drawn) == 2 and all(e["tid"] == COMM_TID for e in drawn)   # the comm lane of both holders
     v = simulate(derive(_tied_profile(64.0, link), "zbv", 2, 4, 2), _tied_profile(64.0, link))
     v0 = simulate(derive(replace(plain), "zbv", 2, 4, 2), plain)
     assert v.devices[0].params_mb - v0.devices[0].params_mb == pytest.approx(64.0)   # one parameter on device 0
