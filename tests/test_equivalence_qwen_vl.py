@@ -43,6 +43,7 @@ TIED_25 = [("1f1b", TIE, M2), ("interleaved", TIE + INTERLEAVE, M2), ("transpose
 TIED_3 = [("1f1b", TIE3, M2), ("zbv", TIE3 + INTERLEAVE, ())]
 TIED_IDS = ["1f1b", "interleaved", "transpose", "transpose-central", "zbv", "dualpipev"]
 EMBED = "model.language_model.embed_tokens.weight"
+TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +79,9 @@ def reference(demo, path, frozen, extra=(), micro=M2, steps=STEPS):
     return _REF[key]
 
 
-def assert_matches(demo, case, micro=M2):
+def assert_matches(demo, case, micro=M2, steps=STEPS):
     extra = [e for e in case["extra"] if not any(k in e for k in ("pp_interleave_num", "pipeline_config", "offset"))]
-    grads = assert_equivalent(case, *reference(demo, case["path"], case["frozen"], extra, micro))
+    grads = assert_equivalent(case, *reference(demo, case["path"], case["frozen"], extra, micro, steps))
     vision = [k for k in grads if k.startswith("model.visual.")]
     assert bool(vision) != case["frozen"], case["name"]
     tied = any("tie_word_embeddings=true" in e for e in extra)
@@ -116,10 +117,12 @@ def two_rank(tmp_path_factory, demo, hf_dir):
     tied_save = os.path.join(tmp, "ckpt_tied")
     for s, ex, micro in TIED_25:   # zbv saves steps 2 and 3 (rank 0 holds both copies: one value, one file)
         kw = dict(save_dir=tied_save, save_every=2) if s == "zbv" else {}
+        if s in ("1f1b", "zbv"):   # metrics.jsonl: the grad norm (the tied weight counted once)
+            kw["run_dir"] = os.path.join(tmp, "run", s)
         cases.append(_case(tmp, demo, Q25, s, False, ex, micro, **kw))
     cases += [_case(tmp, demo, Q3, s, False, ex, micro) for s, ex, micro in TIED_3]
     # resumed from zbv's step 3 under 1f1b (the copies re-tied on two ranks): the 4th step as the reference's
-    cases.append(_case(tmp, demo, Q25, "1f1b", False, TIE, (), steps=4, save_dir=tied_save, resume=True,
+    cases.append(_case(tmp, demo, Q25, "1f1b", False, TIE, (), steps=TIED_REF_STEPS, save_dir=tied_save, resume=True,
                        dump_dir=os.path.join(tmp, "dump", "tied_resumed")))
     launch_cases(tmp, cases, 2, timeout=1500)
     named = {os.path.basename(c["dump_dir"]): c for c in cases}
@@ -166,9 +169,16 @@ def test_qwen2_5_vl_tied_embeddings_train_like_mindones_tied_model_in_every_orde
     case = cases[_name(Q25, schedule, False, extra)]
     plan = case["plan"]
     assert plan["tied"] and plan["tied"][0]["devices"] == ([0] if schedule in ("zbv", "dualpipev") else [0, 1])
-    grads = assert_matches(demo, case, micro)
+    # 4 micro-batches: the resumed case's 4-step reference (its first 3 steps compared)
+    assert_matches(demo, case, micro, steps=TIED_REF_STEPS if not micro else STEPS)
     _, per_rank = dumped(case["dump_dir"])
     assert len(per_rank[EMBED]) == len(plan["tied"][0]["devices"])   # each holder: the whole (summed) gradient
+    if case.get("run_dir"):   # step 1's global grad norm is the reference's (the tied weight counted once)
+        with open(os.path.join(case["run_dir"], "metrics.jsonl")) as f:
+            norm = json.loads(f.readline())["grad_norm"]
+        ref = reference(demo, Q25, False, TIE, micro, TIED_REF_STEPS if not micro else STEPS)[1]
+        np.testing.assert_allclose(norm, np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in ref.values())),
+                                   rtol=1e-5)
 
 
 @pytest.mark.msrun
@@ -194,7 +204,7 @@ def test_tied_checkpoint_keeps_one_value_per_name_and_resumes_exactly_under_anot
     assert not any("lm_head" in n for ns in names.values() for n in ns)
     got, _ = dumped(cases["tied_resumed"]["dump_dir"])
     assert got["start"] == 3 and len(got["losses"]) == 1
-    ref = reference(demo, Q25, False, TIE, micro=(), steps=4)
+    ref = reference(demo, Q25, False, TIE, micro=(), steps=TIED_REF_STEPS)
     np.testing.assert_allclose(got["losses"][0], ref[0][3], rtol=1e-5)
 
 

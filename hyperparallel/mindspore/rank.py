@@ -52,6 +52,17 @@ def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied
     return names
 
 
+def tied_chunks_here(plan: ir.Plan, device: int) -> set:
+    """The chunks of ``device`` holding a copy of a tied weight of which it holds two or more: built together
+    from one network, so that the copies are one Parameter."""
+    out = set()
+    for t in plan.tied_on(device):
+        here = {(t.region, c) for c in t.chunks if device in plan.chunk(t.region, c).devices}
+        if len(here) > 1:
+            out |= here
+    return out
+
+
 def plan_depths(plan: ir.Plan):
     """(name, layers) of every region of a plan, from its chunks, for :func:`check_regions`."""
     from types import SimpleNamespace
@@ -103,8 +114,12 @@ class RankRuntime:
         # (pool: compiled chunks kept from the earlier cases of this process, keyed by pool_model, the
         # (model section, data shapes, seed) the adapter was built from)
         self._pool = pool
+        # (a tied weight's chunks on this rank stay this case's own: a kept chunk of another case's network
+        # would hold another Parameter than this case's other copy)
+        alone = tied_chunks_here(plan, comm.device)
         self._pool_keys = {(c.region, c.index): compiled.pool_key(*pool_model, c.region, c.start, c.stop)
-                           for c in plan.chunks_on(comm.device)} if pool is not None else None
+                           for c in plan.chunks_on(comm.device)
+                           if (c.region, c.index) not in alone} if pool is not None else None
         self.bodies = compiled.build_bodies(self.chunks, compile, compile_fallback, comm.rank, log,
                                             pool, self._pool_keys)
         self.chunks = {k: self.bodies[k].cell for k in self.chunks}   # a pooled Body brings its own Cell
