@@ -104,4 +104,16 @@ def run_config_of(recipe) -> RunConfig:
     except TypeError as e:   # a section's value of the wrong type, e.g. train: {steps: [1]}
         raise SpecError("recipe", str(e).splitlines()[0]) from None
     check_regions(rc.model, recipe.profile.regions)
+    check_tied(rc.model, recipe.profile.tied)
     return rc
+
+
+def check_tied(model: ModelAdapter, tied: Sequence) -> None:
+    """The model's tied weights (its adapter's ``tied_weights()``) are the profile's (``mpipe.profile.tied``,
+    or the recipe's ``tie_word_embeddings``), so the plan sums every tied weight's copies: a mismatch would
+    train the copies apart, silently; refused before launch."""
+    have, want = sorted(model.tied_weights()), sorted(t.name for t in tied)
+    if have != want:
+        raise SpecError("mpipe.profile.tied", f"the plan ties {want or 'nothing'} but the {model.family} model ties "
+                                              f"{have or 'nothing'}; set tie_word_embeddings in the language model's "
+                                              f"own config section (e.g. model.model_config.text_config)")

@@ -39,6 +39,14 @@ QWEN2_CASES_2 = [("transpose(backward=central)", False), ("1f1b", True)]
 P4 = ("parallel_config.pipeline_stage=4",)
 EAGER = ("mpipe.compile=eager",)
 BUCKETS = ("data.shape_buckets=pow2",)
+# tied word embeddings (issue 40): MindFormers' LM head is its embedding table; every order equals the
+# reference (V-shape orders: rank 0 holds both ends, one Parameter)
+TIE = ("model.model_config.tie_word_embeddings=true",)
+V2 = ("parallel_config.pp_interleave_num=2",
+      "parallel.pipeline_config={pipeline_interleave: true, pipeline_scheduler: 1f1b}")
+TIED_CASES = [("1f1b", TIE), ("interleaved", TIE + V2), ("zbv", TIE + V2), ("dualpipev", TIE + V2),
+              ("transpose", TIE), ("transpose(backward=central)", TIE)]
+EMBED = "model.tok_embeddings.embedding_weight"
 
 
 def _overrides(schedule: str, frozen: bool, extra=()):
@@ -79,12 +87,12 @@ def reference(path, frozen, extra=()):
 
 
 def assert_matches_reference(case):
-    ref_losses, ref_grads = reference(case["path"], case["frozen"], case["extra"])
+    ref_losses, ref_grads = reference(case["path"], case["frozen"], [e for e in case["extra"] if e not in V2])
     losses, _ = _dumped(case)
     assert len(losses) >= STEPS
     grads = assert_equivalent(case, ref_losses, ref_grads)   # the first STEPS losses
-    # MindFormers' own parameter names, every decoder layer and the head
-    assert "lm_head.weight" in grads and "model.tok_embeddings.embedding_weight" in grads
+    # MindFormers' own parameter names, every decoder layer and the head (tied: the embedding's one name)
+    assert ("lm_head.weight" in grads) != (TIE[0] in case["extra"]) and EMBED in grads
     assert "model.layers.3.attention.wq.weight" in grads
     assert any(k.startswith("vision.") for k in grads) != case["frozen"]
 
@@ -105,6 +113,7 @@ def two_rank(tmp_path_factory):
     # data.shape_buckets: pow2 bounds the graphs (compared with the reference on the unpadded data)
     cases.append(_case(tmp, DATA, "transpose", False, demo_data(tmp) + BUCKETS, steps=DATA_STEPS))
     cases.append(_case(tmp, LLAMA, "zb_h1", False, EAGER))   # the eager path stays tested (the rest compile)
+    cases += [_case(tmp, LLAMA, s, False, ex) for s, ex in TIED_CASES]
     _run(tmp, cases, 2)
     return {c["name"]: c for c in cases}
 
@@ -139,6 +148,18 @@ def test_llama_chunks_ran_compiled(two_rank, schedule):
                          ids=[f"{s}-{'frozen' if f else 'trained'}" for s, f in LLAMA_CASES_2])
 def test_llama_two_ranks_match_reference(two_rank, schedule, frozen):
     assert_matches_reference(two_rank[_name(LLAMA, schedule, frozen)])
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra", TIED_CASES, ids=[s for s, _ in TIED_CASES])
+def test_llama_tied_embeddings_match_reference_in_every_order(two_rank, schedule, extra):
+    """``tie_word_embeddings: true``: the embedding (first LLM chunk) and LM head (last) are one weight in every
+    order: losses and every rank's gradient of it equal the single-process model's (one Parameter)."""
+    case = two_rank[_name(LLAMA, schedule, False, extra)]
+    assert case["plan"]["tied"][0]["devices"] == ([0] if schedule in ("zbv", "dualpipev") else [0, 1])
+    if schedule != "1f1b":
+        assert len([c for c in case["plan"]["chunks"] if c["region"] == "llm"]) == (4 if V2[1] in extra else 2)
+    assert_matches_reference(case)
 
 
 @pytest.mark.msrun

@@ -34,6 +34,16 @@ CASES_25 = [("1f1b", False, ()), ("1f1b", True, ()), ("interleaved", False, INTE
 UNEVEN = ("model.model_config.offset=[-1, 1]",)   # MindFormers' offset: LLM layers 1 + 3 on the two stages
 CASES_3 = [("transpose", False, ()), ("1f1b", False, UNEVEN)]
 P4 = ("parallel_config.pipeline_stage=4",)
+# tied word embeddings (issue 40): the embedding is the LM head; every order equals the reference. V-shape
+# orders (rank 0 holds both ends: one Parameter) need M >= 2P - 1: 4 micro-batches
+TIE = ("model.model_config.tie_word_embeddings=true", "model.model_config.text_config.tie_word_embeddings=true")
+TIE3 = ("model.model_config.text_config.tie_word_embeddings=true",)
+TIED_25 = [("1f1b", TIE, M2), ("interleaved", TIE + INTERLEAVE, M2), ("transpose", TIE, M2),
+           ("transpose(backward=central)", TIE, M2), ("zbv", TIE + INTERLEAVE, ()), ("dualpipev", TIE + INTERLEAVE, ())]
+TIED_3 = [("1f1b", TIE3, M2), ("zbv", TIE3 + INTERLEAVE, ())]
+TIED_IDS = ["1f1b", "interleaved", "transpose", "transpose-central", "zbv", "dualpipev"]
+EMBED = "model.language_model.embed_tokens.weight"
+TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +79,13 @@ def reference(demo, path, frozen, extra=(), micro=M2, steps=STEPS):
     return _REF[key]
 
 
-def assert_matches(demo, case):
+def assert_matches(demo, case, micro=M2, steps=STEPS):
     extra = [e for e in case["extra"] if not any(k in e for k in ("pp_interleave_num", "pipeline_config", "offset"))]
-    grads = assert_equivalent(case, *reference(demo, case["path"], case["frozen"], extra))
+    grads = assert_equivalent(case, *reference(demo, case["path"], case["frozen"], extra, micro, steps))
     vision = [k for k in grads if k.startswith("model.visual.")]
     assert bool(vision) != case["frozen"], case["name"]
-    assert "lm_head.weight" in grads and "model.language_model.embed_tokens.weight" in grads
+    tied = any("tie_word_embeddings=true" in e for e in extra)
+    assert ("lm_head.weight" in grads) != tied and EMBED in grads   # tied: one parameter, the embedding's name
     return grads
 
 
@@ -103,7 +114,17 @@ def two_rank(tmp_path_factory, demo, hf_dir):
     save = os.path.join(tmp, "ckpt")
     cases.append(_case(tmp, demo, Q25, "transpose", False, save_dir=save, save_every=2,
                        dump_dir=os.path.join(tmp, "dump", "saved")))
-    launch_cases(tmp, cases, 2, timeout=900)
+    tied_save = os.path.join(tmp, "ckpt_tied")
+    for s, ex, micro in TIED_25:   # zbv saves steps 2 and 3 (rank 0 holds both copies: one value, one file)
+        kw = dict(save_dir=tied_save, save_every=2) if s == "zbv" else {}
+        if s in ("1f1b", "zbv"):   # metrics.jsonl: the grad norm (the tied weight counted once)
+            kw["run_dir"] = os.path.join(tmp, "run", s)
+        cases.append(_case(tmp, demo, Q25, s, False, ex, micro, **kw))
+    cases += [_case(tmp, demo, Q3, s, False, ex, micro) for s, ex, micro in TIED_3]
+    # resumed from zbv's step 3 under 1f1b (the copies re-tied on two ranks): the 4th step as the reference's
+    cases.append(_case(tmp, demo, Q25, "1f1b", False, TIE, (), steps=TIED_REF_STEPS, save_dir=tied_save, resume=True,
+                       dump_dir=os.path.join(tmp, "dump", "tied_resumed")))
+    launch_cases(tmp, cases, 2, timeout=1500)
     named = {os.path.basename(c["dump_dir"]): c for c in cases}
     return named, save
 
@@ -136,6 +157,83 @@ def test_qwen3_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, extra
                              for s in stats), stats
     if extra:   # deepstack layer 1 is in the second LLM chunk: its feature crossed the boundary
         assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [1, 3]
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra,micro", TIED_25, ids=TIED_IDS)
+def test_qwen2_5_vl_tied_embeddings_train_like_mindones_tied_model_in_every_order(two_rank, demo, schedule, extra,
+                                                                                    micro):
+    """tie_word_embeddings: the copies of the embedding (first LLM chunk) and LM head (last) are one weight:
+    losses, grad norm and every rank's gradient of it equal the reference's (which has one Parameter)."""
+    cases, _ = two_rank
+    case = cases[_name(Q25, schedule, False, extra)]
+    plan = case["plan"]
+    assert plan["tied"] and plan["tied"][0]["devices"] == ([0] if schedule in ("zbv", "dualpipev") else [0, 1])
+    # 4 micro-batches: the resumed case's 4-step reference (its first 3 steps compared)
+    assert_matches(demo, case, micro, steps=TIED_REF_STEPS if not micro else STEPS)
+    _, per_rank = dumped(case["dump_dir"])
+    assert len(per_rank[EMBED]) == len(plan["tied"][0]["devices"])   # each holder: the whole (summed) gradient
+    if case.get("run_dir"):   # step 1's global grad norm is the reference's (the tied weight counted once)
+        with open(os.path.join(case["run_dir"], "metrics.jsonl")) as f:
+            norm = json.loads(f.readline())["grad_norm"]
+        ref = reference(demo, Q25, False, TIE, micro, TIED_REF_STEPS if not micro else STEPS)[1]
+        np.testing.assert_allclose(norm, np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in ref.values())),
+                                   rtol=1e-5)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra,micro", TIED_3, ids=["1f1b", "zbv"])
+def test_qwen3_vl_tied_embeddings_train_like_mindones_tied_model(two_rank, demo, schedule, extra, micro):
+    cases, _ = two_rank
+    assert_matches(demo, cases[_name(Q3, schedule, False, extra)], micro)
+
+
+@pytest.mark.msrun
+def test_tied_checkpoint_keeps_one_value_per_name_and_resumes_exactly_under_another_schedule(two_rank, demo):
+    """zbv's checkpoint of the tied model: the embedding (and its moments) once, in rank 0's file; resumed
+    under 1f1b (the copies on two ranks, both loaded from that one name) the 4th step's loss is the reference's."""
+    from hyperparallel.mindspore.ckpt_files import safetensors_header
+    cases, _ = two_rank
+    zbv = cases[_name(Q25, "zbv", False, TIE + INTERLEAVE)]
+    step = os.path.join(zbv["save_dir"], "step_2")
+    names = {f: set(safetensors_header(os.path.join(step, f))) for f in sorted(os.listdir(step))
+             if f.endswith(".safetensors")}
+    holders = [f for f, ns in names.items() if EMBED in ns]
+    assert holders == ["rank_0.safetensors"], names.keys()
+    assert {f"moment1.{EMBED}", f"moment2.{EMBED}"} <= names["rank_0.safetensors"]
+    assert not any("lm_head" in n for ns in names.values() for n in ns)
+    got, _ = dumped(cases["tied_resumed"]["dump_dir"])
+    assert got["start"] == 3 and len(got["losses"]) == 1
+    ref = reference(demo, Q25, False, TIE, micro=(), steps=TIED_REF_STEPS)
+    np.testing.assert_allclose(got["losses"][0], ref[0][3], rtol=1e-5)
+
+
+@pytest.mark.msrun
+def test_tied_checkpoint_exports_hugging_faces_tied_form(two_rank, tmp_path):
+    """``ckpt --export-hf`` of the tied checkpoint: no ``lm_head.weight`` (Hugging Face's tied form), the config
+    says tied, and ``from_pretrained`` ties the head to the exported embedding."""
+    import subprocess
+    import sys
+    cases, _ = two_rank
+    step = os.path.join(cases[_name(Q25, "zbv", False, TIE + INTERLEAVE)]["save_dir"], "step_2")
+    out = tmp_path / "hf_tied"
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", step, "--export-hf", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    from hyperparallel.mindspore.ckpt_files import safetensors_header
+    names = set(safetensors_header(str(out / "model.safetensors")))
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    with open(out / "config.json") as f:
+        assert json.load(f)["text_config"]["tie_word_embeddings"] is True
+    from hyperparallel.mindspore import compat
+    from hyperparallel.models import mindone_cpu
+    compat.setup_device("CPU")
+    mindone_cpu.apply()
+    import mindspore as ms
+    from mindone.transformers import Qwen2_5_VLForConditionalGeneration
+    net = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(out))
+    saved = ms.load_checkpoint(os.path.join(step, "rank_0.safetensors"), format="safetensors")[EMBED].asnumpy()
+    np.testing.assert_array_equal(net.lm_head.weight.asnumpy(), saved)
 
 
 @pytest.mark.msrun

@@ -81,7 +81,8 @@ class Saver:
     ``schedule``, ``optimizer``); ``source``: the data source, whose ``position`` goes there too."""
 
     def __init__(self, save_dir: str, comm, plan, chunks, opt, source, meta: dict, fmt: str = "safetensors",
-                 extra_files: Optional[Dict[str, str]] = None, digests: bool = True):
+                 extra_files: Optional[Dict[str, str]] = None, digests: bool = True,
+                 tied: Optional[Dict[str, str]] = None):
         self.comm, self.plan, self.fmt, self.digests = comm, plan, fmt, digests
         self.extra_files = dict(extra_files or {})   # {name: text} rank 0 writes into every step directory
         self.save_dir = save_dir
@@ -92,6 +93,13 @@ class Saver:
         self.opt = opt
         per, glob = opt.state_groups()
         state = opt.state()
+        # a tied weight (``tied``: {label: parameter name} held here) is written once, by the lowest device
+        # holding a copy; every holder's copy (and its optimizer state) is checked equal first (:meth:`verify`)
+        self.tied = {name: [name] + per.get(name, []) for name in (tied or {}).values()}
+        not_mine = {tied[t.name] for t in plan.tied_on(comm.device) if comm.device != min(t.devices)} if tied else set()
+        params = [p for p in params if p.name not in not_mine]
+        self.tied_values = dict({p.name: p for cell in chunks.values() for p in cell.get_parameters()
+                                 if p.name in self.tied}, **state)
         self.items = {p.name: p for p in params}
         for p in params:
             self.items.update({n: state[n] for n in per.get(p.name, [])})
@@ -110,7 +118,7 @@ class Saver:
         """Write checkpoint ``step`` (steps done); every rank calls this at the same point.
         Returns the seconds it took (barriers included); rank 0 logs a ``saved`` line."""
         t0 = time.perf_counter()
-        for phase in (self.begin, self.write, self.finish):
+        for phase in (self.verify, self.begin, self.write, self.finish):
             self._agreed(step, phase)
         dt = time.perf_counter() - t0
         if self.comm.rank == 0:
@@ -136,6 +144,22 @@ class Saver:
             print(f"{SAVE_FAILED}{why} (rank {self.comm.rank}, step {step})", flush=True)
         if failed:
             raise SaveError(why or f"another rank could not write step {step}")
+
+    def verify(self, step: int) -> None:
+        """Phase 0 (every rank): the copies of every tied weight, and their optimizer state, are bit-equal on
+        every rank holding one (else a checkpoint would keep one of two diverged copies): SHA-256s gathered.
+        Nothing when the plan ties nothing (every rank reads the same plan: all skip alike)."""
+        if not self.plan.tied:
+            return
+        mine = {name: [tied_digest(self.tied_values[n]) for n in names if n in self.tied_values]
+                for name, names in self.tied.items()}
+        seen: Dict[str, Tuple[int, list]] = {}
+        for rank, theirs in enumerate(self.comm.all_gather_object(mine)):
+            for name, digests in theirs.items():
+                if name in seen and seen[name][1] != digests:
+                    raise CheckpointError(f"tied weight {name}: the copies on ranks {seen[name][0]} and {rank} differ "
+                                          "(value or optimizer state); not saved")
+                seen.setdefault(name, (rank, digests))
 
     def begin(self, step: int) -> None:
         """Phase 1 (rank 0): a fresh step directory (an old one's marker removed first)."""
@@ -193,6 +217,11 @@ class Saver:
         os._exit(13)
 
 
+def tied_digest(p) -> str:
+    """SHA-256 of a parameter's (or optimizer state's) bytes: copies of a tied weight are compared by it."""
+    return hashlib.sha256(p.asnumpy().tobytes()).hexdigest()
+
+
 def _same(name: str) -> str:
     return name
 
@@ -217,6 +246,40 @@ def _index(src: Source, rename=_same) -> Tuple[Dict[str, Tuple[int, ...]], Dict[
     return shapes, where, values
 
 
+def _load_file(f: str, names=None) -> Dict[str, object]:
+    """The tensors of one checkpoint file (only ``names`` when given)."""
+    fmt = "safetensors" if f.endswith(".safetensors") else "ckpt"
+    if names is None:
+        return ms.load_checkpoint(f, format=fmt)
+    return ms.load_checkpoint(f, format=fmt, choice_func=lambda n: n in names)
+
+
+def check_one_value(src: Source) -> None:
+    """A name in two of the step's files must hold one value in both (a tied weight saved by two ranks, as
+    checkpoints written before tied weights were handled were): else CheckpointError naming it, since keeping
+    either copy silently would pick one of two diverged weights."""
+    import numpy as np
+    if len(src.files) < 2:
+        return
+    seen: Dict[str, str] = {}
+    twice = set()
+    for f in src.files:
+        names = set(safetensors_header(f)) if f.endswith(".safetensors") else set(_load_file(f))
+        twice |= names & set(seen)
+        for n in names:
+            seen.setdefault(n, f)
+    if not twice:
+        return
+    first: Dict[str, object] = {}
+    for f in src.files:
+        for n, v in _load_file(f, twice).items():
+            if n in first and not np.array_equal(first[n][1].asnumpy(), v.asnumpy()):
+                raise CheckpointError(f"{src.path}: {n} is in {os.path.basename(first[n][0])} and "
+                                      f"{os.path.basename(f)} with different values (the two copies of a tied "
+                                      "weight trained apart); no single value to keep")
+            first.setdefault(n, (f, v))
+
+
 def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
     """Load ``src`` into this rank's chunks (and optimizer state when the checkpoint has it), names
     mapped by ``rename`` (the model adapter's ``checkpoint_name``).
@@ -224,6 +287,7 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
     Returns (step to continue from, optimizer state loaded). Every rank reaches the same
     verdict (names gathered from all ranks), so a refused checkpoint stops all ranks alike.
     """
+    check_one_value(src)
     shapes, where, values = _index(src, rename)
     params = {p.name: tuple(p.shape) for cell in chunks.values() for p in cell.get_parameters()}
     state = {n: tuple(p.shape) for n, p in opt.state().items()}
@@ -272,6 +336,7 @@ def merge(src: Source, out: str, with_state: bool = False) -> int:
     the parameters, and the optimizer state too with ``with_state``; written whole (a hidden file beside
     ``out``, renamed over it: a failed write leaves ``out`` as it was). Returns the number of names."""
     from .ckpt_files import optimizer_state_names
+    check_one_value(src)
     params = {}
     for f in src.files:
         params.update(ms.load_checkpoint(f, format="safetensors" if f.endswith(".safetensors") else "ckpt"))
@@ -305,6 +370,7 @@ def export_hf(src: Source, out: str) -> int:
     with open(cfg_path) as f:
         arch = (json.load(f).get("architectures") or [None])[0]
     net = adapter_for({"arch": {"type": arch}, "config": cfg_path}, {}, 0).network()
+    check_one_value(src)
     values = {}
     for f in src.files:
         values.update(ms.load_checkpoint(f, format="safetensors" if f.endswith(".safetensors") else "ckpt"))

@@ -16,7 +16,8 @@ per-step stores keyed by ``(region, chunk, micro)``:
   with the adapter's ``boundary`` spec, the sender checks its tensor against
   the same spec (a wrong adapter fails on the first step, naming chunk and
   micro-batch, instead of corrupting the FIFO channel).
-* ``ALLREDUCE wgrad``: sum a region's weight grads over replicas;
+* ``ALLREDUCE wgrad``: sum a region's weight grads over replicas; ``ALLREDUCE tied``: sum the grads of
+  the tied weights whose copies the group's devices hold (the adapter's ``tied_weights()`` names them);
   ``ALLREDUCE dp``: sum every gradient of this rank over its data-parallel group;
   ``BROADCAST weights``: copy a region's parameters from the root device;
   ``ALLGATHER weights``: a sharded optimizer's region (:mod:`.sharded`): nothing here; the rank's
@@ -92,6 +93,9 @@ class Interpreter:
                 continue
             if region in reduced or any(k[0] == region and k[1] == idx for k in self.backward_here):
                 self.updated += list(cell.get_parameters())
+        # a tied weight held by two chunks of this rank is one Parameter: listed (and stepped) once
+        self.updated = list(one_per_name(self.updated, model.family).values())
+        self.tied = tied_names(plan, model, self.device)   # {tied weight label: parameter name} held here
         # the read-ahead hint for the source: the micro-batches whose model input (pixels) this rank reads
         self.first_chunk = (self.regions[0], 0)
         source.will_read_pixels(sorted({comm.dp_index * plan.num_micro + a.micro for a in self.program
@@ -339,6 +343,9 @@ class Interpreter:
     def do_ALLREDUCE(self, a: ir.Action) -> None:
         if a.group == ir.DP_GROUP:
             params = self.updated
+        elif a.tensor == ir.TIED:
+            names = {self.tied[t.name] for t in self.plan.tied if t.region == a.region and t.devices == a.group}
+            params = [p for p in self.updated if p.name in names]
         else:
             params = [p for p in self.region_params(a.region) if p.name in self.grads]
         tensors = [self.grads[p.name] if self.grads[p.name] is not None else ops.zeros_like(p)
@@ -360,6 +367,31 @@ class Interpreter:
         """Gradients of the parameters this rank updates (zeros where none arrived)."""
         return {p.name: (self.grads[p.name] if self.grads[p.name] is not None else ops.zeros_like(p))
                 for p in self.updated}
+
+
+def one_per_name(params, family: str = "model") -> Dict[str, Parameter]:
+    """{name: parameter} of ``params``; two different Parameters of one name (a tied weight whose chunks the
+    adapter built apart) would be two optimizer states of one weight: refused, naming it."""
+    out: Dict[str, Parameter] = {}
+    for p in params:
+        if p.name in out and out[p.name] is not p:
+            raise RuntimeError(f"model adapter {family}: two Parameters named {p.name!r} on one rank; the chunks "
+                               "sharing a tied weight must hold one Parameter (build them from one network)")
+        out.setdefault(p.name, p)
+    return out
+
+
+def tied_names(plan: ir.Plan, model: ModelAdapter, device: int) -> Dict[str, str]:
+    """{label: parameter name} of the plan's tied weights that ``device`` holds a copy of, by the adapter's
+    ``tied_weights()``; a label the adapter does not tie is refused (its copies would train apart)."""
+    names = model.tied_weights()
+    out = {}
+    for t in plan.tied_on(device):
+        if t.name not in names:
+            raise RuntimeError(f"model adapter {model.family}: the plan ties {t.name!r} but the model's "
+                               f"tied_weights() gives {sorted(names) or 'none'}")
+        out[t.name] = names[t.name]
+    return out
 
 
 def prefetch_points(program: List[ir.Action], first_chunk: Tuple[str, int]) -> Dict[int, List[tuple]]:

@@ -37,14 +37,30 @@ def plan_groups(plan: ir.Plan):
     return groups
 
 
-def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int) -> set:
+def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied: Optional[dict] = None) -> set:
     """Names of the parameters this rank counts in the global gradient norm: those of the chunks whose
     first holder is this device, on data-parallel index 0 (a replicated encoder and every data-parallel
-    copy hold the same gradients once all-reduced: each is counted once)."""
+    copy hold the same gradients once all-reduced: each is counted once); a tied weight (``tied``: {label:
+    parameter name} held here) only on the lowest device holding a copy (its copies' grads are summed)."""
     first = {(c.region, c.index): min(c.devices) for c in plan.chunks}
     if dp_index != 0:
         return set()
-    return {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()}
+    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()}
+    for t in plan.tied_on(device):
+        if device != min(t.devices):
+            names.discard((tied or {}).get(t.name))
+    return names
+
+
+def tied_chunks_here(plan: ir.Plan, device: int) -> set:
+    """The chunks of ``device`` holding a copy of a tied weight of which it holds two or more: built together
+    from one network, so that the copies are one Parameter."""
+    out = set()
+    for t in plan.tied_on(device):
+        here = {(t.region, c) for c in t.chunks if device in plan.chunk(t.region, c).devices}
+        if len(here) > 1:
+            out |= here
+    return out
 
 
 def plan_depths(plan: ir.Plan):
@@ -115,8 +131,12 @@ class RankRuntime:
         # (pool: compiled chunks kept from the earlier cases of this process, keyed by pool_model, the
         # (model section, data shapes, seed) the adapter was built from)
         self._pool = pool
+        # (a tied weight's chunks on this rank stay this case's own: a kept chunk of another case's network
+        # would hold another Parameter than this case's other copy)
+        alone = tied_chunks_here(plan, comm.device)
         self._pool_keys = {(c.region, c.index): compiled.pool_key(*pool_model, c.region, c.start, c.stop)
-                           for c in plan.chunks_on(comm.device)} if pool is not None else None
+                           for c in plan.chunks_on(comm.device)
+                           if (c.region, c.index) not in alone} if pool is not None else None
         self.bodies = compiled.build_bodies(self.chunks, compile, compile_fallback, comm.rank, log,
                                             pool, self._pool_keys, model.compile_reason)
         self.chunks = {k: self.bodies[k].cell for k in self.chunks}   # a pooled Body brings its own Cell
@@ -131,7 +151,8 @@ class RankRuntime:
             self.optimizer = sharded.ShardedOptimizer(self.interp.updated, shards, train, total_steps or train.steps)
         else:
             self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
-        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index) & {p.name for p in self.interp.updated}
+        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied) & \
+            {p.name for p in self.interp.updated}
         self.next_step = 0
         self._started = False
         self.steps_skipped = 0   # steps of this process without an update (train.nonfinite: skip)
@@ -212,7 +233,7 @@ class RankRuntime:
         meta = dict(meta or {})
         meta.setdefault("optimizer", self.train.optimizer)
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
-                                self.model.checkpoint_files(), digests=digests)
+                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied)
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks

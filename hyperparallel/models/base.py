@@ -35,7 +35,11 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   (default: the chunks of :meth:`build_full` chained);
 * ``checkpoint_name(name)`` / ``checkpoint_files()`` / ``pretrained`` (optional): names in
   checkpoint files as the model's own, files a step directory carries (e.g. a Hugging Face
-  ``config.json``), a directory of weights to start from.
+  ``config.json``), a directory of weights to start from;
+* ``tied_weights()`` (optional, pure Python): ``{label: parameter name}`` of the weights that several
+  chunks share (``word_embeddings``: the input embedding that is also the LM head when the config ties
+  them). The chunks holding a copy of one must hold one and the same Parameter (build them from one
+  network); the plan's ``tied`` entries (from the recipe's ``tie_word_embeddings``) must name the same labels.
 
 Constructing an adapter, ``regions()``, ``check_device()`` and ``compile_reason()`` are pure Python (the
 launcher checks a recipe before any rank starts); the other methods may import MindSpore.
@@ -129,6 +133,10 @@ class ModelAdapter:
 
     def checkpoint_files(self) -> dict:
         """{file name: text} a checkpoint step directory carries besides the weights (default none)."""
+        return {}
+
+    def tied_weights(self) -> dict:
+        """{label: parameter name} of the weights shared by several chunks (default none)."""
         return {}
 
     # -- derived helpers (not to be overridden) ------------------------------------

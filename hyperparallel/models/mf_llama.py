@@ -33,6 +33,7 @@ from typing import List
 from .base import Region
 from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
 from ..mpipe.errors import SpecError, unknown_key
+from ..recipe.mindformers import WORD_EMBEDDINGS
 
 MODEL_KEYS = ("arch", "model_config", "vision")
 VISION_KEYS = ("type", "num_layers", "hidden_size", "num_heads", "mlp_ratio", "init_std")
@@ -149,6 +150,12 @@ class MFLlamaMLLM(VitLLMAdapter):
                 given = "" if key in self.mc else " (MindFormers' default)"
                 raise SpecError(f"model.model_config.{key}", f"{self.setting(key)!r}{given} cannot train on CPU; "
                                  f"set {CPU_DTYPE}")
+
+    def tied_weights(self) -> dict:
+        """``tie_word_embeddings: true``: MindFormers' Llama makes its LM head's weight the embedding table."""
+        if self.mc.get("tie_word_embeddings") is True:
+            return {WORD_EMBEDDINGS: "model.tok_embeddings.embedding_weight"}
+        return {}
 
     # -- MindSpore ------------------------------------------------------------------------
     def network(self):

@@ -31,7 +31,7 @@ import os
 from typing import List, Optional
 
 from ..mpipe.errors import SpecError, unknown_key
-from ..recipe.mindformers import model_config
+from ..recipe.mindformers import WORD_EMBEDDINGS, model_config
 from .base import ModelAdapter, Region, TensorSpec
 
 VISION, LLM = "vision", "llm"
@@ -276,6 +276,13 @@ class QwenVL(ModelAdapter):
     def reference(self):
         from .qwen_vl_cells import WholeModel
         return WholeModel(self)
+
+    def tied_weights(self) -> dict:
+        """The token embedding is also the LM head when the text config ties them (the flag mindone's
+        ``tie_weights`` reads): one Parameter, named as the embedding."""
+        if getattr(self.cfg.get_text_config(decoder=True), "tie_word_embeddings", False):
+            return {WORD_EMBEDDINGS: "model.language_model.embed_tokens.weight"}
+        return {}
 
     # -- checkpoints ---------------------------------------------------------------------------
     def checkpoint_name(self, name: str) -> str:

@@ -11,8 +11,8 @@ from typing import List, Optional, Tuple
 
 from .errors import PlanError
 from .execute import coll_key, execute, msg_key
-from .ir import (ACT, ALL_KINDS, B, BW, COLLECTIVE_KINDS, DP_GROUP, F, GRAD, P2P_KINDS, R, RECV, SEND, W, Action,
-                 Plan, RegionList, needs_backward, next_chunk, prev_chunk)
+from .ir import (ACT, ALL_KINDS, ALLREDUCE, B, BW, COLLECTIVE_KINDS, DP_GROUP, F, GRAD, P2P_KINDS, R, RECV, SEND,
+                 TIED, W, Action, Plan, RegionList, needs_backward, next_chunk, prev_chunk)
 
 
 class _Structure:
@@ -255,6 +255,45 @@ def check_collectives(plan: Plan) -> List[str]:
     return errs
 
 
+def check_tied(plan: Plan, st: _Structure) -> List[str]:
+    """Tied weights: the plan's ``tied`` entries name held chunks, and each one of a trained region with copies
+    on two or more devices is summed by exactly one ALLREDUCE ``tied`` over exactly those devices, after every
+    weight-grad of a holding chunk on that device (else an optimizer would step on a part of the gradient);
+    no other ALLREDUCE ``tied`` is in a program."""
+    errs, want = [], {}
+    for i, t in enumerate(plan.tied):
+        holders = set()
+        for c in t.chunks:
+            if st.holders is not None and (t.region, c) not in st.holders:
+                errs.append(f"tied[{i}] ({t.name}): chunk {c} of region {t.region!r} does not exist")
+                continue
+            holders |= st.holders[(t.region, c)] if st.holders is not None else set()
+        if st.holders is not None and holders != set(t.devices):
+            errs.append(f"tied[{i}] ({t.name}): devices {list(t.devices)} but its chunks are held by {sorted(holders)}")
+        if st.trainable.get(t.region) and len(set(t.chunks)) > 1 and len(t.devices) > 1:
+            want[(t.region, tuple(t.devices))] = (i, t)
+    for d, prog in sorted(plan.programs.items()):
+        seen = Counter()
+        for i, a in enumerate(prog):
+            if a.kind == ALLREDUCE and a.tensor == TIED:
+                key = (a.region, a.group if isinstance(a.group, tuple) else None)
+                if key not in want:
+                    errs.append(f"{_where(d, i, a)}: no tied weight of the plan has copies on exactly these devices")
+                    continue
+                seen[key] += 1
+                _, t = want[key]
+                late = [j for j in range(i + 1, len(prog)) if prog[j].kind in (W, BW) and prog[j].region == t.region
+                        and prog[j].chunk in t.chunks]
+                if late:
+                    errs.append(f"{_where(d, i, a)}: before {prog[late[0]].label()} (action {late[0]}), whose "
+                                f"weight grads of {t.name} it must sum")
+        for key, (k, t) in want.items():
+            if d in t.devices and seen[key] != 1:
+                errs.append(f"device {d}: {seen[key]} ALLREDUCE tied of tied[{k}] ({t.name}) over devices "
+                            f"{list(t.devices)}, expected exactly one")
+    return errs
+
+
 def check_deadlock(plan: Plan) -> List[str]:
     try:
         execute(plan, lambda a: 1.0, lambda a: 0.0)
@@ -271,7 +310,7 @@ def check(plan: Plan) -> List[str]:
     st = _Structure(plan)
     for stage in (lambda: check_structure(plan, st), lambda: check_completeness(plan, st),
                   lambda: check_dependencies(plan, st), lambda: check_fifo(plan),
-                  lambda: check_collectives(plan), lambda: check_deadlock(plan)):
+                  lambda: check_collectives(plan), lambda: check_tied(plan, st), lambda: check_deadlock(plan)):
         errs = stage()
         if errs:
             return errs

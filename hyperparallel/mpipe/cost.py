@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .execute import Execution, execute
-from .ir import ALLGATHER, ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, W, Action, Plan
+from .ir import ALLGATHER, ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, TIED, W, Action, Plan
 from .errors import SpecError
 from .profile import ModelProfile, task_ms
 
@@ -75,7 +75,13 @@ class Durations:
     def held_param_mb(self, device: int, trainable_only: bool = False) -> float:
         return sum(self.chunk_mb(c.region, c.index, self.profile.region(c.region).param_mb)
                    for c in self.plan.chunks if device in c.devices
-                   and (not trainable_only or self.plan.trainable.get(c.region, True)))
+                   and (not trainable_only or self.plan.trainable.get(c.region, True))) + sum(
+            self.tied_mb(t.name) for t in self.plan.tied_on(device)
+            if not trainable_only or self.plan.trainable.get(t.region, True))
+
+    def tied_mb(self, name: str) -> float:
+        """The profile's size of tied weight ``name`` (0 when the profile does not list it)."""
+        return next((t.param_mb for t in self.profile.tied if t.name == name), 0.0)
 
     def comm(self, a: Action, device: int = 0) -> float:
         link = self.profile.link
@@ -85,6 +91,9 @@ class Durations:
             return 0.0
         if a.group == DP_GROUP:
             g, mb = self.plan.data_parallel, self.held_param_mb(device, trainable_only=True)
+        elif a.tensor == TIED:   # the tied weights of the region held by exactly this group of devices
+            g = len(a.group)
+            mb = sum(self.tied_mb(t.name) for t in self.plan.tied if t.region == a.region and t.devices == a.group)
         else:
             r = self.profile.region(a.region)
             g, mb = len(a.group), r.param_mb * r.layers
@@ -141,6 +150,20 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
     return out
 
 
+def tied_memory(plan: Plan, size: Callable[[str], float], optimizer_factor: float) -> Dict[int, Tuple[float, ...]]:
+    """Per device: (parameters, grads, optimizer state) of the tied weights it holds a copy of (``size(name)``):
+    every holder keeps a whole copy, its gradient and its optimizer state (the copies stay equal); a device
+    holding two copies holds one parameter."""
+    out = {d: (0.0, 0.0, 0.0) for d in range(plan.num_devices)}
+    for t in plan.tied:
+        mb = size(t.name)
+        state = mb if plan.trainable.get(t.region, True) else 0.0
+        for d in t.devices:
+            p, g, o = out[d]
+            out[d] = (p + mb, g + state, o + state * optimizer_factor)
+    return out
+
+
 def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) -> Dict[int, tuple]:
     """Per device: (peak stashed activations, peak total, static, parameters, grads, optimizer state) in MB,
     then the peak count of held forwards per region and in all.
@@ -153,6 +176,8 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
     """
     static_parts = static_memory(plan, lambda r, c: dur.chunk_mb(r, c, profile.region(r).param_mb),
                                  profile.optimizer_factor)
+    for d, extra in tied_memory(plan, dur.tied_mb, profile.optimizer_factor).items():
+        static_parts[d] = tuple(a + b for a, b in zip(static_parts[d], extra))
     out = {}
     for d in range(plan.num_devices):
         events = []

@@ -17,8 +17,8 @@ from . import bounds, orders
 from .cut import cut
 from .execute import execute
 from .errors import SpecError
-from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, W, WEIGHTS, WGRAD,
-                 Action, Plan, RegionList, needs_backward, next_chunk, prev_chunk)
+from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, TIED, W, WEIGHTS,
+                 WGRAD, Action, Plan, RegionList, Tied, needs_backward, next_chunk, prev_chunk)
 from .owners import owner_map
 from .profile import ModelProfile, task_ms
 from .schedule import Pipe, Place, Schedule, Transpose, parse_schedule
@@ -87,6 +87,7 @@ class _Derivation:
         self.main = self._body_sequences()
         self.pairs = {d: orders.overlap_pairs(self.pipe.order, P, V, M, d) for d in range(P)}
         self._timing = None
+        self.tied = self._tied()
         self.owners = self._owners()
 
     # -- validation and placement -------------------------------------------------
@@ -117,6 +118,25 @@ class _Derivation:
                         raise SpecError(f"schedule.{r}.backward",
                                         f"central needs every region before it transposed with backward=central "
                                         f"({u!r} is not); allowed: owner")
+
+    def _tied(self) -> List[Tied]:
+        """The profile's tied weights placed: the chunks holding a copy (the chunk of each listed layer) and
+        their devices. A tied weight of a region this schedule does not run is refused, naming it."""
+        out = []
+        for i, t in enumerate(self.profile.tied):
+            if t.region not in self.ridx:
+                raise SpecError(f"mpipe.profile.tied[{i}].region", f"{t.region!r} is not a region of the schedule; "
+                                                                   f"allowed: {', '.join(self.regions)}")
+            held = [c for c in self.chunks if c.region == t.region and any(c.start <= x < c.stop for x in t.layers)]
+            out.append(Tied(t.name, t.region, tuple(c.index for c in held),
+                            tuple(sorted({d for c in held for d in c.devices}))))
+        return out
+
+    def tied_reduces(self) -> List[Action]:
+        """One ALLREDUCE of tensor ``tied`` per tied weight of a trained region whose copies sit on two or
+        more devices (two chunks on one device are one parameter: nothing to reduce)."""
+        return [Action(ALLREDUCE, region=t.region, tensor=TIED, group=t.devices) for t in self.tied
+                if self.trainable[t.region] and len(t.chunks) > 1 and len(t.devices) > 1]
 
     def _transposed(self) -> List[Tuple[str, Transpose]]:
         return [(r, sk) for r, sk in self.schedule.parts[:-1] if isinstance(sk, Transpose)]
@@ -462,6 +482,9 @@ class _Derivation:
                                            root=self.forward_device(self.body, 0, 0)))
                     else:
                         tail.append(Action(ALLREDUCE, region=r, tensor=WGRAD, group=everyone))
+        # tied weights: each copy's gradient summed over the devices holding one, before clipping and the
+        # optimizer (the members only; every member reaches it at the same place: its program's end)
+        tail.extend(self.tied_reduces())
         if self.D > 1:
             tail.append(Action(ALLREDUCE, tensor=WGRAD, group=DP_GROUP))
         if self.P > 1:
@@ -490,7 +513,7 @@ class _Derivation:
                     (spilled if msg.next_step else out).append(p2p(SEND, msg, msg.dst))
             for src, k, msg in sorted(recvs_at[d][len(seq)], key=lambda x: (x.src, x.k)):
                 spilled.append(p2p(RECV, msg, src))
-            programs[d] = prog + tail + spilled
+            programs[d] = prog + [a for a in tail if not isinstance(a.group, tuple) or d in a.group] + spilled
         return programs
 
     def plan(self) -> Plan:
@@ -499,7 +522,8 @@ class _Derivation:
                     schedule=self.schedule.to_list(), trainable=dict(self.trainable), data_parallel=self.D,
                     meta={"schedule_name": self.schedule.name(), "order": self.pipe.order,
                           "pipeline_stage": self.P, "micro_batch_num": self.M, "pp_interleave_num": self.V,
-                          "owners": {r: o for r, o in self.owners.items()}})
+                          "owners": {r: o for r, o in self.owners.items()}},
+                    tied=list(self.tied))
 
 
 class _Linked:

@@ -38,6 +38,7 @@ ACT = "act"          # output activation of (region, chunk, micro)
 GRAD = "grad"        # gradient w.r.t. that output (flows to the producer's backward)
 WGRAD = "wgrad"      # weight gradients of a region (all-reduce over replicas)
 WEIGHTS = "weights"  # parameters of a region (broadcast from the central device, or gathered from the shards)
+TIED = "tied"        # gradients of a tied weight (all-reduce over the devices holding a copy)
 
 DP_GROUP = "dp"      # the data-parallel group of a pipeline device (outside the plan)
 
@@ -121,7 +122,7 @@ class Action:
     def label(self) -> str:
         """Short human name, e.g. ``F llm c1 m3`` or ``SEND act vision c0 m2 ->0``."""
         parts = [self.kind]
-        if self.tensor and self.kind in P2P_KINDS:
+        if self.tensor and (self.kind in P2P_KINDS or self.tensor == TIED):
             parts.append(self.tensor)
         if self.region is not None:
             parts.append(self.region)
@@ -198,6 +199,21 @@ class Chunk:
         return self.stop - self.start
 
 
+@dataclass(frozen=True)
+class Tied:
+    """A tied weight of a plan: one logical parameter whose copies are held by ``chunks`` of ``region``
+    on ``devices`` (ascending). With two or more devices the plan sums its gradients over them (an
+    ALLREDUCE of tensor ``tied``) before the optimizer; on one device the copies are one parameter."""
+
+    name: str
+    region: str
+    chunks: Tuple[int, ...]
+    devices: Tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "region": self.region, "chunks": list(self.chunks), "devices": list(self.devices)}
+
+
 @dataclass
 class Plan:
     """Derived placement and per-device programs for one optimizer step."""
@@ -210,6 +226,11 @@ class Plan:
     trainable: Dict[str, bool] = field(default_factory=dict)
     data_parallel: int = 1
     meta: dict = field(default_factory=dict)
+    tied: List[Tied] = field(default_factory=list)
+
+    def tied_on(self, device: int) -> List[Tied]:
+        """The tied weights a device holds a copy of."""
+        return [t for t in self.tied if device in t.devices]
 
     def chunk(self, region: str, index: int) -> Chunk:
         for c in self.chunks:
@@ -243,6 +264,7 @@ class Plan:
                  "devices": list(c.devices)} for c in self.chunks
             ],
             "meta": self.meta,
+            **({"tied": [t.to_json() for t in self.tied]} if self.tied else {}),
             "programs": {str(d): [a.to_json() for a in prog] for d, prog in sorted(self.programs.items())},
         }
 
@@ -307,15 +329,39 @@ class Plan:
                 raise SpecError(f"trainable.{r}", f"must be true or false, got {_short(t)}")
         return Plan(num_devices=num_devices, num_micro=num_micro, programs=programs, chunks=chunks,
                     schedule=list(obj.get("schedule", [])), trainable=dict(obj.get("trainable", {})),
-                    data_parallel=dp, meta=dict(obj.get("meta", {})))
+                    data_parallel=dp, meta=dict(obj.get("meta", {})), tied=_tied_of(obj.get("tied", [])))
 
     @staticmethod
     def loads(text: str) -> "Plan":
         return Plan.from_json(json.loads(text, parse_constant=_no_constant))
 
 
-PLAN_KEYS = ("num_devices", "num_micro", "data_parallel", "schedule", "trainable", "chunks", "meta", "programs")
-TENSORS = (ACT, GRAD, WGRAD, WEIGHTS)
+PLAN_KEYS = ("num_devices", "num_micro", "data_parallel", "schedule", "trainable", "chunks", "meta", "tied",
+             "programs")
+TENSORS = (ACT, GRAD, WGRAD, WEIGHTS, TIED)
+TIED_KEYS = ("name", "region", "chunks", "devices")
+
+
+def _tied_of(obj) -> List[Tied]:
+    """The ``tied`` list of a plan JSON object, every entry's keys and types checked."""
+    if not isinstance(obj, list):
+        raise SpecError("tied", f"must be a list, got {_short(obj)}")
+    out = []
+    for i, t in enumerate(obj):
+        w = f"tied[{i}]"
+        if not isinstance(t, dict) or set(t) != set(TIED_KEYS):
+            if isinstance(t, dict) and set(t) - set(TIED_KEYS):
+                raise unknown_key(w, t, TIED_KEYS)
+            raise SpecError(w, f"must be an object with {', '.join(TIED_KEYS)}")
+        for k in ("name", "region"):
+            if not isinstance(t[k], str):
+                raise SpecError(f"{w}.{k}", f"must be a string, got {_short(t[k])}")
+        for k in ("chunks", "devices"):
+            if not isinstance(t[k], list):
+                raise SpecError(f"{w}.{k}", f"must be a list of indices, got {_short(t[k])}")
+        out.append(Tied(t["name"], t["region"], tuple(_index(f"{w}.chunks[{j}]", x) for j, x in enumerate(t["chunks"])),
+                        tuple(_index(f"{w}.devices[{j}]", x) for j, x in enumerate(t["devices"]))))
+    return out
 
 
 def _short(value) -> str:

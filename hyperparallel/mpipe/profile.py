@@ -65,6 +65,25 @@ class LinkProfile:
 
 
 @dataclass(frozen=True)
+class TiedWeight:
+    """One weight that several layers of a region share (an LLM's input embedding and LM head when the
+    config ties them): one logical parameter. ``layers``: a layer of each holder (the chunk that holds
+    that layer holds a copy: layer 0 for the embedding, the region's last layer for the head);
+    ``param_mb``: its size (every device holding a copy holds it, its grads and optimizer state)."""
+
+    name: str
+    region: str
+    layers: Tuple[int, ...]
+    param_mb: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "region": self.region, "layers": list(self.layers), "param_mb": self.param_mb}
+
+
+TIED_KEYS = ("name", "region", "layers", "param_mb")
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     regions: Tuple[RegionProfile, ...]
     link: LinkProfile = LinkProfile()
@@ -81,6 +100,9 @@ class ModelProfile:
     step_overhead_ms: float = 0.0
     # the micro-batch size (samples) the per-micro-batch costs were measured at; None: not recorded
     micro_batch_size: Optional[int] = None
+    # weights shared by layers of a region (tied word embeddings): their copies' gradients are summed
+    # over the devices holding them before the optimizer (:mod:`.derive` emits the all-reduce)
+    tied: Tuple[TiedWeight, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {r.name: r for r in self.regions})
@@ -119,7 +141,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     if not isinstance(obj, dict):
         raise SpecError(where, "must be a mapping with 'regions' (and optional 'link')")
     top = ("regions", "link", "optimizer_factor", "measured_on", "device_scale", "action_overhead_ms",
-           "step_overhead_ms", "micro_batch_size")
+           "step_overhead_ms", "micro_batch_size", "tied")
     unknown = set(obj) - set(top)
     if unknown:
         raise unknown_key(where, obj, top)
@@ -172,7 +194,39 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
                         action_overhead_ms=_number(f"{where}.action_overhead_ms", obj.get("action_overhead_ms", 0.0)),
                         step_overhead_ms=_number(f"{where}.step_overhead_ms", obj.get("step_overhead_ms", 0.0)),
                         micro_batch_size=(None if obj.get("micro_batch_size") is None else
-                                          _number(f"{where}.micro_batch_size", obj["micro_batch_size"], True, 1)))
+                                          _number(f"{where}.micro_batch_size", obj["micro_batch_size"], True, 1)),
+                        tied=parse_tied(obj.get("tied", []), {r.name: r.layers for r in regions}, f"{where}.tied"))
+
+
+def parse_tied(obj, depths: dict, where: str = "mpipe.profile.tied") -> Tuple[TiedWeight, ...]:
+    """``tied: [{name, region, layers: [0, L-1], param_mb}]``: the tied weights, each checked (a region of the
+    profile, at least two distinct layers of it, a name given once)."""
+    if not isinstance(obj, list):
+        raise SpecError(where, f"must be a list of {{{', '.join(TIED_KEYS)}}}, got {obj!r}")
+    out, names = [], set()
+    for i, t in enumerate(obj):
+        w = f"{where}[{i}]"
+        if not isinstance(t, dict):
+            raise SpecError(w, "must be a mapping with keys " + ", ".join(TIED_KEYS))
+        if set(t) - set(TIED_KEYS):
+            raise unknown_key(w, t, TIED_KEYS)
+        for k in ("name", "region", "layers"):
+            if k not in t:
+                raise SpecError(f"{w}.{k}", "missing")
+        if not isinstance(t["name"], str) or not t["name"] or t["name"] in names:
+            raise SpecError(f"{w}.name", f"must be a non-empty name given once, got {t['name']!r}")
+        if t["region"] not in depths:
+            raise SpecError(f"{w}.region", f"{t['region']!r} unknown; allowed: {', '.join(depths)}")
+        layers = t["layers"]
+        if (not isinstance(layers, list) or len(set(map(repr, layers))) < 2
+                or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < depths[t["region"]]
+                       for x in layers)):
+            raise SpecError(f"{w}.layers", f"{layers!r}: give two or more distinct layers of {t['region']!r} "
+                                           f"(0..{depths[t['region']] - 1}), one per copy")
+        names.add(t["name"])
+        out.append(TiedWeight(t["name"], t["region"], tuple(layers),
+                              _number(f"{w}.param_mb", t.get("param_mb", 0.0), maximum=bounds.MAX_COST)))
+    return tuple(out)
 
 
 MACHINE_KEYS = ("cpu", "cores", "device", "mindspore")

@@ -120,12 +120,17 @@ def _seq_len(model_cfg: dict, data: dict) -> Tuple[int, str]:
     return 2048, "2048 tokens (assumed)"
 
 
+def param_bytes(model_cfg: dict) -> int:
+    """Bytes per parameter of the model config (MindFormers' ``param_init_type``; 4 when not given)."""
+    return _dtype_bytes(model_cfg, "param_init_type", default=4)
+
+
 def estimated_profile(towers: List, model_cfg: dict, data: dict, device: str, batch: int) -> Tuple[Optional[dict], str]:
     """(``mpipe.profile`` mapping, one-line statement of the assumptions), or (None, why) when a tower
     has no sizes to estimate from."""
     rate = RATE_TFLOPS.get(device, RATE_TFLOPS["CPU"]) * 1e12
     act_bytes = _dtype_bytes(model_cfg, "compute_dtype", "torch_dtype", "dtype", default=4)
-    par_bytes = _dtype_bytes(model_cfg, "param_init_type", default=4)
+    par_bytes = param_bytes(model_cfg)
     seq, seq_from = _seq_len(model_cfg, data)
     notes = [f"{batch} sequence(s) x {seq} tokens ({seq_from}) per micro-batch"]
     regions = []

@@ -366,3 +366,25 @@ def freeze_flags(mc: dict) -> Dict[str, Tuple[bool, str]]:
             raise SpecError(key, f"must be true or false, got {v!r}")
         out[region_name(k[len("freeze_"):])] = (v, key)
     return out
+
+
+#: the label of an LLM's tied input embedding and LM head, in profiles and plans (``mpipe.profile.tied``)
+WORD_EMBEDDINGS = "word_embeddings"
+
+
+def tied_word_embeddings(raw: dict) -> Optional[Tuple[str, int, int]]:
+    """(the key that ties them, vocabulary, hidden size) when the language-model tower's own config sets
+    ``tie_word_embeddings: true`` (MindFormers' LlamaConfig, a flat Hugging Face config, or the
+    ``text_config`` of a VLM: the flag Hugging Face's and mindone's ``tie_weights`` read), else None."""
+    ts = model_towers(raw)
+    if not ts or ts[-1].name != "llm":
+        return None
+    llm = ts[-1]
+    cfg = llm.config
+    if cfg.get("tie_word_embeddings") is not True:
+        return None
+    key = llm.key.rsplit(".", 1)[0] + ".tie_word_embeddings"
+    mc = model_config(raw)
+    vocab = cfg.get("vocab_size", mc.get("vocab_size"))
+    hidden = cfg.get("hidden_size", mc.get("hidden_size"))
+    return key, (vocab if _whole(vocab) and vocab > 0 else 0), (hidden if _whole(hidden) and hidden > 0 else 0)

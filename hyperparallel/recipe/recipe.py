@@ -40,7 +40,7 @@ from ..mpipe.derive import derive
 from ..mpipe.ir import Plan
 from ..mpipe.memory import FIELD as MEMORY_FIELD
 from ..mpipe.errors import SpecError, unknown_key
-from ..mpipe.profile import ModelProfile, parse_profile
+from ..mpipe.profile import ModelProfile, TiedWeight, parse_profile
 from ..mpipe.schedule import Schedule, parse_schedule
 from . import mindformers as mf
 from . import estimate, schema
@@ -293,6 +293,21 @@ def _set_trainable(prof: dict, raw: dict, enc: dict, hand_written: bool) -> dict
     return dict(prof, regions=regs)
 
 
+def _with_tied_embeddings(profile: ModelProfile, raw: dict) -> ModelProfile:
+    """The profile with the language model's tied embedding and LM head (``tie_word_embeddings: true``) as a
+    tied weight of its last region, on its first and last layer (the chunks holding the embedding and the head),
+    sized vocabulary x hidden; a profile that lists it already (``mpipe.profile.tied``) is kept as it is."""
+    tie = mf.tied_word_embeddings(raw)
+    if tie is None or any(t.name == mf.WORD_EMBEDDINGS for t in profile.tied):
+        return profile
+    _, vocab, hidden = tie
+    body = profile.regions[-1]
+    nbytes = estimate.param_bytes(_model_config(raw))
+    tied = TiedWeight(mf.WORD_EMBEDDINGS, body.name, tuple(sorted({0, body.layers - 1})),
+                      vocab * hidden * nbytes / 2 ** 20)
+    return replace(profile, tied=profile.tied + (tied,))
+
+
 def _schedule_spec(raw: dict, mp: dict, P: int, V: int, M: int, v_key: str):
     """The recipe's schedule spec: ``mpipe.schedule``, else MindFormers' scheduler keys, else 1f1b."""
     if "schedule" in mp:
@@ -351,7 +366,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
         if prof is None:
             raise SpecError("mpipe.profile", "missing; give the regions with their per-layer costs (or "
                                              "model.model_config.num_hidden_layers for a unit-cost profile)")
-    profile = parse_profile(_set_trainable(prof, raw, enc, hand_written))
+    profile = _with_tied_embeddings(parse_profile(_set_trainable(prof, raw, enc, hand_written)), raw)
     bounds.check_plan_size(P, V, M, len(profile.regions))
     spec = _schedule_spec(raw, mp, P, V, M, v_key)
     device = device_of(raw)
