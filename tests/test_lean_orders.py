@@ -20,7 +20,7 @@ TORCH = {("interleaved_zb", 4, 8, 2): (44.5, 8), ("interleaved_zb", 4, 12, 2): (
 TORCH_RULES_OURS = {("interleaved_zb", 4, 12, 3): (94.5, 12), ("interleaved_zb", 3, 12, 3): (93.0, 9),
                     ("interleaved_zb", 2, 12, 3): (91.5, 6), ("zbv", 4, 12, 2): (63.0, 8),
                     ("zbv", 3, 12, 2): (62.0, 6)}
-BASELINE = dict(TORCH, **TORCH_RULES_OURS)
+BASELINE = {**TORCH, **TORCH_RULES_OURS}
 # what ours give (exact): the same as the baseline on every shape
 OURS = dict(BASELINE)
 # the _fast variants: (step, peak), the orders before issue 23
