@@ -327,3 +327,76 @@ def test_check_stops_at_the_first_failing_rule():
     assert "unknown kind" in errs[0] and not any("neither computed" in e for e in errs)
     assert check_structure(plan, _Structure(plan)) == errs
     assert check_completeness(plan, _Structure(plan)) == []
+
+
+# -- plans without a chunk table (an exported plan of another tool): structure read from the actions ---------
+
+def _without_chunks(plan):
+    return Plan(num_devices=plan.num_devices, num_micro=plan.num_micro, programs=plan.programs,
+                trainable=dict(plan.trainable))
+
+
+@pytest.mark.parametrize("make", [_1f1b, lambda: _transpose("central"), lambda: _transpose("owner", trained=False)])
+def test_plan_without_chunk_table_is_checked_from_its_actions(make):
+    plan = _without_chunks(make())
+    assert check(plan) == []
+    st = _Structure(plan)
+    assert list(st.regions) == list(make().regions()) and st.holders is None
+    assert dict(st.nchunks) == {r: n for r, n in _Structure(make()).nchunks.items()}
+
+
+def test_plan_without_chunk_table_still_refuses_a_missing_forward():
+    plan = _without_chunks(_1f1b())
+    prog = plan.programs[1]
+    del prog[_index(prog, lambda a: a.kind == F and a.micro == 2)]
+    _only(check(plan), "F llm c1 m2 runs 0 times, expected once")
+
+
+def test_plan_without_chunk_table_infers_trainable_from_weight_grads():
+    # no trainable table either: a region with W/BW actions is trained, one without is frozen
+    plan = _transpose("owner", trained=False)
+    bare = Plan(num_devices=plan.num_devices, num_micro=plan.num_micro, programs=plan.programs)
+    st = _Structure(bare)
+    assert st.trainable == {"vision": False, "llm": True}
+    assert check(bare) == []
+
+
+# -- the whole check() runs every rule (a rule dropped from the pipeline fails here) ----------------------------
+
+def test_check_runs_the_collective_rule():
+    plan = _transpose("owner")
+    d, k = _allreduce_at(plan)[-1]
+    del plan.programs[d][k]
+    errs = check(plan)
+    assert errs and "collective" in errs[0], errs
+
+
+def test_check_runs_the_deadlock_rule():
+    plan = _1f1b(P=2, M=2)
+    p0 = plan.programs[0]
+    p0.insert(0, p0.pop(_index(p0, lambda a: a.kind == RECV)))
+    errs = check(plan)
+    assert errs and "deadlock" in errs[0]
+
+
+def test_chunk_holder_equal_to_the_device_count_is_outside():
+    plan = _1f1b(P=2)
+    plan.chunks[1] = dataclasses.replace(plan.chunks[1], devices=(2,))
+    _only(check(plan), "chunk 1 of region 'llm': holders [2] not among devices 0..1")
+
+
+def test_compute_on_the_chunk_one_past_the_last():
+    plan = _1f1b(P=2)
+    prog = plan.programs[1]
+    k = _index(prog, lambda a: a.kind == F)
+    prog[k] = dataclasses.replace(prog[k], chunk=2)
+    assert f"device 1 action {k}" in _only(check(plan), "unknown region/chunk")
+
+
+def test_every_broken_region_is_reported():
+    # two regions with bad chunk indices: both named (the table is read to its end)
+    plan = _transpose("owner")
+    for i, c in enumerate(plan.chunks):
+        plan.chunks[i] = dataclasses.replace(c, index=c.index + 5)
+    errs = check_chunks(plan)
+    assert {e.split(":")[0] for e in errs} == {"chunks of region 'vision'", "chunks of region 'llm'"}
