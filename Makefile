@@ -35,8 +35,13 @@ test-fast: install
 fuzz: install
 	HP_FUZZ_EXAMPLES=$${HP_FUZZ_EXAMPLES:-2000} $(PY) -m pytest -q tests/test_fuzz.py
 
+# mutation testing of the checker and the cost model (mutmut, setup.cfg [mutmut]); writes docs/mutation.md.
+# Not in CI (minutes on 2 cores): rerun when hyperparallel/mpipe/check.py or cost.py change.
+mutation: install
+	$(PY) tools/mutation_report.py
+
 # the demo conversations data set that recipes/tiny_mllm_data.yaml reads (see README "Your own data")
 demo-data: install
 	$(PY) tools/make_demo_data.py data/demo
 
-.PHONY: install demo test test-fast demo-data fuzz
+.PHONY: install demo test test-fast demo-data fuzz mutation

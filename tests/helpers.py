@@ -20,37 +20,39 @@ def mllm(trained_encoder: bool, enc_layers: int = 2, llm_layers: int = 8, enc_ms
     return profile(("vision", enc_layers, trained_encoder, enc_ms, enc_ms, enc_ms), ("llm", llm_layers, True))
 
 
-def dumped(dump_dir: str):
+def dumped(dump_dir: str, grads_of: str = "first"):
     """What a worker case with ``dump_dir`` wrote: (losses.json as a dict, {param name: [grad of every rank
-    holding it]} of the first step)."""
+    holding it]} of the case's first step, or with ``grads_of="last"`` of its last step)."""
     import json
     import os
 
     import numpy as np
     with open(os.path.join(dump_dir, "losses.json")) as f:
         got = json.load(f)
+    prefix = "grads_rank" if grads_of == "first" else "grads_last_rank"
     grads = {}
     for fn in sorted(os.listdir(dump_dir)):
-        if fn.startswith("grads_rank"):
+        if fn.startswith(prefix):
             for k, v in np.load(os.path.join(dump_dir, fn)).items():
                 grads.setdefault(k, []).append(v)
     return got, grads
 
 
 def reference_run(recipe, steps: int):
-    """(per-step losses, step-0 grads by name) of the single-process reference of a loaded recipe."""
+    """(per-step losses, first step's grads by name, [every step's grads by name]) of the single-process
+    reference of a loaded recipe."""
     from hyperparallel.mindspore import compat
     from hyperparallel.runconfig import RunConfig
     from hyperparallel.mindspore.reference import Reference
     compat.setup_device("CPU")
     ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num * recipe.data_parallel,
                     {r.name: r.trainable for r in recipe.profile.regions})
-    losses, grads0 = [], None
+    losses, per_step = [], []
     for s in range(steps):
         loss, g = ref.step(s)
         losses.append(loss)
-        grads0 = g if grads0 is None else grads0
-    return losses, grads0
+        per_step.append(g)
+    return losses, per_step[0], per_step
 
 
 # -- msrun job cases (the worker's job file), shared by the equivalence and checkpoint suites ------
@@ -101,22 +103,36 @@ def launch_cases(tmp: str, cases, world: int, timeout: float = 400):
     return res
 
 
-def assert_equivalent(case: dict, ref_losses, ref_grads) -> dict:
-    """The case's dumped losses equal the reference's (the steps both have, 1e-5 relative) and every rank's
-    step-0 gradient of every parameter equals the reference's (1e-5 of its scale); the same parameters
-    are trained, and none has a zero gradient. Returns the dumped gradients."""
+def _assert_grads(name: str, grads: dict, want_by_name: dict, when: str) -> None:
+    import numpy as np
+    assert set(grads) == set(want_by_name), f"{name}: {when} grads held {sorted(set(grads) ^ set(want_by_name))[:5]}"
+    for pname, got_list in grads.items():
+        want = want_by_name[pname]
+        scale = max(float(np.abs(want).max()), 1e-12)
+        assert np.abs(want).max() > 0, f"{name}: {when} grad {pname} is zero in the reference"
+        for g in got_list:   # every rank holding this parameter (replicas, data-parallel peers) agrees
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{name}: {when} grad {pname}")
+
+
+def assert_equivalent(case: dict, ref_losses, ref_grads, ref_step_grads=None) -> dict:
+    """The case ran exactly the steps it asked for, from step 0, and they equal the reference's first
+    steps: every loss (1e-5 relative), and every rank's gradient of every parameter at the first step and,
+    for a case of more than one step, at its last step (1e-5 of its scale; ``ref_step_grads``: the
+    reference's gradients of every step, as :func:`reference_run` returns them); the same parameters are
+    trained, and none has a zero gradient. Returns the first step's dumped gradients."""
     import numpy as np
     got, grads = dumped(case["dump_dir"])
-    n = min(len(got["losses"]), len(ref_losses))
-    assert n >= 1, case["name"]
-    np.testing.assert_allclose(got["losses"][:n], ref_losses[:n], rtol=1e-5, err_msg=f"{case['name']}: losses")
-    assert set(grads) == set(ref_grads), f"{case['name']}: grads held {sorted(set(grads) ^ set(ref_grads))[:5]}"
-    for name, got_list in grads.items():
-        want = ref_grads[name]
-        scale = max(float(np.abs(want).max()), 1e-12)
-        assert np.abs(want).max() > 0, name
-        for g in got_list:   # every rank holding this parameter (replicas, data-parallel peers) agrees
-            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{case['name']}: grad {name}")
+    name, steps = case["name"], case["steps"]
+    assert got.get("start", 0) == 0, f"{name}: resumed at step {got['start']}; compare it with a reference of its steps"
+    assert len(got["losses"]) == steps, f"{name}: {len(got['losses'])} losses dumped, {steps} steps asked for"
+    assert len(ref_losses) >= steps, f"{name}: the reference ran {len(ref_losses)} steps, the case {steps}"
+    np.testing.assert_allclose(got["losses"], ref_losses[:steps], rtol=1e-5, err_msg=f"{name}: losses")
+    _assert_grads(name, grads, ref_grads, "first-step")
+    if steps > 1:
+        assert ref_step_grads is not None, f"{name}: {steps} steps: give the reference's gradients of every step"
+        _, last = dumped(case["dump_dir"], grads_of="last")
+        assert last, f"{name}: no last-step gradients dumped"
+        _assert_grads(name, last, ref_step_grads[steps - 1], f"step-{steps}")
     return grads
 
 

@@ -12,14 +12,17 @@ from hyperparallel.mpipe.orders import ORDERS, rounds
 from helpers import profile
 
 # torch.distributed.pipelining (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble), same setting:
-# (order, P, M, V) -> (step, peak). The first four are issue 23's figures; the M = 12 ones restate
-# torch's order rules in this cost model (they reproduce the first four exactly).
+# (order, P, M, V) -> (step, peak), issue 23's figures of torch's own schedules.
 TORCH = {("interleaved_zb", 4, 8, 2): (44.5, 8), ("interleaved_zb", 4, 12, 2): (64.5, 8),
-         ("interleaved_zb", 2, 6, 3): (46.5, 6), ("zbv", 4, 8, 2): (43.0, 8),
-         ("interleaved_zb", 4, 12, 3): (94.5, 12), ("interleaved_zb", 3, 12, 3): (93.0, 9),
-         ("interleaved_zb", 2, 12, 3): (91.5, 6), ("zbv", 4, 12, 2): (63.0, 8), ("zbv", 3, 12, 2): (62.0, 6)}
-# what ours give (exact): the same as torch's on every shape
-OURS = dict(TORCH)
+         ("interleaved_zb", 2, 6, 3): (46.5, 6), ("zbv", 4, 8, 2): (43.0, 8)}
+# NOT torch's figures: torch's order rules restated by hand in this project's cost model, M = 12 (the
+# restatement reproduces the four TORCH figures above exactly; these are that restatement's output)
+TORCH_RULES_OURS = {("interleaved_zb", 4, 12, 3): (94.5, 12), ("interleaved_zb", 3, 12, 3): (93.0, 9),
+                    ("interleaved_zb", 2, 12, 3): (91.5, 6), ("zbv", 4, 12, 2): (63.0, 8),
+                    ("zbv", 3, 12, 2): (62.0, 6)}
+BASELINE = {**TORCH, **TORCH_RULES_OURS}
+# what ours give (exact): the same as the baseline on every shape
+OURS = dict(BASELINE)
 # the _fast variants: (step, peak), the orders before issue 23
 FAST = {("interleaved_zb", 4, 8, 2): (44.0, 13), ("interleaved_zb", 4, 12, 2): (64.0, 15),
         ("interleaved_zb", 2, 6, 3): (46.0, 9), ("zbv", 4, 8, 2): (43.0, 9),
@@ -35,11 +38,11 @@ def figures(order, P, M, V, f=1.0, b=1.0, w=0.5):
     return rep.makespan_ms, max(d.peak_activation_mb for d in rep.devices)
 
 
-@pytest.mark.parametrize("order,P,M,V", sorted(TORCH))
+@pytest.mark.parametrize("order,P,M,V", sorted(BASELINE))
 def test_lean_orders_at_or_under_torch_peak_and_step(order, P, M, V):
     step, peak = figures(order, P, M, V)
     assert (step, peak) == pytest.approx(OURS[(order, P, M, V)])
-    t_step, t_peak = TORCH[(order, P, M, V)]
+    t_step, t_peak = BASELINE[(order, P, M, V)]
     assert step <= t_step + 1e-9 and peak <= t_peak + 1e-9
 
 

@@ -198,9 +198,10 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
             gathered = comm.all_gather_object((mem, wants_stop()))
             mem_all = [m for m, _ in gathered]
             stop = stop or any(w for _, w in gathered)
-        if dump_dir and step == start:
+        if dump_dir and step in (start, steps - 1):   # the first and the last step's gradients (tests)
             os.makedirs(dump_dir, exist_ok=True)
-            np.savez(os.path.join(dump_dir, f"grads_rank{comm.rank}.npz"),
+            kind = "grads" if step == start else "grads_last"
+            np.savez(os.path.join(dump_dir, f"{kind}_rank{comm.rank}.npz"),
                      **{k: v.asnumpy() for k, v in res.grads.items()})
         if comm.rank == 0:
             rec = log.record(res, skipped)

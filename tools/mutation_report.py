@@ -1,0 +1,117 @@
+"""Mutation testing of the checker and the cost model (``make mutation``): run mutmut with the repo's
+``setup.cfg [mutmut]`` section in a scratch copy of the tree, then write ``docs/mutation.md``: the score
+per file and every mutant the fast tests did not kill, with its diff and, where one is written in
+``tools/mutation_equivalent.txt`` (``MUTANT_NAME: why it cannot change behaviour``), why it is
+equivalent. Not part of CI (it takes minutes on 2 cores); rerun when check.py or cost.py change.
+
+    python tools/mutation_report.py [--out docs/mutation.md] [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COPY = ("hyperparallel", "tests", "recipes", "tools", "pytest.ini", "setup.cfg")
+NOTES = os.path.join(ROOT, "tools", "mutation_equivalent.txt")
+
+
+def _mutmut(*args, cwd):
+    exe = os.path.join(os.path.dirname(sys.executable), "mutmut")
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True)
+
+
+def _notes() -> dict:
+    out = {}
+    if os.path.exists(NOTES):
+        with open(NOTES) as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#") and ": " in line:
+                    name, why = line.split(": ", 1)
+                    out[name.strip()] = why.strip()
+    return out
+
+
+def _file_of(mutant: str) -> str:
+    """``hyperparallel.mpipe.check.x_check_fifo__mutmut_5`` -> ``hyperparallel/mpipe/check.py``."""
+    module = mutant.split(".x")[0] if ".x" in mutant else mutant.rsplit(".", 1)[0]
+    return module.replace(".", "/") + ".py"
+
+
+def _diff(mutant: str, cwd: str) -> str:
+    shown = _mutmut("show", mutant, cwd=cwd).stdout
+    return "\n".join(ln for ln in shown.splitlines() if re.match(r"^[-+](?![-+])", ln))
+
+
+def report(work: str) -> str:
+    res = _mutmut("results", "--all", "true", cwd=work)
+    rows = [ln.strip().rsplit(": ", 1) for ln in res.stdout.splitlines() if ": " in ln]
+    status = {name: st for name, st in rows}
+    per_file = defaultdict(Counter)
+    for name, st in status.items():
+        per_file[_file_of(name)][st] += 1
+    notes = _notes()
+    lines = ["# Mutation testing: the checker and the cost model", "",
+             "Written by `python tools/mutation_report.py` (`make mutation`): mutmut mutates "
+             "`hyperparallel/mpipe/check.py` and `cost.py` and runs the fast tests named in `setup.cfg [mutmut]` "
+             "against each mutant. A killed mutant failed a test; a surviving one changed the code and no test "
+             "noticed. Each survivor below is a test to write, or (where `tools/mutation_equivalent.txt` says "
+             "why) a change that cannot alter behaviour. Not in CI: rerun when those files change.", "",
+             "| file | mutants | killed | survived | no test ran | timeout | score |", "|---|---|---|---|---|---|---|"]
+    for fn in sorted(per_file):
+        c = per_file[fn]
+        total = sum(c.values())
+        killed = c["killed"]
+        lines.append(f"| `{fn}` | {total} | {killed} | {c['survived']} | {c['no tests']} | {c['timeout']} | "
+                     f"{100.0 * killed / total:.1f}% |")
+    left = [n for n, st in sorted(status.items()) if st in ("survived", "no tests")]
+    explained = [n for n in left if n in notes]
+    lines += ["", f"{len(left)} mutants not killed, {len(explained)} of them explained as equivalent.", ""]
+    for n in left:
+        lines.append(f"### `{n}` ({status[n]})")
+        lines.append("")
+        if n in notes:
+            lines.append(f"Equivalent: {notes[n]}")
+            lines.append("")
+        lines += ["```diff", _diff(n, work), "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "mutation.md"))
+    ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (default: a temporary folder)")
+    ap.add_argument("--max-children", type=int, default=2)
+    args = ap.parse_args(argv)
+    work = args.keep or tempfile.mkdtemp(prefix="hp-mutation-")
+    try:
+        for name in COPY:
+            src, dst = os.path.join(ROOT, name), os.path.join(work, name)
+            if os.path.isdir(src):
+                shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(src, dst)
+        run = _mutmut("run", "--max-children", str(args.max_children), cwd=work)
+        if run.returncode != 0:
+            print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
+            print(f"error: mutmut run failed (exit {run.returncode})", file=sys.stderr)
+            return 1
+        text = report(work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
