@@ -400,3 +400,79 @@ def test_every_broken_region_is_reported():
         plan.chunks[i] = dataclasses.replace(c, index=c.index + 5)
     errs = check_chunks(plan)
     assert {e.split(":")[0] for e in errs} == {"chunks of region 'vision'", "chunks of region 'llm'"}
+
+
+# -- findings a mutation run showed unchecked (docs/mutation.md) ------------------------------------------------
+
+def test_assert_valid_raises_the_first_finding_and_counts_the_rest():
+    from hyperparallel.mpipe import assert_valid
+    from hyperparallel.mpipe.errors import PlanError
+    good = _1f1b()
+    assert assert_valid(good) is good
+    plan = _1f1b()
+    plan.programs[0].insert(0, Action("FLY"))
+    plan.programs[1].insert(0, Action("SWIM"))
+    errs = check(plan)
+    assert len(errs) == 2
+    with pytest.raises(PlanError) as e:
+        assert_valid(plan)
+    assert str(e.value) == errs[0] + " (+1 more)"
+
+
+def test_dependency_findings_are_capped_at_21():
+    # every receive of device 1 moved to the end: many uses before receipt, reported up to the cap
+    plan = _1f1b(P=2, M=30)
+    prog = plan.programs[1]
+    recvs = [a for a in prog if a.kind == RECV]
+    plan.programs[1] = [a for a in prog if a.kind != RECV] + recvs
+    errs = check_dependencies(plan, _Structure(plan))
+    assert len(errs) == 21
+
+
+def test_receive_on_a_channel_its_peer_never_sends_on():
+    # P = 3: device 0 sends nothing to device 2 in 1F1B; a receive from it is on a channel with no sends
+    plan = _1f1b(P=3, M=3, layers=3)
+    plan.programs[2].insert(0, Action(RECV, "llm", 0, 0, peer=0, tensor="act"))
+    errs = check_fifo(plan)
+    assert errs == ["device 2 action 0 (RECV act llm c0 m0 <-0): awaits ('act', 'llm', 0, 0) from device 0, which "
+                    "never sends it"]
+
+
+def test_send_on_a_channel_its_peer_never_receives_on():
+    plan = _1f1b(P=3, M=3, layers=3)
+    k = len(plan.programs[0])
+    plan.programs[0].append(Action(SEND, "llm", 0, 0, peer=2, tensor="act"))
+    errs = check_fifo(plan)
+    assert errs == [f"device 0 action {k} (SEND act llm c0 m0 ->2): sends ('act', 'llm', 0, 0) to device 2, which "
+                    "never receives it"]
+
+
+def test_fifo_break_names_both_messages():
+    plan = _1f1b()
+    prog = plan.programs[0]
+    sends = [i for i, a in enumerate(prog) if a.kind == SEND]
+    first = prog.pop(sends[0])
+    prog.insert(sends[1], first)
+    errs = check_fifo(plan)
+    k = next(i for i, a in enumerate(plan.programs[1]) if a.kind == RECV)
+    s = sends[1] - 1   # device 0's action now first on the channel: the old second send
+    assert errs == [f"device 1 action {k} (RECV act llm c0 m0 <-0): FIFO order broken on channel 0->1: awaits "
+                    f"('act', 'llm', 0, 0) as message #0, but device 0 action {s} ({plan.programs[0][s].label()}) "
+                    f"sends ('act', 'llm', 0, 1) in that place"]
+
+
+def test_collectives_after_a_data_parallel_allreduce_are_still_checked():
+    # a hand-made plan whose data-parallel all-reduce comes before a broken plan collective: still refused
+    plan = derive(mllm(True), "transpose", 2, 4, 1, 2)
+    assert check(plan) == []
+    dp = Action(ALLREDUCE, "llm", tensor=WGRAD, group="dp")
+    for d in (0, 1):
+        plan.programs[d].insert(0, dp)
+    d, k = _allreduce_at(plan)[-1]
+    a = plan.programs[d][k]
+    if a.group == "dp":
+        d, k = [(d2, k2) for d2, k2 in _allreduce_at(plan) if plan.programs[d2][k2].group != "dp"][-1]
+        a = plan.programs[d][k]
+    plan.programs[d][k] = dataclasses.replace(a, group=tuple(x for x in a.group if x != d))
+    errs = check_collectives(plan)
+    assert errs and f"device {d} is not a member of group" in errs[0]

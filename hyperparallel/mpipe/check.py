@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 from .errors import PlanError
 from .execute import coll_key, execute, msg_key
 from .ir import (ACT, ALL_KINDS, ALLREDUCE, B, BW, COLLECTIVE_KINDS, DP_GROUP, F, GRAD, P2P_KINDS, R, RECV, SEND,
-                 TIED, W, Action, Plan, RegionList, needs_backward, next_chunk, prev_chunk)
+                 TIED, W, Action, Plan, RegionList, needs_backward, prev_chunk)
 
 
 class _Structure:
@@ -42,9 +42,6 @@ class _Structure:
 
     def prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
         return prev_chunk(self.regions, self.nchunks, region, chunk)
-
-    def next(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        return next_chunk(self.regions, self.nchunks, region, chunk)
 
 
 def _where(d: int, i: int, a: Action) -> str:
