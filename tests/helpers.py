@@ -97,13 +97,22 @@ def launch_cases(tmp: str, cases, world: int, timeout: float = 400):
     """Run the cases in one msrun launch of ``world`` ranks; fails the test on a non-zero exit."""
     import os
     from hyperparallel.launch import launch
+    dumps = [c["dump_dir"] for c in cases if c.get("dump_dir")]
+    assert len(set(dumps)) == len(dumps), f"two cases share a dump folder: {sorted(d for d in dumps if dumps.count(d) > 1)}"
     res = launch({"cases": list(cases), "device": "CPU"}, world, os.path.join(tmp, "log"), timeout_s=timeout,
                  echo=False)
     assert res.returncode == 0, res.message + "\n" + "\n".join(res.lines[-30:])
     return res
 
 
-def _assert_grads(name: str, grads: dict, want_by_name: dict, when: str) -> None:
+#: the last step's gradients follow updates of the weights: Adam divides each moment by its root, so the
+#: float32 rounding of two summation orders (pipeline vs one process) in the first step's gradients comes
+#: back larger. Measured over the equivalence suites after 2-11 updates: up to 2.5e-5 of a gradient's
+#: scale; a wrong gradient (a missed micro-batch, an unsummed copy) is off by whole parts of itself.
+LAST_STEP_TOL = 1e-4
+
+
+def _assert_grads(name: str, grads: dict, want_by_name: dict, when: str, tol: float = 1e-5) -> None:
     import numpy as np
     assert set(grads) == set(want_by_name), f"{name}: {when} grads held {sorted(set(grads) ^ set(want_by_name))[:5]}"
     for pname, got_list in grads.items():
@@ -111,13 +120,13 @@ def _assert_grads(name: str, grads: dict, want_by_name: dict, when: str) -> None
         scale = max(float(np.abs(want).max()), 1e-12)
         assert np.abs(want).max() > 0, f"{name}: {when} grad {pname} is zero in the reference"
         for g in got_list:   # every rank holding this parameter (replicas, data-parallel peers) agrees
-            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{name}: {when} grad {pname}")
+            np.testing.assert_allclose(g, want, rtol=tol, atol=tol * scale, err_msg=f"{name}: {when} grad {pname}")
 
 
 def assert_equivalent(case: dict, ref_losses, ref_grads, ref_step_grads=None) -> dict:
     """The case ran exactly the steps it asked for, from step 0, and they equal the reference's first
     steps: every loss (1e-5 relative), and every rank's gradient of every parameter at the first step and,
-    for a case of more than one step, at its last step (1e-5 of its scale; ``ref_step_grads``: the
+    for a case of more than one step, at its last step (:data:`LAST_STEP_TOL` of its scale; ``ref_step_grads``: the
     reference's gradients of every step, as :func:`reference_run` returns them); the same parameters are
     trained, and none has a zero gradient. Returns the first step's dumped gradients."""
     import numpy as np
@@ -132,7 +141,7 @@ def assert_equivalent(case: dict, ref_losses, ref_grads, ref_step_grads=None) ->
         assert ref_step_grads is not None, f"{name}: {steps} steps: give the reference's gradients of every step"
         _, last = dumped(case["dump_dir"], grads_of="last")
         assert last, f"{name}: no last-step gradients dumped"
-        _assert_grads(name, last, ref_step_grads[steps - 1], f"step-{steps}")
+        _assert_grads(name, last, ref_step_grads[steps - 1], f"step-{steps}", LAST_STEP_TOL)
     return grads
 
 

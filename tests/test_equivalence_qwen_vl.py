@@ -60,7 +60,8 @@ def _overrides(demo, frozen, extra=(), micro=M2):
 
 def _name(path, schedule, frozen, extra=()):
     stem = os.path.splitext(os.path.basename(path))[0]
-    return case_name(f"{stem}_{schedule}_{'frozen' if frozen else 'trained'}_{len(extra)}")
+    # the settings themselves name the case (two cases with as many settings must not share a dump folder)
+    return case_name(f"{stem}_{schedule}_{'frozen' if frozen else 'trained'}_{'_'.join(extra)}")
 
 
 def _case(tmp, demo, path, schedule, frozen, extra=(), micro=M2, **kw):
