@@ -123,7 +123,7 @@ class Runtime:
         from .mindspore.checkpoint import recipe_hash
         from .mindspore.ckpt_files import step_dir
         raw = getattr(getattr(self, "recipe", None), "raw", None) or {}
-        from .models.hf_processor import processor_record
+        from .data.hf_processor import processor_record
         meta = {"recipe_hash": recipe_hash(raw), "schedule": self.plan.meta.get("schedule_name"),
                 "processor": processor_record(raw)}
         self.rank_runtime.saver(save_dir, fmt, meta).save(self.next_step)

@@ -582,7 +582,7 @@ def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_
     from hyperparallel.data.pixels import decode_eager
     from hyperparallel.data.text import Tok
     from hyperparallel.models import adapter_for
-    from hyperparallel.models.hf_processor import processor_record
+    from hyperparallel.data.hf_processor import processor_record
     step0, _ = qwen_step
     demo = write_demo(str(tmp_path / "demo"), 8, seed=1)
     raw = load_recipe(QWEN).raw

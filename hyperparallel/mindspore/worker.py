@@ -113,7 +113,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     """Train one case; True when it stopped early on a signal (the job's later cases are skipped).
     ``pool``: compiled chunks kept from the job's earlier cases (:class:`~.compiled.GraphPool`)."""
     from hyperparallel.mindspore.checkpoint import SaveError, recipe_hash
-    from hyperparallel.models.hf_processor import processor_record
+    from hyperparallel.data.hf_processor import processor_record
     from hyperparallel.mindspore.ckpt_files import step_dir
     from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
     from hyperparallel.mindspore.job import case_runtime, encoder_record

@@ -25,7 +25,7 @@ def processor_record(raw: dict) -> Optional[dict]:
     tok = sec.get("tokenizer")
     if sec.get("type") != "conversations" or not isinstance(tok, str) or not tok:
         return None
-    from hyperparallel.data.qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, read_preprocessor_config
+    from .qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, read_preprocessor_config
     values = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "image_mean": list(CLIP_MEAN),
               "image_std": list(CLIP_STD)}
     if sec.get("preprocessor_config") is not None:
