@@ -623,3 +623,22 @@ def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_
     pixels, grid = decode_eager(sample.files[0], [layout.pixels()])
     np.testing.assert_array_equal(np.asarray(got["image_grid_thw"][0]), grid)
     np.testing.assert_allclose(np.asarray(got["pixel_values"]), pixels, rtol=0, atol=1e-6)
+
+
+def test_processor_record_is_what_the_data_layer_uses(tmp_path):
+    """meta.json's ``processor``: the tokenizer file (absolute), the image settings in effect (a recipe key
+    over its preprocessor_config.json over Qwen's defaults) and system_prompt; None without a tokenizer."""
+    from hyperparallel.data.conversations_config import ConversationsConfig
+    from hyperparallel.data.hf_processor import processor_record
+    from make_demo_data import write_demo
+    demo = write_demo(str(tmp_path / "demo"), 4, seed=1)
+    pre = tmp_path / "preprocessor_config.json"
+    pre.write_text(json.dumps({"min_pixels": 512, "max_pixels": 4096, "image_mean": [0.5, 0.5, 0.5]}))
+    data = {"type": "conversations", "path": demo["path"], "tokenizer": os.path.relpath(demo["tokenizer"]),
+            "preprocessor_config": str(pre), "max_pixels": 2048}
+    rec = processor_record({"data": data})
+    cfg = ConversationsConfig.from_section(data, 1)
+    assert rec == {"tokenizer": demo["tokenizer"], "min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels,
+                   "image_mean": cfg.image_mean, "image_std": cfg.image_std, "system_prompt": None}
+    assert (rec["min_pixels"], rec["max_pixels"], rec["image_mean"]) == (512, 2048, [0.5, 0.5, 0.5])
+    assert processor_record({"data": {"type": "synthetic"}}) is None and processor_record({}) is None

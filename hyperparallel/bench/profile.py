@@ -352,7 +352,8 @@ def read_ranks(out_dir: str, world: int) -> List[dict]:
 def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
     """Per-rank measurements of several profile launches merged into one set: for every timed
     (action, step, micro-batch), data generation, activation and the link, the median over the
-    launches (``hyperparallel bench --measure-profile`` interleaves them with the schedules)."""
+    launches (``hyperparallel bench --measure-profile`` interleaves them with the schedules); each
+    action's ``passes_ms`` becomes its time in each launch (the repeats :func:`cost_spread` reads)."""
     if len(rounds) == 1:
         return rounds[0]
     merged = []
@@ -363,7 +364,8 @@ def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
             for a in res["actions"]:
                 key = (a["mode"], a["kind"], a["region"], a["chunk"], a.get("step"), a["micro"])
                 per.setdefault(key, []).append(a["ms"])
-        actions = [dict(mode=k[0], kind=k[1], region=k[2], chunk=k[3], step=k[4], micro=k[5], ms=median(v))
+        actions = [dict(mode=k[0], kind=k[1], region=k[2], chunk=k[3], step=k[4], micro=k[5], ms=median(v),
+                        passes_ms=list(v))   # one time per launch: the profile's spread is over the launches
                    for k, v in per.items()]
         n = min(len(res["data_ms"]) for res in runs)
         data = [median([res["data_ms"][i] for res in runs]) for i in range(n)]
