@@ -123,9 +123,7 @@ class Runtime:
         from .mindspore.checkpoint import recipe_hash
         from .mindspore.ckpt_files import step_dir
         raw = getattr(getattr(self, "recipe", None), "raw", None) or {}
-        from .data.hf_processor import processor_record
-        meta = {"recipe_hash": recipe_hash(raw), "schedule": self.plan.meta.get("schedule_name"),
-                "processor": processor_record(raw)}
+        meta = {"recipe_hash": recipe_hash(raw), "schedule": self.plan.meta.get("schedule_name")}
         self.rank_runtime.saver(save_dir, fmt, meta).save(self.next_step)
         return step_dir(save_dir, self.next_step)
 

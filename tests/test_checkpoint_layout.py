@@ -592,7 +592,7 @@ def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_
     shutil.copytree(step0, step)
     meta = cf.read_meta(step)
     digests = meta.pop("digests")
-    cf.seal_step(step, dict(meta, processor=processor_record(dict(raw, data=data))),
+    cf.seal_step(step, dict(meta, processor=processor_record(ConversationsConfig.from_section(data, 1))),
                  {"rank_0.safetensors": digests["rank_0.safetensors"]})
     out = tmp_path / "hf"
     p = _ckpt_cli(step, "--export-hf", str(out), timeout=600)
@@ -627,7 +627,8 @@ def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_
 
 def test_processor_record_is_what_the_data_layer_uses(tmp_path):
     """meta.json's ``processor``: the tokenizer file (absolute), the image settings in effect (a recipe key
-    over its preprocessor_config.json over Qwen's defaults) and system_prompt; None without a tokenizer."""
+    over its preprocessor_config.json over Qwen's defaults) and system_prompt; None for synthetic data."""
+    from hyperparallel.data import data_config
     from hyperparallel.data.conversations_config import ConversationsConfig
     from hyperparallel.data.hf_processor import processor_record
     from make_demo_data import write_demo
@@ -635,10 +636,9 @@ def test_processor_record_is_what_the_data_layer_uses(tmp_path):
     pre = tmp_path / "preprocessor_config.json"
     pre.write_text(json.dumps({"min_pixels": 512, "max_pixels": 4096, "image_mean": [0.5, 0.5, 0.5]}))
     data = {"type": "conversations", "path": demo["path"], "tokenizer": os.path.relpath(demo["tokenizer"]),
-            "preprocessor_config": str(pre), "max_pixels": 2048}
-    rec = processor_record({"data": data})
-    cfg = ConversationsConfig.from_section(data, 1)
-    assert rec == {"tokenizer": demo["tokenizer"], "min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels,
-                   "image_mean": cfg.image_mean, "image_std": cfg.image_std, "system_prompt": None}
-    assert (rec["min_pixels"], rec["max_pixels"], rec["image_mean"]) == (512, 2048, [0.5, 0.5, 0.5])
-    assert processor_record({"data": {"type": "synthetic"}}) is None and processor_record({}) is None
+            "preprocessor_config": str(pre), "max_pixels": 2048, "system_prompt": "Be brief."}
+    rec = processor_record(ConversationsConfig.from_section(data, 1))
+    assert rec == {"tokenizer": demo["tokenizer"], "min_pixels": 512, "max_pixels": 2048,
+                   "image_mean": [0.5, 0.5, 0.5], "image_std": rec["image_std"], "system_prompt": "Be brief."}
+    assert processor_record(data_config(load_recipe(RECIPE).raw)) is None   # synthetic
+    assert processor_record(None) is None

@@ -14,25 +14,18 @@ from typing import List, Optional, Tuple
 
 # the arch -> mindone processor class that writes its files (Qwen2.5-VL: the layout's model)
 PROCESSORS = {"Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLProcessor"}
-IMAGE_KEYS = ("min_pixels", "max_pixels", "image_mean", "image_std")
 
 
-def processor_record(raw: dict) -> Optional[dict]:
-    """What ``meta.json`` records of a recipe's processor (None when its data names no tokenizer): the
-    tokenizer file (absolute), the image settings in effect (recipe keys over ``preprocessor_config``
-    over Qwen's defaults) and ``system_prompt``."""
-    sec = dict((raw or {}).get("data") or {})
-    tok = sec.get("tokenizer")
-    if sec.get("type") != "conversations" or not isinstance(tok, str) or not tok:
+def processor_record(cfg) -> Optional[dict]:
+    """What ``meta.json`` records of a run's processor from its data config (a ``conversations``
+    :class:`~.conversations_config.ConversationsConfig`, its values in effect: recipe keys over
+    ``preprocessor_config`` over Qwen's defaults); None for data without a tokenizer (synthetic)."""
+    from .conversations_config import ConversationsConfig
+    if not isinstance(cfg, ConversationsConfig):
         return None
-    from .qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, read_preprocessor_config
-    values = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "image_mean": list(CLIP_MEAN),
-              "image_std": list(CLIP_STD)}
-    if sec.get("preprocessor_config") is not None:
-        values.update({k: v for k, v in read_preprocessor_config(sec["preprocessor_config"]).items()
-                       if k in IMAGE_KEYS})
-    values.update({k: sec[k] for k in IMAGE_KEYS if k in sec})
-    return dict(values, tokenizer=os.path.abspath(tok), system_prompt=sec.get("system_prompt"))
+    return {"tokenizer": os.path.abspath(cfg.tokenizer), "min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels,
+            "image_mean": [float(x) for x in cfg.image_mean], "image_std": [float(x) for x in cfg.image_std],
+            "system_prompt": cfg.system_prompt}
 
 
 def chat_template(system_prompt: Optional[str] = None) -> str:

@@ -113,7 +113,6 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     """Train one case; True when it stopped early on a signal (the job's later cases are skipped).
     ``pool``: compiled chunks kept from the job's earlier cases (:class:`~.compiled.GraphPool`)."""
     from hyperparallel.mindspore.checkpoint import SaveError, recipe_hash
-    from hyperparallel.data.hf_processor import processor_record
     from hyperparallel.mindspore.ckpt_files import step_dir
     from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
     from hyperparallel.mindspore.job import case_runtime, encoder_record
@@ -136,8 +135,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     steps = int(case.get("steps", rc.train.steps))
     save_dir, save_every = case.get("save_dir"), int(case.get("save_every") or rc.train.save_every or 0)
     saver = rt.saver(save_dir, case.get("save_format") or "safetensors",
-                     {"recipe_hash": recipe_hash(case["raw"]), "schedule": case.get("schedule"),
-                      "processor": processor_record(case["raw"])},
+                     {"recipe_hash": recipe_hash(case["raw"]), "schedule": case.get("schedule")},
                      digests=case.get("digests", True)) if save_dir else None
     if hb:
         hb.beat(0, "restore")
