@@ -642,3 +642,18 @@ def test_processor_record_is_what_the_data_layer_uses(tmp_path):
                    "image_mean": [0.5, 0.5, 0.5], "image_std": rec["image_std"], "system_prompt": "Be brief."}
     assert processor_record(data_config(load_recipe(RECIPE).raw)) is None   # synthetic
     assert processor_record(None) is None
+
+
+def test_processor_files_not_written_say_why(tmp_path):
+    """No record (an older step), a model without a processor writer, a tokenizer gone since the run: nothing
+    written, and the reason the export prints."""
+    from hyperparallel.data.hf_processor import write_processor
+    qwen = {"architectures": ["Qwen2_5_VLForConditionalGeneration"]}
+    rec = {"tokenizer": str(tmp_path / "gone.json"), "min_pixels": 256, "max_pixels": 1024,
+           "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "system_prompt": None}
+    assert write_processor(None, qwen, str(tmp_path)) == ([], "the step's meta.json records no tokenizer (saved by "
+                                                              "an older hyperparallel, or its recipe's data names none)")
+    names, why = write_processor(rec, {"architectures": ["LlamaForCausalLM"]}, str(tmp_path))
+    assert names == [] and why == "no processor is written for LlamaForCausalLM (only Qwen2_5_VLForConditionalGeneration)"
+    assert write_processor(rec, qwen, str(tmp_path)) == ([], f"the run's tokenizer {rec['tokenizer']} is not there any more")
+    assert os.listdir(tmp_path) == []

@@ -401,7 +401,10 @@ def _write_processor(src: Source, cfg: dict, tmp: str, say) -> None:
     """The processor files of the step's recorded tokenizer into the export's folder ``tmp``; ``say``
     names them, or says why none were written (the directory then lacks what ``AutoProcessor`` reads)."""
     from hyperparallel.data import hf_processor
-    names, why = hf_processor.write_processor((src.meta or {}).get("processor"), cfg, tmp)
+    try:
+        names, why = hf_processor.write_processor((src.meta or {}).get("processor"), cfg, tmp)
+    except (ImportError, OSError, ValueError, TypeError, KeyError) as e:   # e.g. a tokenizer file transformers refuses
+        names, why = [], f"writing them failed: {os_error_text(e)}"
     if names:
         say(f"processor: wrote {', '.join(names)} (tokenizer {src.meta['processor']['tokenizer']})")
     else:
