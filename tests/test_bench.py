@@ -512,3 +512,33 @@ def test_profile_and_bench_check_their_output_files_before_launch(tmp_path):
         p = cli("bench", str(own), "--run-dir", str(tmp_path / "run"), flag, str(path))
         assert p.returncode == 2 and p.stderr.startswith(f"error: {flag}: ") and not (tmp_path / "run").exists()
     assert own.read_text() == open(TINY).read() and sorted(os.listdir(tmp_path)) == ["adir.yaml", "tiny.yaml"]
+
+
+def test_build_profile_records_each_costs_spread_over_the_passes():
+    """Each action's per-pass times (``passes_ms``) give every cost's (max - min) / median over the passes,
+    written as the region's ``spread`` with ``repeats``; the costs themselves are as without them, and
+    measurements without per-pass times (an older worker's) write no spread."""
+    recipe = load_recipe(HEAVY, ["mpipe.profile.regions.0.trainable=true"])
+    plan = derive_recipe(recipe, "1f1b")
+    rows = [("fused", "F", "vision", 0, [40.0, 44.0, 36.0]), ("fused", "BW", "vision", 0, [80.0, 80.0, 80.0]),
+            ("split", "B", "vision", 0, [0.0, 0.0, 0.0]),
+            ("fused", "F", "llm", 0, [3.0, 3.0, 3.0]), ("fused", "F", "llm", 1, [5.0, 5.0, 5.0]),
+            ("fused", "BW", "llm", 0, [6.0, 9.0, 6.0]), ("fused", "BW", "llm", 1, [6.0, 6.0, 6.0]),
+            ("split", "B", "llm", 0, [2.0, 2.0, 2.0]), ("split", "B", "llm", 1, [2.0, 2.0, 2.0])]
+    rank = {"actions": [dict(mode=m, kind=k, region=r, chunk=c, micro=0, ms=sorted(v)[1], passes_ms=v)
+                        for m, k, r, c, v in rows],
+            "data_ms": [0.0], "activation_mb": {"vision/0": 4.0, "llm/0": 0.2, "llm/1": 0.2},
+            "param_mb": {"vision/0": 2.0, "llm/0": 0.1, "llm/1": 0.1}, "output_mb": {"vision": 0.002, "llm": 0.008},
+            "link": None}
+    block = PR.build_profile(recipe, plan, [rank])
+    vis, llm = block["regions"]
+    assert block["repeats"] == 3
+    assert vis["forward_ms"] == 10.0 and vis["spread"] == {"forward_ms": pytest.approx(8 / 40), "weight_ms": 0.0}
+    # llm weight per layer: chunk 0's BW - B = 4, 7, 4 ms over the passes: (7 - 4) / 4
+    assert llm["spread"] == {"forward_ms": 0.0, "weight_ms": 0.75, "backward_ms": 0.0, "head_forward_ms": 0.0}
+    from hyperparallel.mpipe.profile import parse_profile, profile_spread
+    assert profile_spread(parse_profile(block)) == (0.75, "llm.weight_ms")
+    old = {"actions": [{k: v for k, v in a.items() if k != "passes_ms"} for a in rank["actions"]]}
+    plain = PR.build_profile(recipe, plan, [dict(rank, **old)])
+    assert "repeats" not in plain and not any("spread" in r for r in plain["regions"])
+    assert [{k: v for k, v in r.items() if k != "spread"} for r in block["regions"]] == plain["regions"]

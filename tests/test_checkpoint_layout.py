@@ -540,6 +540,7 @@ def test_export_hf_force_replaces_the_previous_model_and_keeps_the_other_files(q
     p = _ckpt_cli(step, "--export-hf", str(out), "--force", timeout=600)
     assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith(f"wrote {out}: {len(values)} tensors from {step}"), \
         p.stderr[-2000:]
+    assert "processor files not written: the step's meta.json records no tokenizer" in p.stdout   # said, not a silent gap
     left = set(os.listdir(out))
     assert {"config.json", "model.safetensors", "notes.txt"} <= left and not left & set(shards)
     assert "model.safetensors.index.json" not in left and (out / "notes.txt").read_text() == "the user's notes"
@@ -554,3 +555,105 @@ def test_export_hf_force_replaces_the_previous_model_and_keeps_the_other_files(q
                                                            else hub])
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]   # the export's temporary folder removed
     assert _tree_digest(step) == before and cf.verdict(step) == ""
+
+
+def _auto_processor():
+    """transformers' AutoProcessor where torchvision is installed (its video processor needs it), else
+    mindone's (the same files, read by mindone.transformers' classes)."""
+    try:
+        import torchvision  # noqa: F401
+        from transformers import AutoProcessor
+    except ImportError:
+        from mindone.transformers import AutoProcessor
+    return AutoProcessor
+
+
+def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_training_did(qwen_step, tmp_path):
+    """A step whose meta.json records the run's processor (what the Saver records for a conversations
+    recipe) exports a directory ``AutoProcessor.from_pretrained`` loads: its chat template and tokenizer
+    give a conversation with an image the ids the data layer trains on (image pads expanded), and its
+    image processor the same pixels and grid."""
+    import numpy as np
+    from PIL import Image
+    from make_demo_data import write_demo
+    from hyperparallel.data.conversations_config import ConversationsConfig
+    from hyperparallel.data.formats import resolve_format
+    from hyperparallel.data.qwen_layout import QwenLayout
+    from hyperparallel.data.pixels import decode_eager
+    from hyperparallel.data.text import Tok
+    from hyperparallel.models import adapter_for
+    from hyperparallel.data.hf_processor import processor_record
+    step0, _ = qwen_step
+    demo = write_demo(str(tmp_path / "demo"), 8, seed=1)
+    raw = load_recipe(QWEN).raw
+    data = dict(raw["data"], path=demo["path"], image_root=demo["image_root"], tokenizer=demo["tokenizer"],
+                system_prompt="You look at pictures.")
+    step = str(tmp_path / "ck" / "step_1")
+    shutil.copytree(step0, step)
+    meta = cf.read_meta(step)
+    digests = meta.pop("digests")
+    cf.seal_step(step, dict(meta, processor=processor_record(ConversationsConfig.from_section(data, 1))),
+                 {"rank_0.safetensors": digests["rank_0.safetensors"]})
+    out = tmp_path / "hf"
+    p = _ckpt_cli(step, "--export-hf", str(out), timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert f"(tokenizer {demo['tokenizer']})" in p.stdout and "processor: wrote" in p.stdout
+    assert {"tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "config.json",
+            "model.safetensors"} <= set(os.listdir(out))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    proc = _auto_processor().from_pretrained(str(out))
+
+    cfg = ConversationsConfig.from_section(data, 1)
+    fmt = resolve_format(adapter_for(raw["model"], {}, 0).data_format)
+    layout = QwenLayout(cfg, fmt, Tok(demo["tokenizer"]))
+    with open(demo["path"]) as f:
+        rec = next(r for r in map(json.loads, f) if r.get("image"))
+    sample = layout.parse("s", rec)
+    messages = []
+    for turn in rec["conversations"]:
+        parts = []
+        for k, piece in enumerate(turn["value"].split("<image>")):
+            parts += ([{"type": "image"}] if k else []) + ([{"type": "text", "text": piece}] if piece else [])
+        messages.append({"role": {"human": "user", "gpt": "assistant", "system": "system"}[turn["from"]],
+                         "content": parts})
+    text = proc.apply_chat_template(messages, tokenize=False)
+    with Image.open(sample.files[0]) as im:
+        got = proc(text=[text], images=[im.convert("RGB")], return_tensors="np")
+    np.testing.assert_array_equal(np.asarray(got["input_ids"][0]), sample.enc.ids)
+    pixels, grid = decode_eager(sample.files[0], [layout.pixels()])
+    np.testing.assert_array_equal(np.asarray(got["image_grid_thw"][0]), grid)
+    np.testing.assert_allclose(np.asarray(got["pixel_values"]), pixels, rtol=0, atol=1e-6)
+
+
+def test_processor_record_is_what_the_data_layer_uses(tmp_path):
+    """meta.json's ``processor``: the tokenizer file (absolute), the image settings in effect (a recipe key
+    over its preprocessor_config.json over Qwen's defaults) and system_prompt; None for synthetic data."""
+    from hyperparallel.data import data_config
+    from hyperparallel.data.conversations_config import ConversationsConfig
+    from hyperparallel.data.hf_processor import processor_record
+    from make_demo_data import write_demo
+    demo = write_demo(str(tmp_path / "demo"), 4, seed=1)
+    pre = tmp_path / "preprocessor_config.json"
+    pre.write_text(json.dumps({"min_pixels": 512, "max_pixels": 4096, "image_mean": [0.5, 0.5, 0.5]}))
+    data = {"type": "conversations", "path": demo["path"], "tokenizer": os.path.relpath(demo["tokenizer"]),
+            "preprocessor_config": str(pre), "max_pixels": 2048, "system_prompt": "Be brief."}
+    rec = processor_record(ConversationsConfig.from_section(data, 1))
+    assert rec == {"tokenizer": demo["tokenizer"], "min_pixels": 512, "max_pixels": 2048,
+                   "image_mean": [0.5, 0.5, 0.5], "image_std": rec["image_std"], "system_prompt": "Be brief."}
+    assert processor_record(data_config(load_recipe(RECIPE).raw)) is None   # synthetic
+    assert processor_record(None) is None
+
+
+def test_processor_files_not_written_say_why(tmp_path):
+    """No record (an older step), a model without a processor writer, a tokenizer gone since the run: nothing
+    written, and the reason the export prints."""
+    from hyperparallel.data.hf_processor import write_processor
+    qwen = {"architectures": ["Qwen2_5_VLForConditionalGeneration"]}
+    rec = {"tokenizer": str(tmp_path / "gone.json"), "min_pixels": 256, "max_pixels": 1024,
+           "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "system_prompt": None}
+    assert write_processor(None, qwen, str(tmp_path)) == ([], "the step's meta.json records no tokenizer (saved by "
+                                                              "an older hyperparallel, or its recipe's data names none)")
+    names, why = write_processor(rec, {"architectures": ["LlamaForCausalLM"]}, str(tmp_path))
+    assert names == [] and why == "no processor is written for LlamaForCausalLM (only Qwen2_5_VLForConditionalGeneration)"
+    assert write_processor(rec, qwen, str(tmp_path)) == ([], f"the run's tokenizer {rec['tokenizer']} is not there any more")
+    assert os.listdir(tmp_path) == []

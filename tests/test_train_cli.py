@@ -214,6 +214,12 @@ def test_export_hf_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_
                         "--export-hf", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.splitlines()[-1].startswith(f"wrote {out}: ") and (out / "model.safetensors").exists()
+    # the saver recorded where the tokenizer came from; the export wrote the processor from it
+    tok = os.path.abspath(recipe.raw["data"]["tokenizer"])
+    with open(tmp_path / "ckpt" / "step_1" / "meta.json") as f:
+        assert json.load(f)["processor"]["tokenizer"] == tok
+    assert "processor: wrote " in p.stdout and f"(tokenizer {tok})" in p.stdout
+    assert {"tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"} <= set(os.listdir(out))
     assert not [f for f in os.listdir(out) if f.endswith(".log")]   # the log is beside the directory, not in it
     log = _quiet(p, str(out) + ".log")
     assert "Config not found for parakeet" in log, log[-3000:]

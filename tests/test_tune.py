@@ -385,3 +385,57 @@ def _umask():
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+def _spread_profile(tmp_path, spread: float, name: str) -> str:
+    """mllm_frozen_vit's own profile (at its micro-batch size 1) as a ``--profile`` file whose llm costs record
+    ``spread`` over 5 repeats (the vision region's a larger one, but on a cost too small to count)."""
+    prof = dict(load_recipe(recipe("mllm_frozen_vit.yaml")).raw["mpipe"]["profile"], micro_batch_size=1, repeats=5)
+    vision, llm = (dict(r) for r in prof["regions"])
+    llm["spread"] = {"forward_ms": spread / 2, "backward_ms": spread, "weight_ms": spread / 3}
+    vision["spread"] = {"forward_ms": 0.02}
+    vision["weight_ms"], vision["spread"]["weight_ms"] = 0.1, 0.9   # < 10% of the region's time: left out
+    prof["regions"] = [vision, llm]
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"mpipe": {"profile": prof}}))
+    return str(path)
+
+
+def test_tune_reports_the_profiles_spread_and_a_margin_inside_it(cli, tmp_path):
+    """A measured profile's spread over its repeats is printed, and when rank 1's predicted margin over the
+    recipe's own schedule is smaller than it, a line says so (a pick inside the profile's noise once measured
+    10.8% slower than the recipe's transpose); the JSON gains ``profile_spread``, ``margin``, ``within_noise``."""
+    from hyperparallel.commands.tune import NOISE_HINT
+    noisy = _spread_profile(tmp_path, 0.3, "noisy.profile.yaml")
+    d = _json(cli, recipe("mllm_frozen_vit.yaml"), "--top", "3", "--profile", noisy)
+    assert d["candidates"][0]["step_ms"] == pytest.approx(57.264375)   # the same costs: the same pick
+    assert d["profile_spread"] == {"spread": 0.3, "cost": "llm.backward_ms", "profile": noisy, "repeats": 5}
+    margin = (67.41 - 57.264375) / 57.264375
+    assert d["margin"]["over"] == "recipe_schedule" and d["margin"]["margin"] == pytest.approx(margin, abs=1e-6)
+    assert d["within_noise"] is True
+    r = cli("tune", recipe("mllm_frozen_vit.yaml"), "--top", "3", "--profile", noisy)
+    assert r.returncode == 0, r.stderr
+    assert f"profile spread over 5 repeats: up to 30.0% (llm.backward_ms, {noisy} profile" in r.stdout
+    assert (f"rank 1's predicted margin over the recipe's own schedule is {margin:.1%}, smaller than the profile's "
+            f"spread 30.0%: {NOISE_HINT}") in r.stdout
+    quiet = _spread_profile(tmp_path, 0.05, "quiet.profile.yaml")
+    r = cli("tune", recipe("mllm_frozen_vit.yaml"), "--top", "3", "--profile", quiet)
+    assert "profile spread over 5 repeats: up to 5.0% (llm.backward_ms" in r.stdout and NOISE_HINT not in r.stdout
+    d = _json(cli, recipe("mllm_frozen_vit.yaml"), "--top", "3")   # a hand-written profile: no spread
+    assert d["profile_spread"] is None and d["within_noise"] is None and d["margin"]["over"] == "recipe_schedule"
+    r = cli("tune", recipe("mllm_frozen_vit.yaml"), "--top", "3")
+    assert "profile spread" not in r.stdout and NOISE_HINT not in r.stdout
+
+
+def test_a_profile_spread_is_checked():
+    """``spread`` takes the time costs only, each a number >= 0; ``repeats`` a whole number >= 1."""
+    from hyperparallel.mpipe.errors import SpecError
+    base = {"regions": [{"name": "llm", "layers": 2, "spread": {"forward_ms": 0.1}}]}
+    assert parse_profile(base).regions[0].spread == (("forward_ms", 0.1),)
+    for bad, msg in (({"activation_mb": 0.1}, "unknown key"), ({"forward_ms": -1}, "must be >= 0"),
+                     ([0.1], "must be a mapping of forward_ms")):
+        with pytest.raises(SpecError, match=msg) as e:
+            parse_profile({"regions": [{"name": "llm", "layers": 2, "spread": bad}]})
+        assert "mpipe.profile.regions[0].spread" in str(e.value)
+    with pytest.raises(SpecError, match="mpipe.profile.repeats"):
+        parse_profile(dict(base, repeats=0))

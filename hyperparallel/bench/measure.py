@@ -188,7 +188,8 @@ def profile_rank(job: dict, comm) -> dict:
         per: Dict[tuple, List[float]] = {}
         for st, k, r, c, m, ms in clock.times:
             per.setdefault((st, k, r, c, m), []).append(ms)
-        out["actions"] += [dict(mode=mode, kind=k, region=r, chunk=c, micro=m, step=st, ms=float(np.median(v)))
+        out["actions"] += [dict(mode=mode, kind=k, region=r, chunk=c, micro=m, step=st, ms=float(np.median(v)),
+                                passes_ms=[float(x) for x in v])   # each pass's time: the profile's spread
                            for (st, k, r, c, m), v in per.items()]
         if mode == "fused":
             n = len(clock.data_ms) // passes

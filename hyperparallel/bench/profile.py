@@ -16,7 +16,7 @@ import os
 import platform
 import shlex
 import sys
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import yaml
 
@@ -68,16 +68,19 @@ def per_layer_and_head(chunks, ms: List[float]) -> tuple:
     return per, max(0.0, ms[-1] - per * chunks[-1].layers)
 
 
-def build_profile(recipe, plan, ranks: List[dict]) -> dict:
-    """The ``mpipe.profile`` mapping from the per-rank measurements (see module docstring)."""
+def action_means(ranks: List[dict], value=lambda a: a["ms"]) -> Dict[tuple, float]:
+    """{(mode, kind, region, chunk): the mean over ranks, steps and micro-batches of ``value(action)``}."""
     per: Dict[tuple, List[float]] = {}
     for res in ranks:
         for a in res["actions"]:
-            per.setdefault((a["mode"], a["kind"], a["region"], a["chunk"]), []).append(a["ms"])
-    t = {k: _mean(v) for k, v in per.items()}
-    data_ms = _mean([x for r in ranks for x in r["data_ms"]])
-    P = plan.num_devices
-    regions = []
+            per.setdefault((a["mode"], a["kind"], a["region"], a["chunk"]), []).append(value(a))
+    return {k: _mean(v) for k, v in per.items()}
+
+
+def region_costs(recipe, plan, t: Dict[tuple, float], data_ms: float) -> Dict[str, Dict[str, float]]:
+    """Per region, the per-layer and head costs (``forward_ms`` .. ``head_weight_ms``, before the
+    trainable mask) from the chunks' mean action times ``t`` (:func:`action_means`)."""
+    out = {}
     last = recipe.profile.regions[-1].name
     for r in recipe.profile.regions:
         chunks = [c for c in plan.chunks if c.region == r.name]
@@ -88,7 +91,48 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
         w = [max(0.0, x - y) for x, y in zip(bw, b)]
         (f_l, f_h), (b_l, b_h), (w_l, w_h) = (per_layer_and_head(chunks, v) for v in (f, b, w))
         if r.name == last:
-            f_l += data_ms * P / L
+            f_l += data_ms * plan.num_devices / L
+        out[r.name] = {"forward_ms": f_l, "backward_ms": b_l, "weight_ms": w_l, "head_forward_ms": f_h,
+                       "head_backward_ms": b_h, "head_weight_ms": w_h}
+    return out
+
+
+def cost_spread(recipe, plan, ranks: List[dict], data_ms: float) -> Tuple[int, Dict[str, Dict[str, float]]]:
+    """(repeats, per region {cost: (max - min) / median over the repeats}) of the compute costs, each
+    repeat's costs built from that pass's action times (``passes_ms``); (n, {}) with fewer than 2
+    repeats recorded. How much the costs moved while measured: a busy machine shows here."""
+    lens = [len(a.get("passes_ms") or ()) for res in ranks for a in res["actions"]]
+    n = min(lens) if lens else 0
+    if n < 2:
+        return n, {}
+    runs = [region_costs(recipe, plan, action_means(ranks, lambda a, p=p: a["passes_ms"][p]), data_ms)
+            for p in range(n)]
+    out: Dict[str, Dict[str, float]] = {}
+    for r in recipe.profile.regions:
+        trainable = r.trainable
+        for key in runs[0][r.name]:
+            if not trainable and key not in ("forward_ms", "head_forward_ms"):
+                continue
+            xs = [run[r.name][key] for run in runs]
+            mid = median(xs)
+            if mid > 0:
+                out.setdefault(r.name, {})[key] = round((max(xs) - min(xs)) / mid, 4)
+    return n, out
+
+
+def build_profile(recipe, plan, ranks: List[dict]) -> dict:
+    """The ``mpipe.profile`` mapping from the per-rank measurements (see module docstring)."""
+    t = action_means(ranks)
+    data_ms = _mean([x for r in ranks for x in r["data_ms"]])
+    costs = region_costs(recipe, plan, t, data_ms)
+    repeats, spread = cost_spread(recipe, plan, ranks, data_ms)
+    regions = []
+    for r in recipe.profile.regions:
+        chunks = [c for c in plan.chunks if c.region == r.name]
+        L = sum(c.layers for c in chunks)
+        c = costs[r.name]
+        f_l, b_l, w_l = c["forward_ms"], c["backward_ms"], c["weight_ms"]
+        f_h, b_h, w_h = c["head_forward_ms"], c["head_backward_ms"], c["head_weight_ms"]
         act = _mean([sum(res["activation_mb"].get(f"{r.name}/{c.index}", 0.0) for c in chunks) for res in ranks])
         par = sum(ranks[0]["param_mb"][f"{r.name}/{c.index}"] for c in chunks)
         out = ranks[0]["output_mb"].get(r.name, r.output_mb)
@@ -99,6 +143,8 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
         if len(chunks) > 1:
             reg.update(head_forward_ms=round(f_h, 4), head_backward_ms=round(b_h * tr, 4),
                        head_weight_ms=round(w_h * tr, 4))
+        if spread.get(r.name):   # only the costs the region has (no head cost of a one-chunk region)
+            reg["spread"] = {k: v for k, v in spread[r.name].items() if k in reg}
         regions.append(reg)
     link = next((res["link"] for res in ranks if res.get("link")), None) or {}
     opt = recipe.raw.get("train", {}).get("optimizer", "adam")
@@ -111,7 +157,9 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
         block["micro_batch_size"] = mbs   # the size these per-micro-batch costs belong to (read by tune)
     if ranks and ranks[0].get("machine"):
         block["measured_on"] = dict(ranks[0]["machine"])
-    scale = device_scale(ranks, P, plan.data_parallel)
+    if spread:
+        block["repeats"] = repeats   # the measurements each region's ``spread`` is over
+    scale = device_scale(ranks, plan.num_devices, plan.data_parallel)
     if scale:
         block["device_scale"] = scale
     return block
@@ -304,7 +352,8 @@ def read_ranks(out_dir: str, world: int) -> List[dict]:
 def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
     """Per-rank measurements of several profile launches merged into one set: for every timed
     (action, step, micro-batch), data generation, activation and the link, the median over the
-    launches (``hyperparallel bench --measure-profile`` interleaves them with the schedules)."""
+    launches (``hyperparallel bench --measure-profile`` interleaves them with the schedules); each
+    action's ``passes_ms`` becomes its time in each launch (the repeats :func:`cost_spread` reads)."""
     if len(rounds) == 1:
         return rounds[0]
     merged = []
@@ -315,7 +364,8 @@ def merge_rounds(rounds: List[List[dict]]) -> List[dict]:
             for a in res["actions"]:
                 key = (a["mode"], a["kind"], a["region"], a["chunk"], a.get("step"), a["micro"])
                 per.setdefault(key, []).append(a["ms"])
-        actions = [dict(mode=k[0], kind=k[1], region=k[2], chunk=k[3], step=k[4], micro=k[5], ms=median(v))
+        actions = [dict(mode=k[0], kind=k[1], region=k[2], chunk=k[3], step=k[4], micro=k[5], ms=median(v),
+                        passes_ms=list(v))   # one time per launch: the profile's spread is over the launches
                    for k, v in per.items()]
         n = min(len(res["data_ms"]) for res in runs)
         data = [median([res["data_ms"][i] for res in runs]) for i in range(n)]

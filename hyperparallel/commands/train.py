@@ -394,7 +394,7 @@ def _export_hf(path: str, out: str, digests: bool) -> int:
             from ..mindspore import compat
             compat.setup_device("CPU")
             from ..mindspore.checkpoint import export_hf
-            n = export_hf(src, out)
+            n = export_hf(src, out, con.say)
     except CheckpointError as e:
         return _error(f"ckpt: {e}")
     print(f"wrote {out}: {n} tensors from {src.path} (Hugging Face format)")

@@ -10,8 +10,10 @@ on the recipe's ranks in one ``bench`` run (:mod:`hyperparallel.bench.verify`).
 ``space``, ``counts``, ``refused``, ``seconds``, ``candidates`` (``rank``, ``schedule``, ``spec``,
 ``V``, ``M``, ``micro_batch_size``, ``layers``, ``offset``, ``split``, ``step_ms``, ``bubble_ratio``,
 ``peak_memory_mb`` per device, ``peak_mb``, ``peak_device``, ``keys``, ``same_plan``: the other spellings
-that derived this very plan), ``recipe_schedule``, ``out``
-and, with ``--verify``, ``verify``.
+that derived this very plan), ``recipe_schedule``, ``out``, ``profile_spread`` (the largest spread over the
+repeats of a measured profile: ``spread``, ``cost``, ``profile``, ``repeats``; null for a hand-written one),
+``margin`` (rank 1's predicted margin ``over`` the recipe's own schedule or rank 2), ``within_noise``
+(margin < spread; null when either is missing) and, with ``--verify``, ``verify``.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ..mpipe.cost import simulate
 from ..mpipe.errors import PlanError, SpecError
-from ..mpipe.profile import parse_profile
+from ..mpipe.profile import parse_profile, profile_spread
 from ..mpipe.table import text_table
 from ..recipe import checked_plan, load_raw, load_recipe
 from ..recipe.files import check_override_key
@@ -119,6 +121,45 @@ def result_json(args, space: Space, out: Outcome, own: dict) -> dict:
             "recipe_schedule": own, "out": args.out}
 
 
+NOISE_HINT = "within the profile's noise: measure with `tune --verify`"
+
+
+def spread_json(space: Space) -> Optional[dict]:
+    """The largest spread over the repeats of any profile tune reads (the recipe's, each ``--profile``):
+    ``{"spread", "cost", "profile", "repeats"}``; None when none records one (hand-written, one repeat)."""
+    best = None
+    for name, p in [("recipe", space.recipe.profile)] + list(space.profile_files.items()):
+        got = profile_spread(p)
+        if got is not None and (best is None or got[0] > best["spread"]):
+            best = {"spread": got[0], "cost": got[1], "profile": name, "repeats": p.repeats}
+    return best
+
+
+def margin_json(out: Outcome, own: dict) -> Optional[dict]:
+    """Rank 1's predicted margin: over the recipe's own schedule when that is slower, else over rank 2;
+    ``{"over", "margin"}`` with margin = (their step_ms - rank 1's) / rank 1's. None when there is neither."""
+    best = out.ranked[0]
+    if "refused" not in own and own["step_ms"] > best.step_ms * (1 + 1e-9):
+        return {"over": "recipe_schedule", "margin": round((own["step_ms"] - best.step_ms) / best.step_ms, 6)}
+    if len(out.ranked) > 1:
+        return {"over": "rank 2", "margin": round((out.ranked[1].step_ms - best.step_ms) / best.step_ms, 6)}
+    return None
+
+
+def noise_lines(spread: Optional[dict], margin: Optional[dict]) -> list:
+    """The profile's spread, and a warning when rank 1's margin is smaller than it."""
+    if spread is None:
+        return []
+    reps = f" over {spread['repeats']} repeats" if spread["repeats"] else ""
+    lines = [f"profile spread{reps}: up to {spread['spread']:.1%} ({spread['cost']}, {spread['profile']} profile; "
+             "(max - min) / median of a per-layer cost)"]
+    if margin is not None and margin["margin"] < spread["spread"]:
+        over = "the recipe's own schedule" if margin["over"] == "recipe_schedule" else "rank 2"
+        lines.append(f"rank 1's predicted margin over {over} is {margin['margin']:.1%}, smaller than the profile's "
+                     f"spread {spread['spread']:.1%}: {NOISE_HINT}")
+    return lines
+
+
 def _no_candidate(space: Space, out: Outcome, limit_mb: Optional[float]) -> SpecError:
     if limit_mb is not None and out.counts.get("memory", 0) + out.counts.get("memory_bound", 0):
         lp = lowest_peak(space)   # over the whole space: the search derived only what its bounds let through
@@ -185,6 +226,9 @@ def run(args) -> int:
         raise _no_candidate(space, out, limit)
     own = own_schedule(space)
     result = result_json(args, space, out, own)
+    spread, margin = spread_json(space), margin_json(out, own)
+    result.update(profile_spread=spread, margin=margin,
+                  within_noise=None if spread is None or margin is None else margin["margin"] < spread["spread"])
     best = out.ranked[0]
     if args.out:
         header = [f"Written by: hyperparallel {' '.join(sys.argv[1:])}",
@@ -220,6 +264,8 @@ def run(args) -> int:
     else:
         print(f"recipe's own schedule {own['schedule']} (V={own['V']}, M={own['M']}): {own['step_ms']:.2f} ms, "
               f"peak {memory(own['peak_mb'])}; rank 1 is {own['step_ms'] / best.step_ms:.2f}x faster")
+    for line in noise_lines(spread, margin):
+        print(line)
     print(f"rank 1's layer split as MindFormers' offset: {offset_line(space, best)}")
     if args.out:
         print(f"wrote {args.out}")

@@ -113,6 +113,8 @@ class Saver:
                      "P": plan.num_devices, "V": int(plan.meta.get("pp_interleave_num", 1)),
                      "D": plan.data_parallel, "M": plan.num_micro, "optimizer": meta.get("optimizer"),
                      "files": self.files}
+        if meta.get("processor"):   # where the tokenizer came from (ckpt --export-hf writes the processor)
+            self.meta["processor"] = meta["processor"]
 
     def save(self, step: int) -> float:
         """Write checkpoint ``step`` (steps done); every rank calls this at the same point.
@@ -356,19 +358,22 @@ def merge(src: Source, out: str, with_state: bool = False) -> int:
     return len(params)
 
 
-def export_hf(src: Source, out: str) -> int:
+def export_hf(src: Source, out: str, say=print) -> int:
     """Write a step's parameters as a Hugging Face model directory (``save_pretrained``: config.json +
     model.safetensors with the hub's names) that ``from_pretrained`` loads; the step directory must carry
     the model's ``config.json`` (runs of Hugging Face models write it). ``out`` may hold other files (the
     command refuses that without ``--force``): the previous weights there are replaced
-    (:func:`~hyperparallel.models.hf_dir.install`), the rest kept. Returns the number of tensors."""
+    (:func:`~hyperparallel.models.hf_dir.install`), the rest kept. The processor files (tokenizer, chat
+    template, preprocessor configs) come too when ``meta.json`` records the run's tokenizer
+    (:mod:`~hyperparallel.data.hf_processor`); ``say`` tells which, or why none. Returns the number of tensors."""
     from hyperparallel.models import adapter_for
     cfg_path = os.path.join(src.path, "config.json")
     if not os.path.isfile(cfg_path):
         raise CheckpointError(f"{src.path}: no config.json (only checkpoints of Hugging Face models, e.g. "
                               "mindone's Qwen2.5-VL / Qwen3-VL, export to a Hugging Face directory)")
     with open(cfg_path) as f:
-        arch = (json.load(f).get("architectures") or [None])[0]
+        cfg = json.load(f)
+    arch = (cfg.get("architectures") or [None])[0]
     net = adapter_for({"arch": {"type": arch}, "config": cfg_path}, {}, 0).network()
     check_one_value(src)
     values = {}
@@ -385,7 +390,23 @@ def export_hf(src: Source, out: str) -> int:
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", suffix=".tmp", dir=parent)
     try:   # written whole beside OUT first: save_pretrained's clean-up sees no file of the user's
         net.save_pretrained(tmp)
+        _write_processor(src, cfg, tmp, say)
         hf_dir.install(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return len(names)
+
+
+def _write_processor(src: Source, cfg: dict, tmp: str, say) -> None:
+    """The processor files of the step's recorded tokenizer into the export's folder ``tmp``; ``say``
+    names them, or says why none were written (the directory then lacks what ``AutoProcessor`` reads)."""
+    from hyperparallel.data import hf_processor
+    try:
+        names, why = hf_processor.write_processor((src.meta or {}).get("processor"), cfg, tmp)
+    except (ImportError, OSError, ValueError, TypeError, KeyError) as e:   # e.g. a tokenizer file transformers refuses
+        names, why = [], f"writing them failed: {os_error_text(e)}"
+    if names:
+        say(f"processor: wrote {', '.join(names)} (tokenizer {src.meta['processor']['tokenizer']})")
+    else:
+        say(f"processor files not written: {why}; AutoProcessor.from_pretrained will not load the export "
+            "(save the recipe's tokenizer and image processor into it yourself)")

@@ -14,7 +14,9 @@ from .errors import SpecError, unknown_key
 
 COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
              "head_forward_ms", "head_backward_ms", "head_weight_ms")
-REGION_KEYS = ("name", "layers", "trainable", "fixed_share") + COST_KEYS
+REGION_KEYS = ("name", "layers", "trainable", "fixed_share", "spread") + COST_KEYS
+TIME_KEYS = ("forward_ms", "backward_ms", "weight_ms", "head_forward_ms", "head_backward_ms", "head_weight_ms")
+SUMMARY_SHARE = 0.1   # a per-layer cost under this share of its region's per-layer time leaves the summary spread
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class RegionProfile:
     # dispatch and fixed-size work; ``tools/encoder_scaling.py`` measures it): a replay of the data's
     # per-step work (``simulate --data-steps``) scales only the rest. 0: time proportional to the work
     fixed_share: float = 0.0
+    # how much each time cost moved over the profile's repeated measurements: ((cost, (max - min) /
+    # median), ...); () when not measured (a hand-written profile, or a single repeat)
+    spread: Tuple[Tuple[str, float], ...] = ()
 
 
 def task_ms(region: RegionProfile, kind: str, layers: int, head: bool = False) -> float:
@@ -103,6 +108,8 @@ class ModelProfile:
     # weights shared by layers of a region (tied word embeddings): their copies' gradients are summed
     # over the devices holding them before the optimizer (:mod:`.derive` emits the all-reduce)
     tied: Tuple[TiedWeight, ...] = ()
+    # the number of repeated measurements the regions' ``spread`` is over; None: not recorded
+    repeats: Optional[int] = None
 
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {r.name: r for r in self.regions})
@@ -141,7 +148,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     if not isinstance(obj, dict):
         raise SpecError(where, "must be a mapping with 'regions' (and optional 'link')")
     top = ("regions", "link", "optimizer_factor", "measured_on", "device_scale", "action_overhead_ms",
-           "step_overhead_ms", "micro_batch_size", "tied")
+           "step_overhead_ms", "micro_batch_size", "tied", "repeats")
     unknown = set(obj) - set(top)
     if unknown:
         raise unknown_key(where, obj, top)
@@ -171,6 +178,8 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         kw = {k: _number(f"{w}.{k}", r[k], maximum=bounds.MAX_COST) for k in COST_KEYS if k in r}
         if "fixed_share" in r:
             kw["fixed_share"] = _number(f"{w}.fixed_share", r["fixed_share"], maximum=1.0)
+        if "spread" in r:
+            kw["spread"] = parse_spread(r["spread"], f"{w}.spread")
         seen.add(name)
         regions.append(RegionProfile(name=name, layers=_number(f"{w}.layers", r["layers"], True, 1, bounds.MAX_LAYERS),
                                      trainable=trainable, **kw))
@@ -195,7 +204,33 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
                         step_overhead_ms=_number(f"{where}.step_overhead_ms", obj.get("step_overhead_ms", 0.0)),
                         micro_batch_size=(None if obj.get("micro_batch_size") is None else
                                           _number(f"{where}.micro_batch_size", obj["micro_batch_size"], True, 1)),
-                        tied=parse_tied(obj.get("tied", []), {r.name: r.layers for r in regions}, f"{where}.tied"))
+                        tied=parse_tied(obj.get("tied", []), {r.name: r.layers for r in regions}, f"{where}.tied"),
+                        repeats=(None if obj.get("repeats") is None else
+                                 _number(f"{where}.repeats", obj["repeats"], True, 1)))
+
+
+def parse_spread(obj, where: str) -> Tuple[Tuple[str, float], ...]:
+    """``spread: {forward_ms: 0.2, ...}``: per time cost, its relative spread (>= 0) over the repeats."""
+    if not isinstance(obj, dict):
+        raise SpecError(where, f"must be a mapping of {', '.join(TIME_KEYS)} to relative spreads, got {obj!r}")
+    if set(obj) - set(TIME_KEYS):
+        raise unknown_key(where, obj, TIME_KEYS)
+    return tuple((k, _number(f"{where}.{k}", obj[k], maximum=bounds.MAX_COST)) for k in TIME_KEYS if k in obj)
+
+
+def profile_spread(profile: ModelProfile) -> Optional[Tuple[float, str]]:
+    """(the largest relative spread of a per-layer time cost, ``region.cost``) of a measured profile; costs
+    under :data:`SUMMARY_SHARE` of their region's per-layer time are left out (a small difference such as
+    W = BW - B moves a lot and the prediction little). None when no region records a spread."""
+    best = None
+    for r in profile.regions:
+        total = r.forward_ms + r.backward_ms + r.weight_ms
+        for k, v in r.spread:
+            if k.startswith("head_") or getattr(r, k) < SUMMARY_SHARE * total:
+                continue
+            if best is None or v > best[0]:
+                best = (v, f"{r.name}.{k}")
+    return best
 
 
 def parse_tied(obj, depths: dict, where: str = "mpipe.profile.tied") -> Tuple[TiedWeight, ...]:

@@ -160,6 +160,8 @@ def profile_dict(profile: ModelProfile) -> dict:
     for r in profile.regions:
         d = {"name": r.name, "layers": r.layers, "trainable": r.trainable}
         d.update({k: getattr(r, k) for k in COST_KEYS})
+        if r.spread:
+            d["spread"] = dict(r.spread)
         regions.append(d)
     out = {"link": {"latency_ms": profile.link.latency_ms, "bandwidth_gb_s": profile.link.bandwidth_gb_s},
            "optimizer_factor": profile.optimizer_factor, "regions": regions}
@@ -173,6 +175,8 @@ def profile_dict(profile: ModelProfile) -> dict:
         out["step_overhead_ms"] = profile.step_overhead_ms
     if profile.micro_batch_size is not None:
         out["micro_batch_size"] = profile.micro_batch_size
+    if profile.repeats is not None:
+        out["repeats"] = profile.repeats
     return out
 
 
