@@ -129,3 +129,24 @@ def test_stop_step_does_not_squeeze_the_schedule():
     with pytest.raises(SpecError) as e:   # generated data has no epochs to size it by
         schedule_steps(raw, t, None, 2, "runner_config.stop_step", 8)
     assert str(e.value).startswith("lr_schedule.total_steps: -1 with runner_config.stop_step: MindFormers sizes")
+
+
+@pytest.mark.parametrize("position,epoch_num", [({"epoch": 1, "index": 8, "num_samples": 96}, 2),
+                                                ({"epoch": 2, "index": 0, "num_samples": 96}, 2), (None, None)])
+def test_merged_checkpoint_with_optimizer_carries_mindformers_resume_values(tmp_path, position, epoch_num):
+    """``ckpt --merge --with-optimizer`` writes ``step_num``, ``loss_scale`` and (with a data position)
+    ``epoch_num``, the names MindFormers' resume (``load_resume_context_from_checkpoint``) reads; without
+    ``--with-optimizer`` only the parameters."""
+    import mindspore as ms
+    import numpy as np
+    from hyperparallel.mindspore.checkpoint import merge
+    from hyperparallel.mindspore.ckpt_files import Source
+    f = str(tmp_path / "rank_0.safetensors")
+    ms.save_checkpoint([{"name": "layer.w", "data": ms.Tensor(np.ones((2, 2), np.float32))}], f, format="safetensors")
+    src = Source(str(tmp_path), [f], 20, {"data_position": position} if position else {})
+    merge(src, str(tmp_path / "full.ckpt"), True)
+    got = ms.load_checkpoint(str(tmp_path / "full.ckpt"))
+    assert int(got["step_num"].asnumpy()) == 20 and float(got["loss_scale"].asnumpy()) == 1.0
+    assert (int(got["epoch_num"].asnumpy()) if "epoch_num" in got else None) == epoch_num
+    merge(src, str(tmp_path / "params.ckpt"))
+    assert set(ms.load_checkpoint(str(tmp_path / "params.ckpt"))) == {"layer.w"}
