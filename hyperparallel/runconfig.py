@@ -38,9 +38,11 @@ class RunConfig:
         _check_data_fits(data, model)
         mode, fallback = compile_settings(raw)
         if getattr(data, "balance", "none") == "encoder" and train.loss_normalization != "tokens":
-            raise SpecError("data.balance", f"encoder needs train.loss_normalization: tokens (with "
-                                            f"{train.loss_normalization} the loss depends on how the step's samples "
-                                            "are grouped into micro-batches)")
+            where = dict(train.keys).get("loss", "train.loss_normalization")
+            raise SpecError("data.balance", f"encoder needs train.loss_normalization: tokens (or MindFormers' "
+                                            f"calculate_per_token_loss: true; with {train.loss_normalization}, from "
+                                            f"{where}, the loss depends on how the step's samples are grouped into "
+                                            "micro-batches)")
         return RunConfig(model=model, data=data, train=train, device=device, compile=mode,
                          compile_fallback=fallback)
 

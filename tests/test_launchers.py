@@ -158,3 +158,24 @@ def test_join_false_is_refused_for_a_recipe_before_launch():
         assert msrun_overrides(2) == {"join": "True"}
     finally:
         del os.environ["HP_MSRUN_ARGS"]
+
+
+def test_msrun_mindformers_positional_form():
+    """MindFormers' scripts/msrun_launcher.sh form: the command quoted as one word, then WORKER_NUM MASTER_PORT
+    (one node) or WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK ... (several)."""
+    r = run(MSRUN, "--dry-run", "run_mindformer.py --config X.yaml --run_mode train", "2", "8119")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ("msrun --worker_num=2 --local_worker_num=2 --master_addr=127.0.0.1 --master_port=8119 "
+                        "--node_rank=0 --log_dir=output/msrun_log --join=True --cluster_time_out=600 "
+                        "run_mindformer.py --config X.yaml --run_mode train\n")
+    r = run(MSRUN, "--dry-run", "run_mindformer.py --config X.yaml", "16", "8", "10.0.0.1", "8119", "1", "logs",
+            "True", "900")
+    assert r.stdout.startswith("msrun --worker_num=16 --local_worker_num=8 --master_addr=10.0.0.1 --master_port=8119 "
+                               "--node_rank=1 --log_dir=logs --join=True --cluster_time_out=900 run_mindformer.py"), \
+        r.stderr
+    r = run(MSRUN, "--dry-run", "recipes/mf_llama_adamw.yaml --steps 2", "2", "8119")
+    assert r.stdout.endswith(" hyperparallel train recipes/mf_llama_adamw.yaml --steps 2\n"), r.stderr
+    for args, words in ((("2", "two"), "--master_port must be a whole number, got 'two'"),
+                        (tuple("123456789"), "at most 8 values after the quoted command")):
+        r = run(MSRUN, "--dry-run", "run_mindformer.py --config X.yaml", *args)
+        assert r.returncode == 2 and r.stdout == "" and words in r.stderr, r.stderr

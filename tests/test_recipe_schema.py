@@ -129,20 +129,41 @@ def test_mindformers_sections_honoured():
     assert cfg.schedule.fields_for(20)["total_steps"] == 20   # -1: the run's steps
     assert cfg.describe(20) == ("optimizer AdamW (betas=(0.9, 0.95), eps=1e-08, weight_decay=0.1), "
                                "CosineWithWarmUpLR (MindFormers) lr 0.001, 2 warm-up steps, total_steps 20, "
-                               "clip grad norm 0.5 (runner_wrapper), seed 42 (seed), loss mean over answer tokens")
+                               "clip grad norm 0.5 (runner_wrapper), seed 42 (seed), loss mean of micro-batch means")
 
 
 def test_mindformers_defaults_when_sections_are_partial():
-    # an optimizer section alone: its learning rate, constant; MindFormers' default clipping (norm 1.0)
-    cfg = TrainConfig.from_raw(_raw(optimizer={"type": "SGD", "learning_rate": 0.1, "momentum": 0.5}))
-    assert cfg.seed == 0
-    assert cfg.schedule.type is None and cfg.schedule.learning_rate == 0.1 and cfg.max_grad_norm == 1.0
-    # runner_wrapper without use_clip_grad: MindFormers' WrapperConfig default (on); use_clip_grad false: none
+    # MindFormers' template: an optimizer section alone still gets its default lr_schedule (CosineWithWarmUpLR
+    # from 5e-5 to 0, total_steps -1), seed 1, clipping at 1.0, the mean of the micro-batch means
+    cfg = TrainConfig.from_raw(_raw(optimizer={"type": "SGD", "momentum": 0.5}))
+    assert (cfg.seed, dict(cfg.keys)["seed"]) == (1, "MindFormers' default")
+    assert cfg.schedule.type == "CosineWithWarmUpLR" and cfg.schedule.learning_rate == 5e-5
+    assert cfg.schedule.fields_for(7) == {"learning_rate": 5e-5, "lr_end": 0.0, "warmup_ratio": 0.0, "total_steps": 7}
+    assert cfg.max_grad_norm == 1.0 and cfg.loss_normalization == "micro_batch"
+    # neither section: AdamW (betas 0.9/0.999, eps 1e-8, no weight decay) on that schedule
+    cfg = TrainConfig.from_raw(_raw())
+    assert (cfg.opt.type, dict(cfg.opt.kwargs)) == ("AdamW", {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0})
+    assert (cfg.schedule.type, cfg.schedule.learning_rate, cfg.seed) == ("CosineWithWarmUpLR", 5e-5, 1)
+    # runner_wrapper without use_clip_grad: with pipeline stages MindFormers' MFPipelineWithLossScaleCell (on);
+    # with pipeline_stage 1 MFTrainOneStepCell's default (off); use_clip_grad false: none
     assert TrainConfig.from_raw(_raw(runner_wrapper={"type": "MFTrainOneStepCell"})).max_grad_norm == 1.0
+    one = {"data_parallel": 1, "pipeline_stage": 1, "micro_batch_num": 1}
+    assert TrainConfig.from_raw(_raw(runner_wrapper={"type": "MFTrainOneStepCell"},
+                                     parallel_config=one)).max_grad_norm is None
+    assert TrainConfig.from_raw(_raw(runner_wrapper={"type": "MFPipelineWithLossScaleCell"},
+                                     parallel_config=one)).max_grad_norm == 1.0
     assert TrainConfig.from_raw(_raw(runner_wrapper={"use_clip_grad": False})).max_grad_norm is None
-    # the train: section alone: no clipping, Adam at its lr
+    # calculate_per_token_loss: true is the mean over the step's answer tokens
+    assert TrainConfig.from_raw(_raw(calculate_per_token_loss=True)).loss_normalization == "tokens"
+    # the train: section alone: no clipping, Adam at its lr, seed as given (0 when absent), the token mean
     cfg = TrainConfig.from_raw({"train": {"lr": 0.02, "seed": 3}})
     assert (cfg.opt.type, cfg.schedule.learning_rate, cfg.max_grad_norm, cfg.seed) == ("Adam", 0.02, None, 3)
+    cfg = TrainConfig.from_raw({"train": {}})
+    assert (cfg.opt.type, cfg.schedule.learning_rate, cfg.seed, cfg.loss_normalization) == ("Adam", 0.01, 0, "tokens")
+    # a MindFormers model with the project's train: optimizer keeps the project's defaults
+    raw = _raw(train={"optimizer": "adam"})
+    cfg = TrainConfig.from_raw(raw)
+    assert (cfg.opt.type, cfg.seed, cfg.max_grad_norm, cfg.loss_normalization) == ("Adam", 0, None, "tokens")
 
 
 @pytest.mark.parametrize("sections,key,words", [
@@ -155,6 +176,11 @@ def test_mindformers_defaults_when_sections_are_partial():
     ({"optimizer": {"type": "AdamW", "learning_rate": 0.1},
       "lr_schedule": {"type": "ConstantWarmUpLR", "learning_rate": 0.2}}, "optimizer.learning_rate",
      "contradicts lr_schedule.learning_rate"),
+    ({"optimizer": {"type": "AdamW", "learning_rate": 1e-3}}, "optimizer.learning_rate",
+     "not used by MindFormers without an lr_schedule: section (its template's CosineWithWarmUpLR from 5e-05"),
+    ({"calculate_per_token_loss": True, "train": {"loss_normalization": "micro_batch"}}, "train.loss_normalization",
+     "'micro_batch' contradicts calculate_per_token_loss true (tokens); give it in one place"),
+    ({"calculate_per_token_loss": "yes"}, "calculate_per_token_loss", "must be true or false"),
     ({"lr_schedule": {"type": "CosineAnnealingLR", "learning_rate": 0.1}}, "lr_schedule.type",
      "allowed: ConstantWarmUpLR, LinearWithWarmUpLR, CosineWithWarmUpLR"),
     ({"lr_schedule": {"type": "ConstantWarmUpLR"}}, "lr_schedule.learning_rate", "missing"),
@@ -264,3 +290,17 @@ def test_generated_data_keys_checked_by_the_planning_commands_too(command, overr
     p = run_cli(command, TINY, "--set", override, timeout=60)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], p.stderr
+
+
+def test_micro_batches_without_pipeline_refused_for_a_mindformers_recipe():
+    """MindFormers resets micro_batch_num to 1 when pipeline_stage is 1 (no accumulation): a MindFormers
+    training recipe asking for more is refused naming the key; the project's train: recipes accumulate."""
+    with pytest.raises(SpecError) as e:
+        load_recipe(MF, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b"])
+    assert str(e.value).startswith("parallel_config.micro_batch_num: 4 with pipeline_stage 1: MindFormers resets it "
+                                   "to 1"), str(e.value)
+    r = load_recipe(MF, ["parallel_config.pipeline_stage=1", "parallel_config.micro_batch_num=1",
+                         "mpipe.schedule=1f1b"])
+    assert (r.pipeline_stage, r.micro_batch_num) == (1, 1)
+    own = load_recipe(recipe("mf_llama_mllm.yaml"), ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b"])
+    assert own.micro_batch_num > 1

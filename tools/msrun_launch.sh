@@ -14,6 +14,11 @@ COMMAND is either
                              hyperparallel/mindspore/worker.py JOB.json, or MindFormers'
                              run_mindformer.py --config CONFIG.yaml)
 
+MindFormers' scripts/msrun_launcher.sh form is accepted too: the command quoted as one word, then
+its positional values, which set the options below of the same names:
+  "COMMAND ARGS" [WORKER_NUM [MASTER_PORT [LOG_DIR [JOIN [CLUSTER_TIME_OUT]]]]]
+  "COMMAND ARGS" WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK [LOG_DIR [JOIN [CLUSTER_TIME_OUT]]]
+
 Options (msrun's names; `--name=value` or `--name value`):
   --worker_num N          ranks in the whole job, all nodes            (default 8)
   --local_worker_num N    ranks on this node                           (default: worker_num)
@@ -72,6 +77,23 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ $# -ge 1 ]] || die "missing COMMAND (a recipe .yaml or a script .py); see --help"
+
+# MindFormers' scripts/msrun_launcher.sh form: one quoted command, then positional values
+#   "COMMAND ARGS" [WORKER_NUM [MASTER_PORT [LOG_DIR [JOIN [CLUSTER_TIME_OUT]]]]]              (one node)
+#   "COMMAND ARGS" WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK [LOG_DIR [JOIN [CLUSTER_TIME_OUT]]]
+if [[ "$1" == *" "* ]]; then
+  read -r -a quoted <<< "$1"; shift
+  if (( $# <= 5 )); then
+    worker_num="${1:-$worker_num}"; master_port="${2:-$master_port}"; log_dir="${3:-$log_dir}"
+    join="${4:-$join}"; cluster_time_out="${5:-$cluster_time_out}"; local_worker_num="$worker_num"
+  elif (( $# <= 8 )); then
+    worker_num="$1"; local_worker_num="$2"; master_addr="$3"; master_port="$4"; node_rank="$5"
+    log_dir="${6:-$log_dir}"; join="${7:-$join}"; cluster_time_out="${8:-$cluster_time_out}"
+  else
+    die "MindFormers' positional form takes at most 8 values after the quoted command (WORKER_NUM LOCAL_WORKER MASTER_ADDR MASTER_PORT NODE_RANK LOG_DIR JOIN CLUSTER_TIME_OUT), got $#"
+  fi
+  set -- "${quoted[@]}"
+fi
 local_worker_num="${local_worker_num:-$worker_num}"
 for v in worker_num local_worker_num master_port node_rank; do
   is_uint "${!v}" || die "--$v must be a whole number, got '${!v}'"

@@ -43,6 +43,8 @@ def _prepare(args):
     args.total_steps, args.steps_from = run_steps(args.steps, recipe.raw, rc.train, usable,
                                                   plan.num_micro * plan.data_parallel * rc.data.micro_batch_size)
     _refuse_nothing_to_train(args.source, args.total_steps, args.steps_from)
+    args.schedule_steps = schedule_steps(recipe.raw, rc.train, usable, args.total_steps, args.steps_from,
+                                         plan.num_micro * plan.data_parallel * rc.data.micro_batch_size)
     if args.save_dir and not getattr(args, "reference", False):
         _check_save_dir(args.save_dir)   # last: a refused recipe leaves no folder behind
     return recipe, rc, plan
@@ -81,6 +83,24 @@ def run_steps(flag, raw: dict, train, usable, samples_per_step: int):
     if stop:
         return stop, "runner_config.stop_step"
     return train.steps, "default"
+
+
+def schedule_steps(raw: dict, train, usable, steps: int, steps_from: str, samples_per_step: int) -> int:
+    """The steps a MindFormers learning-rate schedule with ``total_steps: -1`` spans: the run's, except
+    where ``runner_config.stop_step`` cut the run short in a MindFormers training recipe: there
+    MindFormers' trainer still sizes the schedule to ``runner_config.epochs`` (default 1) x the data
+    set's steps (``BaseTrainer.create_lr_scheduler``), and stop_step only ends the run early."""
+    from ..recipe.train import mindformers_training
+    if steps_from != "runner_config.stop_step" or train.schedule.type is None or not mindformers_training(raw):
+        return steps
+    if dict(train.schedule.kwargs).get("total_steps") not in (None, -1):
+        return steps
+    if usable is None:
+        raise SpecError("lr_schedule.total_steps", "-1 with runner_config.stop_step: MindFormers sizes the schedule "
+                                                   "to runner_config.epochs x the data set's steps, which generated "
+                                                   "data has not; give lr_schedule.total_steps")
+    epochs = (raw.get("runner_config") or {}).get("epochs", 1)
+    return max(steps, epochs * (usable // samples_per_step))
 
 
 def _refuse_nothing_to_train(src, steps: int, steps_from: str) -> None:
@@ -207,7 +227,7 @@ def run(args) -> int:
     from .. import runlock
     if args.reference:
         with runlock.holding([("--run-dir", run_dir)], echo=_note):
-            return _run_reference(recipe, rc, steps, run_dir)
+            return _run_reference(recipe, rc, steps, run_dir, getattr(args, "schedule_steps", steps))
     from ..launch import local_ranks, msrun_overrides
     world = plan.num_devices * plan.data_parallel
     overrides = msrun_overrides(world)
@@ -230,6 +250,7 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
     sched_name = str(plan.meta.get("schedule_name", args.schedule or recipe.schedule))
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
     case = dict(name=sched_name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=sched_name,
+                schedule_steps=getattr(args, "schedule_steps", steps),
                 run_dir=os.path.abspath(run_dir),
                 save_dir=os.path.abspath(args.save_dir) if args.save_dir else None,
                 save_every=args.save_every, save_format=args.save_format, resume=bool(args.resume),
@@ -324,7 +345,7 @@ def _refusal(log_dir: str, world: int, flag: str):
     return None
 
 
-def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
+def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0) -> int:
     """The single-process reference: the console shows the project's lines; what MindSpore, MindFormers and
     mindone print (warnings, their logs) goes to ``RUN_DIR/logs/reference.log``, as a pipeline run's worker
     logs hold theirs."""
@@ -338,13 +359,13 @@ def _run_reference(recipe, rc, steps: int, run_dir: str) -> int:
         from ..mindspore.reference import Reference
         compat.setup_device(rc.device)
         ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
-                        {r.name: r.trainable for r in recipe.profile.regions}, total_steps=steps)
+                        {r.name: r.trainable for r in recipe.profile.regions}, total_steps=schedule_steps or steps)
         from ..mindspore.nonfinite import NONFINITE_EXIT, NonFiniteStep, json_line
         from ..mindspore.worker import StepLog
         from ..mindspore.rank import StepResult
         log = StepLog("reference", "reference", steps, 0,
                       recipe.micro_batch_num * recipe.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
-        con.say(f"[reference] {rc.train.describe(steps)}")
+        con.say(f"[reference] {rc.train.describe(schedule_steps or steps)}")
         with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
             for step in range(steps):
                 t0 = time.perf_counter()

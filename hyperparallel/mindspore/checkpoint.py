@@ -333,9 +333,26 @@ def restore_with_data(src: Source, comm, chunks, opt, data, rename=_same) -> Tup
     return step, with_state
 
 
+#: the resume scalars MindFormers' ``load_resume_context_from_checkpoint`` reads from a checkpoint
+MINDFORMERS_RESUME_KEYS = ("step_num", "epoch_num", "loss_scale")
+
+
+def mindformers_resume_values(src: Source) -> dict:
+    """``step_num`` (the steps done), ``loss_scale`` (1: no loss scaling) and, where the data position is
+    saved, ``epoch_num`` (the 1-based epoch of the last step done, as MindFormers' CheckpointMonitor saves
+    it: its resume subtracts one when the step is inside an epoch), as int64/float32 scalar Parameters."""
+    values = {"step_num": ms.Tensor(int(src.step), ms.int64), "loss_scale": ms.Tensor(1.0, ms.float32)}
+    pos = (src.meta or {}).get("data_position") or {}
+    if "epoch" in pos and "index" in pos:
+        values["epoch_num"] = ms.Tensor(int(pos["epoch"]) + (1 if int(pos["index"]) else 0), ms.int64)
+    # save_checkpoint writes a dict's Parameters only (bare Tensors are dropped)
+    return {n: ms.Parameter(v, name=n, requires_grad=False) for n, v in values.items()}
+
+
 def merge(src: Source, out: str, with_state: bool = False) -> int:
     """Write the step's files as one MindSpore checkpoint file (format from ``out``'s extension):
-    the parameters, and the optimizer state too with ``with_state``; written whole (a hidden file beside
+    the parameters, and the optimizer state too with ``with_state`` (with MindFormers' resume scalars,
+    :func:`mindformers_resume_values`); written whole (a hidden file beside
     ``out``, renamed over it: a failed write leaves ``out`` as it was). Returns the number of names."""
     from .ckpt_files import optimizer_state_names
     check_one_value(src)
@@ -345,6 +362,8 @@ def merge(src: Source, out: str, with_state: bool = False) -> int:
     if not with_state:
         for n in optimizer_state_names(params):
             params.pop(n)
+    else:
+        params.update(mindformers_resume_values(src))
     fmt = "safetensors" if out.endswith(".safetensors") else "ckpt"
     folder, name = os.path.split(os.path.abspath(out))
     os.makedirs(folder, exist_ok=True)

@@ -61,7 +61,7 @@ def case_runtime(case: dict, comm, hooks=None, pool=None):
         from hyperparallel.data.balance import owner_ranks
         source.balance_by(owner_ranks(plan))
     return rc, RankRuntime(plan, rc.model, source, rc.train, comm, hooks,
-                           total_steps=int(case.get("steps") or rc.train.steps), compile=rc.compile,
+                           total_steps=int(case.get("schedule_steps") or case.get("steps") or rc.train.steps), compile=rc.compile,
                            compile_fallback=rc.compile_fallback, log=_rank_log(case.get("name", "run")),
                            pool=pool, pool_model=(case["raw"].get("model"), rc.data.shapes(), rc.train.seed))
 

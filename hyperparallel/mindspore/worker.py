@@ -160,7 +160,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
             progress.phase(start, "gather")
         counts = comm.all_gather_object(rt.parameter_counts())
     if comm.rank == 0:
-        print(f"[{name}] {rc.train.describe(steps)}", flush=True)
+        print(f"[{name}] {rc.train.describe(int(case.get('schedule_steps') or steps))}", flush=True)
         if counts:
             from hyperparallel.mindspore.rank import parameters_line
             print(f"[{name}] {parameters_line(counts, rt.plan.regions())}", flush=True)

@@ -162,9 +162,9 @@ _REFUSED = (
     ("swap_config.swap", _true, "false: no activation swapping"),
     ("runner_config.gradient_accumulation_steps", _more_than_one,
      "1: raise parallel_config.micro_batch_num instead (a pipeline step already accumulates its micro-batches)"),
-    ("runner_wrapper.calculate_per_token_loss", _true, "false: the loss is the mean of the micro-batch losses"),
+    ("runner_wrapper.calculate_per_token_loss", _true, "false; give the top-level calculate_per_token_loss (MindFormers' "
+                                                        "trainer sets the wrapper's from it)"),
     ("runner_wrapper.use_skip_data_by_global_norm", _true, "false: steps are never skipped"),
-    ("calculate_per_token_loss", _true, "false: the loss is the mean of the micro-batch losses"),
     ("use_skip_data_by_global_norm", _true, "false: steps are never skipped"),
     ("resume_training", _named, "false: resume with hyperparallel train --resume / --resume-from"),
     ("use_legacy", _false, "true or leave it out: hyperparallel builds MindFormers' legacy model (or a mindone "

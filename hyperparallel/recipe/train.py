@@ -10,6 +10,14 @@ Two spellings, one meaning each:
 * **the** ``train:`` **section** of recipes without MindFormers sections: ``optimizer: adam|sgd`` and a
   constant ``lr``.
 
+A MindFormers training recipe (:func:`mindformers_training`: a MindFormers config whose ``train:`` section
+gives no ``optimizer`` / ``lr``) fills what it leaves out as MindFormers 1.9.0's config template
+(``mindformers/tools/register/template.py``) and trainer do: seed 1, ``AdamW`` (betas 0.9/0.999, eps 1e-8,
+no weight decay), ``CosineWithWarmUpLR`` from 5e-5 to 0 (the template's ``lr_schedule`` replaces
+``optimizer.learning_rate``), clipping at norm 1.0, and the loss as the mean of the micro-batch means
+(``calculate_per_token_loss: false``; ``true`` is the mean over the step's answer tokens). The project's
+own ``train:`` recipes keep their defaults (seed 0, Adam at 0.01, no clipping, the token mean).
+
 Giving a setting in both places is refused (``give it in one place``), and so is every field MindFormers'
 class would not take (its learning-rate classes swallow unknown keyword arguments silently). The field
 lists are MindFormers 1.9.0's / MindSpore 2.9.0's signatures (``tests/test_recipe_schema.py`` checks them).
@@ -47,9 +55,17 @@ OPTIMIZER_FIELDS = {
              "use_amsgrad"),
     "SGD": ("learning_rate", "momentum", "dampening", "weight_decay", "nesterov", "loss_scale"),
 }
-#: MindFormers' default ``optimizer.learning_rate`` (its config template), used when neither it nor
-#: ``lr_schedule`` is given
+#: MindFormers' default ``optimizer.learning_rate`` / ``lr_schedule.learning_rate`` (its config template)
 MF_DEFAULT_LR = 5.0e-5
+#: MindFormers 1.9.0's config template (``GeneralConfig.seed``, ``OptimizerConfig``, ``LrScheduleConfig``):
+#: what a MindFormers training recipe gets for a section it leaves out
+MF_DEFAULT_SEED = 1
+MF_DEFAULT_OPTIMIZER = {"type": "AdamW", "betas": [0.9, 0.999], "learning_rate": MF_DEFAULT_LR, "eps": 1.0e-8,
+                        "weight_decay": 0.0}
+MF_DEFAULT_LR_SCHEDULE = {"type": "CosineWithWarmUpLR", "learning_rate": MF_DEFAULT_LR, "lr_end": 0.0,
+                          "warmup_ratio": 0.0, "total_steps": -1}
+#: the ``train:`` keys that make a recipe's optimizer the project's own (not MindFormers' defaults)
+OWN_OPTIMIZER_KEYS = ("optimizer", "lr")
 
 #: the learning-rate classes' float fields beyond ``learning_rate`` and ``warmup_ratio`` (checked: finite, >= 0)
 LR_FLOATS = ("warmup_lr_init", "lr_end", "num_cycles", "power", "decay_ratio", "decay_start_ratio")
@@ -212,9 +228,8 @@ class TrainConfig:
         if "optimizer" in sec and sec["optimizer"] not in OPTIMIZERS:
             raise SpecError("train.optimizer", f"{sec['optimizer']!r} unknown; allowed: {', '.join(OPTIMIZERS)} "
                                                "(or MindFormers' optimizer: section)")
-        norm = sec.get("loss_normalization", "tokens")
-        if norm not in LOSS_NORMALIZATIONS:
-            raise SpecError("train.loss_normalization", f"{norm!r} unknown; allowed: {', '.join(LOSS_NORMALIZATIONS)}")
+        mf = mindformers_training(raw)
+        norm, keys_loss = _loss_normalization(raw, sec, mf)
         compile_mode = sec.get("optimizer_compile", "jit")
         if compile_mode not in OPTIMIZER_COMPILES:
             raise SpecError("train.optimizer_compile",
@@ -222,9 +237,9 @@ class TrainConfig:
         nonfinite = sec.get("nonfinite", "stop")
         if nonfinite not in NONFINITE_POLICIES:
             raise SpecError("train.nonfinite", f"{nonfinite!r} unknown; allowed: {', '.join(NONFINITE_POLICIES)}")
-        keys = {}
-        seed = sec.get("seed", 0)
-        keys["seed"] = "train.seed" if "seed" in sec else "default"
+        keys = {"loss": keys_loss}
+        seed = sec.get("seed", MF_DEFAULT_SEED if mf else 0)
+        keys["seed"] = "train.seed" if "seed" in sec else ("MindFormers' default" if mf else "default")
         if "seed" in raw:
             if "seed" in sec and sec["seed"] != raw["seed"]:
                 raise SpecError("train.seed", f"{sec['seed']!r} contradicts the top-level seed {raw['seed']!r}; give "
@@ -234,13 +249,13 @@ class TrainConfig:
         mf_opt, mf_lr = raw.get("optimizer"), raw.get("lr_schedule")
         for k in ("optimizer", "lr"):
             if k in sec and (mf_opt is not None or mf_lr is not None):
-                mf = "optimizer" if mf_opt is not None else "lr_schedule"
-                raise SpecError(f"train.{k}", f"given with MindFormers' {mf}: section; give the optimizer and learning "
-                                              "rate in one place")
-        if mf_opt is not None or mf_lr is not None:
+                mf_sec = "optimizer" if mf_opt is not None else "lr_schedule"
+                raise SpecError(f"train.{k}", f"given with MindFormers' {mf_sec}: section; give the optimizer and "
+                                              "learning rate in one place")
+        if mf:
             opt, sched = _mindformers_optimizer(mf_opt, mf_lr)
-            keys["optimizer"] = "optimizer" if mf_opt is not None else "default"
-            keys["lr"] = "lr_schedule" if mf_lr is not None else "optimizer.learning_rate"
+            keys["optimizer"] = "optimizer" if mf_opt is not None else "MindFormers' default"
+            keys["lr"] = "lr_schedule" if mf_lr is not None else "MindFormers' default"
         else:
             name = sec.get("optimizer", "adam")
             lr = float(sec.get("lr", 0.01))
@@ -249,11 +264,12 @@ class TrainConfig:
             sched = LRSpec(None, lr)
             keys["optimizer"] = "train.optimizer" if "optimizer" in sec else "default"
             keys["lr"] = "train.lr" if "lr" in sec else "default"
-        # MindFormers' template fills a missing runner_wrapper with use_clip_grad: true (max_grad_norm 1.0)
-        mf_training = any(raw.get(k) is not None for k in ("optimizer", "lr_schedule", "runner_config"))
         rw = raw.get("runner_wrapper")
-        clip = _clipping({} if rw is None and mf_training else rw)
-        keys["clip"] = "runner_wrapper" if rw is not None else ("MindFormers' default" if mf_training else "none")
+        if rw is None:   # MindFormers' template: MFTrainOneStepCell with use_clip_grad: true (max_grad_norm 1.0)
+            clip = _clipping({}, True) if mf else None
+        else:
+            clip = _clipping(rw, _wrapper_clips_by_default(rw, _pipeline_stage(raw)))
+        keys["clip"] = "runner_wrapper" if rw is not None else ("MindFormers' default" if mf else "none")
         return TrainConfig(seed=seed, steps=sec.get("steps", 20), lr=sched.learning_rate,
                            optimizer=opt.type.lower() if opt.type in ("Adam", "SGD") and not opt.grouped else opt.type,
                            save_every=sec.get("save_every", 0), opt=opt,
@@ -290,8 +306,11 @@ def _typed(name: str, sec, classes: dict) -> str:
 
 def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
     """MindFormers' ``optimizer`` and ``lr_schedule`` sections, checked field by field."""
-    if opt is None:
-        opt = {"type": "AdamW"}   # MindFormers' template default
+    default_sched = sched is None
+    if opt is None:   # MindFormers' template (OptimizerConfig); its learning_rate is the schedule's
+        opt = {k: v for k, v in MF_DEFAULT_OPTIMIZER.items() if k != "learning_rate"}
+    if sched is None:
+        sched = MF_DEFAULT_LR_SCHEDULE   # MindFormers' template (LrScheduleConfig), built even beside an optimizer
     t = _typed("optimizer", opt, OPTIMIZER_FIELDS)
     kw = {k: v for k, v in opt.items() if k not in ("type", "learning_rate")}
     if "weight_decay" in kw:
@@ -318,43 +337,59 @@ def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
     _not_a_string("optimizer.loss_scale", kw.get("loss_scale"))
     if kw.get("loss_scale", 1.0) != 1.0:
         raise SpecError("optimizer.loss_scale", f"{kw['loss_scale']!r}: loss scaling is not supported; give 1.0")
-    if sched is None:
-        lr = opt.get("learning_rate", MF_DEFAULT_LR)
-        lr_spec = LRSpec(None, _number("optimizer.learning_rate", lr, 0.0, strict=True))
-    else:
-        st = _typed("lr_schedule", sched, LR_FIELDS)
-        if "learning_rate" not in sched:
-            raise SpecError("lr_schedule.learning_rate", "missing")
-        lr = _number("lr_schedule.learning_rate", sched["learning_rate"], 0.0, strict=True)
-        if "learning_rate" in opt:
-            _number("optimizer.learning_rate", opt["learning_rate"], 0.0, strict=True)
-        for k in LR_FLOATS:
-            if sched.get(k) is not None:
-                _number(f"lr_schedule.{k}", sched[k])
-        if "learning_rate" in opt and opt["learning_rate"] != sched["learning_rate"]:
-            raise SpecError("optimizer.learning_rate", f"{opt['learning_rate']!r} contradicts lr_schedule.learning_rate "
-                                                       f"{sched['learning_rate']!r}; MindFormers uses the schedule's: give "
-                                                       "it in one place")
-        ts = sched.get("total_steps")
-        if ts is not None and ts != -1:
-            _whole("lr_schedule.total_steps", ts, 1)
-        if sched.get("warmup_ratio") is not None and not 0 <= _number("lr_schedule.warmup_ratio",
-                                                                      sched["warmup_ratio"]) <= 1:
-            raise SpecError("lr_schedule.warmup_ratio", f"must be in [0, 1], got {sched['warmup_ratio']!r}")
-        if sched.get("warmup_steps") is not None:
-            _whole("lr_schedule.warmup_steps", sched["warmup_steps"], 0)
-        lr_spec = LRSpec(st, lr, tuple(sorted((k, v) for k, v in sched.items() if k not in ("type", "learning_rate"))))
+    st = _typed("lr_schedule", sched, LR_FIELDS)
+    if "learning_rate" not in sched:
+        raise SpecError("lr_schedule.learning_rate", "missing")
+    lr = _number("lr_schedule.learning_rate", sched["learning_rate"], 0.0, strict=True)
+    if "learning_rate" in opt:
+        _number("optimizer.learning_rate", opt["learning_rate"], 0.0, strict=True)
+    for k in LR_FLOATS:
+        if sched.get(k) is not None:
+            _number(f"lr_schedule.{k}", sched[k])
+    if "learning_rate" in opt and opt["learning_rate"] != sched["learning_rate"] and default_sched:
+        raise SpecError("optimizer.learning_rate",
+                        f"{opt['learning_rate']!r} is not used by MindFormers without an lr_schedule: section "
+                        f"(its template's CosineWithWarmUpLR from {MF_DEFAULT_LR:g} replaces it); give "
+                        f"lr_schedule: {{type: CosineWithWarmUpLR, learning_rate: {opt['learning_rate']!r}}} "
+                        "(or ConstantWarmUpLR for a constant rate), or leave optimizer.learning_rate out")
+    if "learning_rate" in opt and opt["learning_rate"] != sched["learning_rate"]:
+        raise SpecError("optimizer.learning_rate", f"{opt['learning_rate']!r} contradicts lr_schedule.learning_rate "
+                                                   f"{sched['learning_rate']!r}; MindFormers uses the schedule's: give "
+                                                   "it in one place")
+    ts = sched.get("total_steps")
+    if ts is not None and ts != -1:
+        _whole("lr_schedule.total_steps", ts, 1)
+    if sched.get("warmup_ratio") is not None and not 0 <= _number("lr_schedule.warmup_ratio",
+                                                                  sched["warmup_ratio"]) <= 1:
+        raise SpecError("lr_schedule.warmup_ratio", f"must be in [0, 1], got {sched['warmup_ratio']!r}")
+    if sched.get("warmup_steps") is not None:
+        _whole("lr_schedule.warmup_steps", sched["warmup_steps"], 0)
+    lr_spec = LRSpec(st, lr, tuple(sorted((k, v) for k, v in sched.items() if k not in ("type", "learning_rate"))))
     return OptimizerSpec(t, tuple(sorted(kw.items())), grouped=True), lr_spec
 
 
-def _clipping(rw) -> Optional[float]:
-    """``runner_wrapper.use_clip_grad`` / ``max_grad_norm`` (MindFormers' defaults: clipping on, norm 1.0,
-    when a ``runner_wrapper`` is given); None: no clipping."""
-    if rw is None:
-        return None
+def _pipeline_stage(raw: dict) -> int:
+    """``parallel_config.pipeline_stage`` (MindFormers' default 1; checked by the recipe reader)."""
+    pc = raw.get("parallel_config")
+    p = pc.get("pipeline_stage", 1) if isinstance(pc, dict) else 1
+    return p if isinstance(p, int) and not isinstance(p, bool) else 1
+
+
+def _wrapper_clips_by_default(rw, pipeline_stage: int) -> bool:
+    """Whether MindFormers' train-step wrapper clips when ``runner_wrapper`` leaves ``use_clip_grad`` out:
+    with pipeline stages its trainer swaps the wrapper for ``MFPipelineWithLossScaleCell``
+    (``use_clip_grad=True``); without, the named class's default (``MFTrainOneStepCell``: False; MindSpore's
+    ``TrainOneStepCell`` classes do not clip)."""
+    kind = rw.get("type", "MFTrainOneStepCell") if isinstance(rw, dict) else None
+    return pipeline_stage > 1 or kind == "MFPipelineWithLossScaleCell"
+
+
+def _clipping(rw, use_default: bool) -> Optional[float]:
+    """``runner_wrapper.use_clip_grad`` (``use_default`` when absent) / ``max_grad_norm`` (default 1.0, the
+    wrappers'); None: no clipping."""
     if not isinstance(rw, dict):
         raise SpecError("runner_wrapper", f"must be a mapping, got {rw!r}")
-    use = rw.get("use_clip_grad", True)   # MindFormers' WrapperConfig default
+    use = rw.get("use_clip_grad", use_default)
     if not isinstance(use, bool):
         raise SpecError("runner_wrapper.use_clip_grad", f"must be true or false, got {use!r}")
     if not use:
@@ -362,6 +397,52 @@ def _clipping(rw) -> Optional[float]:
             _number("runner_wrapper.max_grad_norm", rw["max_grad_norm"], 0.0, strict=True)
         return None
     return _number("runner_wrapper.max_grad_norm", rw.get("max_grad_norm", 1.0), 0.0, strict=True)
+
+
+def mindformers_training(raw: dict) -> bool:
+    """Whether MindFormers' training defaults fill what the recipe leaves out: a MindFormers config
+    (``model.model_config`` / ``arch`` / ..., or MindFormers' ``optimizer`` / ``lr_schedule`` section) whose
+    ``train:`` section does not give the optimizer the project's way (``train.optimizer`` / ``train.lr``)."""
+    from .mindformers import is_mindformers_config
+    sec = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    if set(OWN_OPTIMIZER_KEYS) & set(sec):
+        return False
+    return is_mindformers_config(raw) or raw.get("optimizer") is not None or raw.get("lr_schedule") is not None
+
+
+def _loss_normalization(raw: dict, sec: dict, mf: bool) -> Tuple[str, str]:
+    """(``train.loss_normalization`` value, the key that gave it): ``train.loss_normalization``, else
+    MindFormers' ``calculate_per_token_loss`` (true: ``tokens``, the step's token mean; false:
+    ``micro_batch``, the mean of the micro-batch means, as MindFormers' PipelineCell / GradAccumulationCell
+    average them), else ``micro_batch`` for a MindFormers training recipe (MindFormers' default false) and
+    ``tokens`` for the project's own."""
+    cptl = raw.get("calculate_per_token_loss")
+    if cptl is not None and not isinstance(cptl, bool):
+        raise SpecError("calculate_per_token_loss", f"must be true or false, got {cptl!r}")
+    mapped = None if cptl is None else ("tokens" if cptl else "micro_batch")
+    if "loss_normalization" in sec:
+        norm = sec["loss_normalization"]
+        if norm not in LOSS_NORMALIZATIONS:
+            raise SpecError("train.loss_normalization",
+                            f"{norm!r} unknown; allowed: {', '.join(LOSS_NORMALIZATIONS)}")
+        if mapped is not None and mapped != norm:
+            raise SpecError("train.loss_normalization", f"{norm!r} contradicts calculate_per_token_loss "
+                                                        f"{str(cptl).lower()} ({mapped}); give it in one place")
+        return norm, "train.loss_normalization"
+    if mapped is not None:
+        return mapped, "calculate_per_token_loss"
+    return ("micro_batch", "MindFormers' default") if mf else ("tokens", "default")
+
+
+def one_micro_batch_without_pipeline(raw: dict, pipeline_stage: int, micro_batch_num: int) -> None:
+    """Refuse ``parallel_config.micro_batch_num`` > 1 with ``pipeline_stage: 1`` in a MindFormers training
+    recipe: MindFormers' trainer resets it to 1 there (``_check_global_batch_size_for_auto_parallel``),
+    training ``micro_batch_num`` times fewer samples a step than hyperparallel would accumulate."""
+    if pipeline_stage == 1 and micro_batch_num > 1 and mindformers_training(raw):
+        raise SpecError("parallel_config.micro_batch_num",
+                        f"{micro_batch_num} with pipeline_stage 1: MindFormers resets it to 1 (a step of "
+                        f"data_parallel x batch_size samples, no accumulation), hyperparallel would accumulate "
+                        f"{micro_batch_num}; give 1 (or pipeline_stage >= 2)")
 
 
 # keep dataclass field introspection for the README table (``train:`` keys and defaults)
