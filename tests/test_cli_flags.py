@@ -208,7 +208,7 @@ def test_train_pipeline_flags_reach_the_launch(monkeypatch, tmp_path):
 def test_train_reference_flags_reach_the_reference(monkeypatch, tmp_path):
     seen = {}
 
-    def reference(recipe, rc, steps, run_dir):
+    def reference(recipe, rc, steps, run_dir, schedule_steps=0):
         seen.update(lr=rc.train.lr, steps=steps, run_dir=run_dir)
         return 0
     monkeypatch.setattr(T, "_run_reference", reference)

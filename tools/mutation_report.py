@@ -50,7 +50,17 @@ def _diff(mutant: str, cwd: str) -> str:
     return "\n".join(ln for ln in shown.splitlines() if re.match(r"^[-+](?![-+])", ln))
 
 
-def report(work: str) -> str:
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "hyperparallel", "tests"],
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + (" with uncommitted changes" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def report(work: str, commit: str = "") -> str:
     res = _mutmut("results", "--all", "true", cwd=work)
     rows = [ln.strip().rsplit(": ", 1) for ln in res.stdout.splitlines() if ": " in ln]
     status = {name: st for name, st in rows}
@@ -64,6 +74,7 @@ def report(work: str) -> str:
              "against each mutant. A killed mutant failed a test; a surviving one changed the code and no test "
              "noticed. Each survivor below is a test to write, or (where `tools/mutation_equivalent.txt` says "
              "why) a change that cannot alter behaviour. Not in CI: rerun when those files change.", "",
+             f"Measured on commit {commit or _commit()}.", "",
              "| file | mutants | killed | survived | no test ran | timeout | score |", "|---|---|---|---|---|---|---|"]
     for fn in sorted(per_file):
         c = per_file[fn]
@@ -98,12 +109,13 @@ def main(argv=None) -> int:
                 shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy(src, dst)
+        commit = _commit()
         run = _mutmut("run", "--max-children", str(args.max_children), cwd=work)
         if run.returncode != 0:
             print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
             print(f"error: mutmut run failed (exit {run.returncode})", file=sys.stderr)
             return 1
-        text = report(work)
+        text = report(work, commit)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
