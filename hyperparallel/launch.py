@@ -381,33 +381,32 @@ def _die_with_parent() -> None:
         pass
 
 
+def _rank_line(log_dir: str, ranks, prefix: str) -> str:
+    """The rest of the first line starting with ``prefix`` in the worker logs of ``ranks`` (in that
+    order), or ''."""
+    for r in ranks:
+        for line in _read(_worker_log(log_dir, r)).splitlines():
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+    return ""
+
+
 def _stop_line(log_dir: str, ranks: List[int]) -> str:
     """A rank's ``stopped on signal: ...`` line (rank 0's, if this node has it), or ''."""
     from .mindspore.stop import STOPPED
-    for r in ranks:
-        for line in _read(_worker_log(log_dir, r)).splitlines():
-            if line.startswith(STOPPED):
-                return line[len(STOPPED):].strip()
-    return ""
+    return _rank_line(log_dir, ranks, STOPPED)
 
 
 def _nonfinite_stop(log_dir: str, world: int) -> str:
     """The ranks' line about a step stopped for a NaN/infinite loss or grad norm ('' when none)."""
-    from .mindspore.nonfinite import NONFINITE as prefix
-    for r in range(world):
-        for line in _read(_worker_log(log_dir, r)).splitlines():
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
-    return ""
+    from .mindspore.nonfinite import NONFINITE
+    return _rank_line(log_dir, range(world), NONFINITE)
 
 
 def _save_failure(log_dir: str, world: int) -> str:
-    from .mindspore.ckpt_files import SAVE_FAILED as prefix
-    for r in range(world):
-        for line in _read(_worker_log(log_dir, r)).splitlines():
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
-    return ""
+    """A rank's line about a checkpoint it could not write ('' when none)."""
+    from .mindspore.ckpt_files import SAVE_FAILED
+    return _rank_line(log_dir, range(world), SAVE_FAILED)
 
 
 def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: bool = True,
