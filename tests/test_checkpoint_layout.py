@@ -568,7 +568,8 @@ def _auto_processor():
     return AutoProcessor
 
 
-def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_training_did(qwen_step, tmp_path):
+def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_training_did(qwen_step, tmp_path,
+                                                                                        monkeypatch):
     """A step whose meta.json records the run's processor (what the Saver records for a conversations
     recipe) exports a directory ``AutoProcessor.from_pretrained`` loads: its chat template and tokenizer
     give a conversation with an image the ids the data layer trains on (image pads expanded), and its
@@ -601,6 +602,7 @@ def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_
     assert {"tokenizer.json", "tokenizer_config.json", "preprocessor_config.json", "config.json",
             "model.safetensors"} <= set(os.listdir(out))
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    monkeypatch.setattr(sys, "path", list(sys.path))   # mindone's auto classes add to sys.path (hf_processor)
     proc = _auto_processor().from_pretrained(str(out))
 
     cfg = ConversationsConfig.from_section(data, 1)

@@ -9,7 +9,9 @@ builds the processor from that record with transformers' / mindone's classes and
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from typing import List, Optional, Tuple
 
 # the arch -> mindone processor class that writes its files (Qwen2.5-VL: the layout's model)
@@ -62,6 +64,24 @@ def write_processor(record: Optional[dict], cfg: dict, out: str) -> Tuple[List[s
     tok_file = record.get("tokenizer")
     if not tok_file or not os.path.isfile(tok_file):
         return [], f"the run's tokenizer {tok_file} is not there any more"
+    with _sys_path_kept():
+        return _write(record, cfg, out, arch, tok_file)
+
+
+@contextlib.contextmanager
+def _sys_path_kept():
+    """mindone.transformers' processor classes put folders of mindone's own package at the front of
+    ``sys.path`` (``processing_utils.get_possibly_dynamic_module``, the auto classes' ``*_class_from_name``);
+    after that, ``import deprecated`` in the same process finds mindone's ``models/deprecated`` package
+    instead of the PyPI ``deprecated`` MindFormers imports. ``sys.path`` is put back after using them."""
+    saved = list(sys.path)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def _write(record: dict, cfg: dict, out: str, arch: str, tok_file: str) -> Tuple[List[str], str]:
     import mindone.transformers as mt
     from transformers.models.qwen2.tokenization_qwen2_fast import Qwen2TokenizerFast
     from mindone.transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
