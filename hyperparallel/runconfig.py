@@ -14,7 +14,7 @@ from .models import ModelAdapter, adapter_for
 from .mpipe.errors import SpecError
 from .recipe import schema
 from .recipe.recipe import compile_settings, device_of
-from .recipe.train import TrainConfig
+from .recipe.train import TrainConfig, one_micro_batch_without_pipeline
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class RunConfig:
     def from_raw(raw: dict) -> "RunConfig":
         device = device_of(raw)
         schema.check_trainable(raw, device)   # a MindFormers value the runtime cannot train with: refused
+        pc = raw.get("parallel_config") if isinstance(raw.get("parallel_config"), dict) else {}
+        # training only (plan reads the config as given): MindFormers trains one micro-batch with one stage
+        one_micro_batch_without_pipeline(raw, pc.get("pipeline_stage", 1), pc.get("micro_batch_num", 1))
         train = TrainConfig.from_raw(raw)
         data = data_config(_with_batch_size(raw))
         schema.check_batch_size(raw, data.micro_batch_size)

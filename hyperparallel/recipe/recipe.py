@@ -44,7 +44,7 @@ from ..mpipe.profile import ModelProfile, TiedWeight, parse_profile
 from ..mpipe.schedule import Schedule, parse_schedule
 from . import mindformers as mf
 from . import estimate, schema
-from .train import TrainConfig, one_micro_batch_without_pipeline
+from .train import TrainConfig
 from .files import apply_override, load_raw
 
 MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb", "compile", "compile_fallback")
@@ -379,7 +379,6 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
         recipe.chunk_layers(spec if spec == "zbv" else "")
     if "schedule" in mp and isinstance(spec, (str, list)):   # transpose options given twice must agree
         parse_schedule(spec, profile, "mpipe.schedule", V, recipe.transpose_defaults, "mpipe.encoder")
-    one_micro_batch_without_pipeline(raw, P, M)
     return recipe
 
 
