@@ -191,6 +191,36 @@ def test_resume_d1_as_d2(dp2, ref_losses):
     assert meta["files"] == ["rank_0.ckpt", "rank_2.ckpt"]  # data-parallel copies written once
 
 
+def _reference_cli(tmp_path, *args):
+    run = str(tmp_path / "ref")
+    p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", RECIPE, "--reference", "--run-dir", run,
+                        *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    return p, metrics(run)
+
+
+@pytest.mark.msrun
+def test_reference_resumed_from_a_step_equals_the_uninterrupted_one(resumed, ref_losses, tmp_path):
+    """``train --reference --resume-from STEP`` (issue 38: the reference ignored it and started from the
+    initial weights) continues at the step's weights, optimizer state and data position: its steps 3-4 are
+    the uninterrupted reference's."""
+    _, ckpt, _ = resumed
+    step2 = os.path.join(ckpt, "step_2")
+    p, m = _reference_cli(tmp_path, "--resume-from", step2, "--steps", "4")
+    assert f"[reference] resumed from {step2} at step 2 (with its optimizer state)" in p.stdout, p.stdout
+    assert [r["step"] for r in m] == [3, 4]
+    np.testing.assert_allclose([r["loss"] for r in m], ref_losses[2:4], rtol=1e-5)
+
+
+def test_reference_started_from_a_single_process_file(pretrained, ref_losses, tmp_path):
+    """A plain MindSpore file (no step, no optimizer state): the reference starts at step 0 from its weights
+    with a fresh optimizer, not from the initial weights."""
+    p, m = _reference_cli(tmp_path, "--resume-from", pretrained[0], "--steps", "2")
+    assert "(fresh optimizer state)" in p.stdout, p.stdout
+    np.testing.assert_allclose([r["loss"] for r in m], pretrained[1], rtol=1e-5)
+    assert abs(m[0]["loss"] - ref_losses[0]) > 1e-3   # not the initial weights' loss
+
+
 def _load_into_reference_and_step(files, fmt):
     """Plain MindSpore: every file of the step into the reference's cells and nn.Adam; one step."""
     import mindspore as ms

@@ -62,9 +62,15 @@ PATHS = {
         "overwrite_save_dir": "test_train_guards.py::test_overwrite_removes_the_old_step_directories_only",
         "resume_from": "test_checkpoint_resume.py::test_start_from_single_process_mindspore_file"}, set()),
     "train --reference": (["train", TINY, "--reference"], {
-        d: "test_train_reference_flags_reach_the_reference" for d in ("reference", "steps", "overrides", "run_dir")},
-        {"schedule", "compile", "save_dir", "save_every", "save_format", "resume", "resume_from", "no_digest",
-         "timeout", "overwrite_save_dir"}),
+        **{d: "test_train_reference_flags_reach_the_reference" for d in ("reference", "steps", "overrides", "run_dir")},
+        "resume_from": "test_checkpoint_resume.py::test_reference_resumed_from_a_step_equals_the_uninterrupted_one"},
+        {"schedule", "compile", "save_dir", "save_every", "save_format", "resume", "no_digest", "timeout",
+         "overwrite_save_dir"}),
+    "train --reference --resume-from": (["train", TINY, "--reference", "--resume-from", "{tmp}/ckpt"], {
+        **{d: "test_train_reference_flags_reach_the_reference" for d in ("reference", "steps", "overrides", "run_dir")},
+        "resume_from": "test_checkpoint_resume.py::test_reference_resumed_from_a_step_equals_the_uninterrupted_one",
+        "no_digest": "test_train_reference_flags_reach_the_reference"},
+        {"schedule", "compile", "save_dir", "save_every", "save_format", "resume", "timeout", "overwrite_save_dir"}),
     "bench, profile measured": (["bench", TINY], {
         **{d: "test_bench_flags_reach_the_launches" for d in
            ("schedule", "steps", "warmup", "repeats", "max_contention", "overrides", "rotate", "out", "png",
@@ -168,10 +174,13 @@ def test_unhonoured_flags_are_refused_naming_the_flag_and_the_path(no_launch, tm
             err = capsys.readouterr().err.strip().splitlines()
             flag = F.flag_name(parser, base[0], dest)
             assert len(err) == 1 and err[0].startswith(f"error: {flag}: not honoured "), (path, err)
-            where = {"train --reference": "with --reference", "bench --recipe-profile": "with --profile or "
+            where = {"train --reference": "with --reference", "train --reference --resume-from": "with --reference",
+                     "bench --recipe-profile": "with --profile or "
                      "--recipe-profile", "tune": "without --verify", "train pipeline": "without --save-dir",
                      "bench --compile twice": "with --profile or --recipe-profile" if dest == "profile_samples" else
                      "with --compile given twice"}[path]
+            if path == "train --reference" and dest == "no_digest":   # honoured with --resume-from
+                where = "without --save-dir, --resume or --resume-from"
             assert where in err[0], err[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "ckpt").exists()
 
@@ -181,7 +190,7 @@ def test_the_issue_command_is_refused_and_saves_nothing(no_launch, tmp_path, cap
     assert cli.main(["train", TINY, "--reference", "--save-dir", str(tmp_path / "D"), "--save-every", "2",
                      "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --save-dir: not honoured with --reference: the reference saves and reads no "
+    assert err.startswith("error: --save-dir: not honoured with --reference: the reference saves no "
                           "checkpoint") and err.endswith("(1 more: --save-every)"), err
     assert not (tmp_path / "D").exists() and not (tmp_path / "run").exists()
 
@@ -208,14 +217,30 @@ def test_train_pipeline_flags_reach_the_launch(monkeypatch, tmp_path):
 def test_train_reference_flags_reach_the_reference(monkeypatch, tmp_path):
     seen = {}
 
-    def reference(recipe, rc, steps, run_dir, schedule_steps=0):
-        seen.update(lr=rc.train.lr, steps=steps, run_dir=run_dir)
+    def reference(recipe, rc, steps, run_dir, schedule_steps=0, source=None):
+        seen.update(lr=rc.train.lr, steps=steps, run_dir=run_dir, source=source)
         return 0
     monkeypatch.setattr(T, "_run_reference", reference)
     monkeypatch.setattr(L, "launch", lambda *a, **k: pytest.fail("the reference launches no ranks"))
     assert cli.main(["train", TINY, "--reference", "--steps", "2", "--set", "train.lr=0.02",
                      "--run-dir", str(tmp_path / "ref")]) == 0
-    assert seen == {"lr": 0.02, "steps": 2, "run_dir": str(tmp_path / "ref")}
+    assert seen == {"lr": 0.02, "steps": 2, "run_dir": str(tmp_path / "ref"), "source": None}
+    # --resume-from reaches the reference as the resolved checkpoint; --no-digest skips its digests there
+    import mindspore as ms
+    import numpy as np
+    import hyperparallel.mindspore.ckpt_files as CF
+    step = str(tmp_path / "single.safetensors")
+    ms.save_checkpoint([{"name": "w", "data": ms.Tensor(np.zeros(2, np.float32))}], step, format="safetensors")
+    digests, real = [], CF.resolve
+
+    def resolve(path, digests_flag=True, **kw):
+        digests.append(kw.get("digests", digests_flag))
+        return real(path, **kw)
+    monkeypatch.setattr(CF, "resolve", resolve)
+    for extra, want in (([], True), (["--no-digest"], False)):
+        assert cli.main(["train", TINY, "--reference", "--resume-from", step, "--run-dir", str(tmp_path / "ref"),
+                         *extra]) == 0
+        assert seen["source"].path == step and seen["source"].step == 0 and digests[-1] is want
 
 
 class _Recording(FakeLauncher):

@@ -23,8 +23,7 @@ def _no_save_dir(a) -> bool:
 
 
 def _no_checkpoint(a) -> bool:
-    return not _reference(a) and not (getattr(a, "save_dir", None) or getattr(a, "resume", False)
-                                      or getattr(a, "resume_from", None))
+    return not (getattr(a, "save_dir", None) or getattr(a, "resume", False) or getattr(a, "resume_from", None))
 
 
 def _profile_not_measured(a) -> bool:
@@ -40,7 +39,9 @@ def _no_verify(a) -> bool:
     return not getattr(a, "verify", 0)
 
 
-_REF_CKPT = "the reference saves and reads no checkpoint (yet): save with the pipeline run"
+_REF_CKPT = "the reference saves no checkpoint: save with the pipeline run"
+_REF_RESUME = ("the reference reads no save dir; start it from a step with --resume-from STEP_DIR (as the pipeline "
+               "run's --resume would pick it)")
 #: (command, flag dest, on this path it is not honoured, the path, why): the first that applies is refused
 NOT_HONOURED: Tuple[Tuple[str, str, Callable, str, str], ...] = (
     ("train", "schedule", _reference, "with --reference", "the reference runs no pipeline (one process, the same "
@@ -50,9 +51,7 @@ NOT_HONOURED: Tuple[Tuple[str, str, Callable, str, str], ...] = (
     ("train", "save_dir", _reference, "with --reference", _REF_CKPT),
     ("train", "save_every", _reference, "with --reference", _REF_CKPT),
     ("train", "save_format", _reference, "with --reference", _REF_CKPT),
-    ("train", "resume", _reference, "with --reference", _REF_CKPT),
-    ("train", "resume_from", _reference, "with --reference", _REF_CKPT),
-    ("train", "no_digest", _reference, "with --reference", _REF_CKPT),
+    ("train", "resume", _reference, "with --reference", _REF_RESUME),
     ("train", "timeout", _reference, "with --reference", "the reference runs in this process, without the launcher "
                                                     "that enforces the timeout"),
     ("train", "save_every", _no_save_dir, "without --save-dir", "nothing is saved; give --save-dir"),

@@ -227,7 +227,7 @@ def run(args) -> int:
     from .. import runlock
     if args.reference:
         with runlock.holding([("--run-dir", run_dir)], echo=_note):
-            return _run_reference(recipe, rc, steps, run_dir, getattr(args, "schedule_steps", steps))
+            return _run_reference(recipe, rc, steps, run_dir, getattr(args, "schedule_steps", steps), args.source)
     from ..launch import local_ranks, msrun_overrides
     world = plan.num_devices * plan.data_parallel
     overrides = msrun_overrides(world)
@@ -345,10 +345,12 @@ def _refusal(log_dir: str, world: int, flag: str):
     return None
 
 
-def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0) -> int:
+def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0, source=None) -> int:
     """The single-process reference: the console shows the project's lines; what MindSpore, MindFormers and
     mindone print (warnings, their logs) goes to ``RUN_DIR/logs/reference.log``, as a pipeline run's worker
-    logs hold theirs."""
+    logs hold theirs. ``source`` (``--resume-from``): the reference starts from that checkpoint as the
+    pipeline run does (weights, optimizer state when saved, data position, step), so a resumed pipeline is
+    compared with a resumed reference."""
     from ..util import LibraryOutput
     os.environ.setdefault("GLOG_v", "3")
     os.environ.setdefault("LOCAL_DEFAULT_PATH", os.path.join(os.path.abspath(run_dir), "mindformers"))
@@ -363,11 +365,22 @@ def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0
         from ..mindspore.nonfinite import NONFINITE_EXIT, NonFiniteStep, json_line
         from ..mindspore.worker import StepLog
         from ..mindspore.rank import StepResult
-        log = StepLog("reference", "reference", steps, 0,
+        start = 0
+        if source is not None:
+            from ..mindspore.ckpt_files import CheckpointError
+            try:
+                start, with_state = ref.restore(source)
+            except CheckpointError as e:
+                con.say(f"error: --resume-from: {str(e).splitlines()[0]}", err=True)
+                return 2
+            con.say(f"[reference] resumed from {source.path} at step {start} "
+                    f"({'with its' if with_state else 'fresh'} optimizer state)")
+        log = StepLog("reference", "reference", steps, start,
                       recipe.micro_batch_num * recipe.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
         con.say(f"[reference] {rc.train.describe(schedule_steps or steps)}")
-        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
-            for step in range(steps):
+        from ..mindspore.worker import open_metrics
+        with open_metrics(os.path.join(run_dir, "metrics.jsonl"), start) as f:
+            for step in range(start, steps):
                 t0 = time.perf_counter()
                 try:
                     loss, _ = ref.step(step)

@@ -57,6 +57,16 @@ class Reference:
         """Every parameter of the model (trained or frozen), e.g. to save it as one checkpoint file."""
         return [p for cell in self.cells for p in cell.get_parameters()]
 
+    def restore(self, src):
+        """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`: a step directory, a merged file or a Hugging
+        Face directory) by global name into the model and the optimizer, the data at its saved position, as a
+        pipeline rank restores its chunks. Returns (step to continue from, optimizer state loaded);
+        CheckpointError if it does not fit."""
+        from .checkpoint import restore_with_data
+        from .comm import LocalComm
+        chunks = {str(i): cell for i, cell in enumerate(self.cells)}
+        return restore_with_data(src, LocalComm(), chunks, self.opt, self.source, self.model.checkpoint_name)
+
     def step(self, step: int):
         """Returns (loss, {param name: grad}) of this step, after applying the update; a non-finite loss or
         grad norm raises :class:`~.nonfinite.NonFiniteStep` before it (``train.nonfinite: stop``) or skips it
