@@ -33,6 +33,8 @@ def cmd_plan(args) -> int:
     print(cut_lines(plan))
     if recipe.estimated:
         print(f"note: {recipe.costs}")
+    for line in recipe.notes:
+        print(line)
     print(program_table(plan))
     if args.export:
         write_text(args.export, plan.dumps())
@@ -86,6 +88,8 @@ def cmd_check(args) -> int:
         recipe = load_recipe(args.recipe, args.overrides)
         check_generated_data(recipe)
         plan = derive_recipe(recipe, args.schedule)
+        for line in recipe.notes:
+            print(line)
     errs = check(plan)
     if errs:
         for e in errs[:10]:

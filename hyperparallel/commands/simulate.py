@@ -73,6 +73,7 @@ def run_simulate(args) -> int:
             draw.write_png(results, args.png)
     for o in objs:
         o["costs"] = recipe.costs   # "mpipe.profile", or how they were estimated
+        o["notes"] = list(recipe.notes)   # keys read but without effect on the plan (plan prints them too)
     if args.json:
         print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=1))
         return 0
@@ -80,6 +81,8 @@ def run_simulate(args) -> int:
     print(f"recipe {args.recipe}: P={P} M={M} V={recipe.pp_interleave_num} D={recipe.data_parallel}")
     if recipe.estimated:
         print(f"note: {recipe.costs}")
+    for line in recipe.notes:
+        print(line)
     rows = []
     for o in objs:
         rows.append([o["schedule"], f"{o['makespan_ms']:.2f}", f"{o['bubble_ratio']:.3f}",

@@ -82,6 +82,7 @@ class Recipe:
     costs: str = "mpipe.profile"   # where the profile's costs come from (an estimate is said so)
     memory_limit_gb: Optional[float] = None   # per device (mpipe.memory_limit_gb)
     v_note: str = ""   # why a given pp_interleave_num > 1 reads as V = 1 (appended to errors about V)
+    notes: Tuple[str, ...] = ()   # lines plan/check/simulate print once: keys read but without effect on the plan
 
     @property
     def estimated(self) -> bool:
@@ -355,7 +356,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     for item in overrides:
         apply_override(raw, item)
     schema.check_keys(raw)   # an unknown key (in the file or through --set): refused, the nearest named
-    TrainConfig.from_raw(raw)   # optimizer / lr_schedule / train: keys checked by plan too (pure Python)
+    train_note = _training_refusal(raw)
     P, M, V, D, v_key, v_note = _parallel(raw)
     mp, enc = _mpipe(raw)
     prof = mp.get("profile")
@@ -373,13 +374,33 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
                     data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
                     encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
-                    memory_limit_gb=_memory_limit(mp), v_note=v_note)
+                    memory_limit_gb=_memory_limit(mp), v_note=v_note,
+                    notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n))
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
         recipe.chunk_layers(spec if spec == "zbv" else "")
     if "schedule" in mp and isinstance(spec, (str, list)):   # transpose options given twice must agree
         parse_schedule(spec, profile, "mpipe.schedule", V, recipe.transpose_defaults, "mpipe.encoder")
     return recipe
+
+
+#: MindFormers' training sections: a value the runtime cannot train with is ``train``'s to refuse; ``plan``,
+#: ``check`` and ``simulate`` read the layout and name it (hyperparallel's own ``train:`` stays checked here)
+MINDFORMERS_TRAINING = ("optimizer", "lr_schedule", "runner_wrapper", "calculate_per_token_loss")
+
+
+def _training_refusal(raw: dict) -> str:
+    """The training settings read as ``train`` will read them: '' when they train, else the note naming the
+    MindFormers value ``train`` refuses (SpecError at once for a misspelt key, or any refusal in
+    hyperparallel's own ``train:`` section)."""
+    try:
+        TrainConfig.from_raw(raw)
+    except SpecError as e:
+        typo = "unknown key" in str(e)   # a misspelt key (errors.unknown_key) is refused by every command
+        if typo or e.field.split(".")[0] not in MINDFORMERS_TRAINING:
+            raise
+        return f"note: {e} (train refuses it; the plan does not read it)"
+    return ""
 
 
 def load_recipe(path: str, overrides: Iterable[str] = ()) -> Recipe:

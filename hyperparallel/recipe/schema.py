@@ -2,7 +2,8 @@
 
 A recipe is a MindFormers config plus hyperparallel's sections. Its keys fall in four kinds:
 
-* **unknown**: not a MindFormers 1.9.0 key nor one of ours: refused everywhere (``plan`` too, and
+* **unknown**: not a MindFormers key (1.9.0's template, or another release's, :data:`OTHER_RELEASES`) nor one
+  of ours: refused everywhere (``plan`` too, and
   through ``--set``), naming the nearest known key (:func:`check_keys`);
 * **honoured**: read and applied with MindFormers' meaning (``seed``, ``parallel_config``'s pipeline
   keys, ``optimizer``, ``lr_schedule``, ``runner_wrapper``'s clipping, ``runner_config.batch_size``...);
@@ -42,6 +43,26 @@ SECTIONS = ("parallel_config", "recompute_config", "swap_config", "moe_config", 
             "monitor_config", "eval_callbacks")
 #: hyperparallel's own top-level keys
 OURS = ("base_config", "device", "mpipe", "data", "train")
+
+#: MindFormers keys outside 1.9.0's template: in the public configs (``configs/``, ``research/``) or the config
+#: templates of other MindFormers releases, with the releases they were seen in (``tools/mindformers_keys.py``
+#: lists them from a MindFormers git clone's release tags). MindFormers 1.9.0 warns a top-level one "useless"
+#: and ignores it; its strict sections (``runner_config``) refuse theirs. Accepted by every command; ``plan``,
+#: ``check`` and ``simulate`` name them once; ``train`` names the top-level ones as not used and refuses the
+#: section ones (:data:`_OLD_SECTION_KEYS`).
+OTHER_RELEASES: Dict[str, str] = {
+    "auto_tune": "1.7-1.9 configs", "filepath_prefix": "1.7-1.9 configs", "autotune_per_step": "1.7-1.9 configs",
+    "profiler_level": "1.7-1.9 configs", "generation_config": "1.9 configs", "remove_redundancy": "1.9 configs",
+    "ckpt_use_legacy_format": "the 1.7 template", "top_k": "1.0-1.5 configs", "infer": "1.0-1.3 configs",
+    "pipeline": "1.0 configs", "kernel_launch_group": "1.5 configs",
+    "recompute": "1.0-1.2 configs (top level)", "parallel_optimizer_comm_recompute": "1.0-1.2 configs (top level)",
+    "mp_comm_recompute": "1.0-1.2 configs (top level)", "recompute_slice_activation": "1.0-1.2 configs (top level)",
+    "runner_config.image_size": "1.0-1.5 configs", "runner_config.initial_epoch": "1.0 configs",
+    "runner_config.has_trained_epoches": "1.0 configs", "runner_config.has_trained_steps": "1.0 configs",
+    "runner_config.per_epoch_size": "1.0-1.2 configs", "runner_wrapper.sens": "1.0-1.5 configs",
+    "runner_wrapper.enable_global_norm": "1.0-1.1 configs", "runner_wrapper.enable_check_overflow": "1.1-1.5 configs",
+}
+_OTHER_TOP = tuple(k for k in OTHER_RELEASES if "." not in k)
 TOP = GENERAL + SECTIONS + OURS
 
 #: sections whose keys MindFormers' template fixes (it refuses others); hyperparallel adds
@@ -85,16 +106,36 @@ def _section(raw: dict, name: str):
 def check_keys(raw: dict) -> None:
     """Refuse an unknown key at the top level or in a section MindFormers' template fixes (the nearest
     known key suggested). ``model``, ``data``, ``train`` and ``mpipe`` are checked by their own readers."""
-    if set(raw) - set(TOP):
-        raise unknown_key("", raw, TOP, "at the top level of the recipe")
+    if set(raw) - set(TOP) - set(_OTHER_TOP):
+        raise unknown_key("", {k: v for k, v in raw.items() if k not in _OTHER_TOP}, TOP,
+                          "at the top level of the recipe")
     for sec, known in STRICT.items():
         v = raw.get(sec)
         if v is None:
             continue
         if not isinstance(v, dict):
             raise SpecError(sec, f"must be a mapping (keys: {', '.join(known)}), got {v!r}")
-        if set(v) - set(known):
-            raise unknown_key(sec, v, known)
+        other = {k for k in v if f"{sec}.{k}" in OTHER_RELEASES}
+        if set(v) - set(known) - other:
+            raise unknown_key(sec, {k: x for k, x in v.items() if k not in other}, known)
+
+
+def other_release_keys(raw: dict) -> List[str]:
+    """The keys of this recipe that only other MindFormers releases define (:data:`OTHER_RELEASES`)."""
+    def present(path):
+        *parents, last = path.split(".")
+        node = value_at(raw, ".".join(parents)) if parents else raw
+        return isinstance(node, dict) and last in node
+    return [k for k in OTHER_RELEASES if present(k)]
+
+
+def other_release_note(raw: dict) -> str:
+    """The one line ``plan``, ``check`` and ``simulate`` print for them ('' when there are none)."""
+    keys = other_release_keys(raw)
+    if not keys:
+        return ""
+    return ("note: keys of other MindFormers releases, without effect on the plan: "
+            + ", ".join(f"{k} ({OTHER_RELEASES[k]})" for k in keys))
 
 
 # -- what the runtime cannot do -----------------------------------------------------------------
@@ -177,7 +218,25 @@ _REFUSED = (
     ("lr_scale", _true, "false: no batch-size learning-rate scale"),
     ("profile", _true, "false: measure with hyperparallel profile / bench"),
     ("moe_config.expert_num", _more_than_one, "1: no mixture-of-experts models"),
+    ("recompute", _on, "false: no recompute (and MindFormers 1.9.0 reads recompute_config.recompute, not this "
+                       "1.0-1.2 top-level key)"),
 )
+
+#: keys of other releases in sections MindFormers 1.9.0 checks, refused for training with what 1.9.0 reads
+_OLD_SECTION_KEYS = {
+    "runner_config.image_size": "not a runner_config key of MindFormers 1.9.0 (its RunnerConfig refuses it); "
+                                "remove it",
+    "runner_config.initial_epoch": "not read; resume with hyperparallel train --resume / --resume-from",
+    "runner_config.has_trained_epoches": "not read; resume with hyperparallel train --resume / --resume-from",
+    "runner_config.has_trained_steps": "not read; resume with hyperparallel train --resume / --resume-from",
+    "runner_config.per_epoch_size": "not a runner_config key of MindFormers 1.9.0; the steps come from "
+                                    "runner_config.epochs and the data set (or train.steps)",
+    "runner_wrapper.sens": "loss scaling is not supported (MindFormers 1.9.0 spells it scale_sense); remove it",
+    "runner_wrapper.enable_global_norm": "MindFormers 1.9.0 spells clipping use_clip_grad (with max_grad_norm); "
+                                         "give those",
+    "runner_wrapper.enable_check_overflow": "overflow checks come with loss scaling, which is not supported; "
+                                            "remove it",
+}
 
 
 def _scale_sense_ok(v) -> bool:
@@ -198,6 +257,9 @@ def train_refusals(raw: dict, device: str) -> List[Tuple[str, str]]:
         v = value_at(raw, key)
         if v is not None and bad(v):
             out.append((key, f"{v!r} is not supported; give {instead}"))
+    for key, why in _OLD_SECTION_KEYS.items():
+        if value_at(raw, key) is not None:
+            out.append((key, f"a key of MindFormers {OTHER_RELEASES[key]}: {why}"))
     rm = raw.get("run_mode")
     if rm is not None and rm not in ("train", "finetune"):
         out.append(("run_mode", f"{rm!r}: hyperparallel trains (allowed: train, finetune)"))
@@ -265,6 +327,7 @@ def unused_keys(raw: dict) -> List[str]:
     logging, evaluation, prediction), for the one line ``train`` prints."""
     out = [s for s in _UNUSED_SECTIONS if raw.get(s) is not None]
     out += [k for k in _UNUSED_KEYS if value_at(raw, k) is not None]
+    out += [k for k in _OTHER_TOP if k in raw and not (k == "recompute" and _on(raw[k]))]
     return out
 
 
