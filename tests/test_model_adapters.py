@@ -300,13 +300,26 @@ def demo_sets(tmp_path_factory):
      "model.model_config.compute_dtype: not a Qwen2_5_VLConfig field: MindFormers' precision key"),
     ("qwen2_5_vl_tiny.yaml", ["model.model_config.text_config.param_init_type=float32"],
      "model.model_config.text_config.param_init_type: not a Qwen2_5_VLTextConfig field: MindFormers' precision"),
-    ("qwen2_5_vl_tiny.yaml", ["model.model_config.use_flash_attention=false"],
-     "the Hugging Face field is attn_implementation"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.use_flash_attention=true"],
+     "model.model_config.use_flash_attention: True is refused: MindFormers' spelling; the Hugging Face field is "
+     "attn_implementation (false is read as eager"),
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.text_config.init_method_std=0.02"],
+     "model.model_config.text_config.init_method_std: not a Qwen2_5_VLTextConfig field: MindFormers' "
+     "initialisation std; mindone's models read no initializer_range either"),
+    # a rename the section's class has no field for: refused, naming the field it is elsewhere
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.vision_config.theta=5.0"],
+     "model.model_config.vision_config.theta: not a Qwen2_5_VLVisionConfig field: MindFormers' spelling; the "
+     "Hugging Face field is rope_theta"),
     ("qwen2_5_vl_tiny.yaml", ["model.model_config.pet_config={pet_type: lora, lora_rank: 8}"],
      "model.model_config.pet_config: not a Qwen2_5_VLConfig field: LoRA / parameter-efficient fine-tuning is not "
      "supported yet"),
-    ("qwen2_5_vl_tiny.yaml", ["model.model_config.text_config.num_layers=4"],
-     "the Hugging Face field is num_hidden_layers"),
+    # MindFormers' spelling and the Hugging Face field, two values: both keys named
+    ("qwen2_5_vl_tiny.yaml", ["model.model_config.text_config.num_layers=2"],
+     "model.model_config.text_config.num_layers: 2, but model.model_config.text_config.num_hidden_layers is 4: two "
+     "spellings of one field (MindFormers' num_layers, Hugging Face's num_hidden_layers); give one of them"),
+    ("qwen3_vl_tiny.yaml", ["model.model_config.use_flash_attention=false",
+                            "model.model_config.attn_implementation=sdpa"],
+     "model.model_config.use_flash_attention: False, but model.model_config.attn_implementation is 'sdpa'"),
     # with text_config given, a top-level text field is ignored by the class
     ("qwen2_5_vl_tiny.yaml", ["model.model_config.hidden_size=64"],
      "model.model_config.hidden_size: a text-model field at the top level is ignored (text_config is given); give "
@@ -341,6 +354,77 @@ def test_hugging_face_fields_the_class_reads_and_the_recipes_own_keys_pass(demo_
     assert rc.model.vision.initializer_range == 0.01
 
 
+def _mindformers_spelt(tmp_path, layers: int) -> str:
+    """The tiny Qwen2.5-VL recipe with MindFormers' spellings of its Hugging Face fields (``layers`` LLM layers)."""
+    import yaml
+    raw = yaml.safe_load(open(QWEN))
+    mc = raw["model"]["model_config"]
+    t, v = mc["text_config"], mc["vision_config"]
+    for hf, mf in (("num_hidden_layers", "num_layers"), ("num_key_value_heads", "n_kv_heads"), ("rope_theta", "theta"),
+                   ("max_position_embeddings", "max_position_embedding"), ("num_attention_heads", "num_heads")):
+        t[mf] = t.pop(hf)
+    t.update(num_layers=layers, theta=5000.0, max_position_embedding=256, n_kv_heads=1)
+    v["num_layers"] = v.pop("depth")
+    mc["use_flash_attention"] = False
+    path = tmp_path / f"spelt{layers}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+SPELT_NOTES = [f"model.model_config.{k}: MindFormers' spelling, read as {hf}" for k, hf in (
+    ("use_flash_attention", "attn_implementation: eager"), ("text_config.max_position_embedding",
+                                                            "max_position_embeddings"),
+    ("text_config.n_kv_heads", "num_key_value_heads"), ("text_config.num_heads", "num_attention_heads"),
+    ("text_config.num_layers", "num_hidden_layers"), ("text_config.theta", "rope_theta"),
+    ("vision_config.num_layers", "depth"))]
+
+
+def test_mindformers_spellings_of_hugging_face_fields_are_read_as_them(demo_sets, tmp_path):
+    """MindFormers' num_layers (depth in a vision_config), n_kv_heads, theta, max_position_embedding, num_heads and
+    use_flash_attention: false are Hugging Face fields under other names: read as them (the built model has the
+    value), each said once (the adapter's notes, printed by the front end), the key as written in messages."""
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    built = {}
+    for layers in (2, 4):
+        rc = run_config_of(load_recipe(_mindformers_spelt(tmp_path, layers), demo_sets))
+        t, m = rc.model.text, rc.model
+        assert (t.num_hidden_layers, t.num_key_value_heads, t.rope_theta, t.max_position_embeddings,
+                t.num_attention_heads, m.vision.depth) == (layers, 1, 5000.0, 256, 4, 2)
+        assert m.fields["attn_implementation"] == "eager" and "num_layers" not in m.fields["text_config"]
+        assert m.notes() == SPELT_NOTES
+        assert [(r.name, r.layers, r.key) for r in m.regions()] == [
+            ("vision", 2, "model.model_config.vision_config.num_layers"),
+            ("llm", layers, "model.model_config.text_config.num_layers")]
+        net = m.network()
+        built[layers] = (len(net.model.language_model.layers), len(net.model.visual.blocks),
+                         net.model.language_model.layers[0].self_attn.k_proj.weight.shape[0])
+    assert built == {2: (2, 2, 16), 4: (4, 2, 16)}   # n_kv_heads 1 x head_dim 16: the k projection's rows
+
+
+def test_mindformers_spelling_against_a_config_files_field_is_refused_naming_both(demo_sets, tmp_path):
+    """text_config.num_layers: 2 over a config.json whose num_hidden_layers is 4: one setting with two values."""
+    import yaml
+    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    raw = yaml.safe_load(open(QWEN))
+    cfg = {k: v for k, v in raw["model"]["model_config"].items() if k != "type"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for layers, ok in ((4, True), (2, False)):
+        raw["model"] = {"arch": raw["model"]["arch"], "config": str(tmp_path / "config.json"),
+                        "model_config": {"text_config": {"num_layers": layers}}}
+        (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw))
+        rec = load_recipe(str(tmp_path / "r.yaml"), demo_sets)
+        if ok:
+            assert run_config_of(rec).model.notes() == [
+                "model.model_config.text_config.num_layers: MindFormers' spelling, read as num_hidden_layers"]
+            continue
+        with pytest.raises(SpecError, match=r"^model.model_config.text_config.num_layers: 2, but num_hidden_layers of "
+                                            r"the config file \(model.pretrained / model.config\) is 4: two spellings"):
+            run_config_of(rec)
+
+
 def test_fields_of_a_hugging_face_directory_are_hugging_faces_own(demo_sets, tmp_path):
     """A config.json (model.config / model.pretrained) is the file transformers wrote and reads, with the older
     spellings of the public files (in_chans, vision_token_id): not checked; only the recipe's inline fields are."""
@@ -367,3 +451,40 @@ def test_mindformers_llama_lora_is_refused_not_trained_in_full(tmp_path):
                                         r"parameter-efficient fine-tuning is not supported yet"):
         run_config_of(rec)
     assert derive_recipe(rec).num_devices == 2
+
+
+NOTE = "note: model.model_config.text_config.num_layers: MindFormers' spelling, read as num_hidden_layers"
+
+
+def _note_once(p, tmp_path):
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines().count(NOTE) == 1, p.stdout
+    logs = tmp_path / "run" / "logs"
+    files = [f for f in logs.rglob("*") if f.is_file()]
+    assert files, logs
+    said = [f.name for f in files if "MindFormers' spelling" in f.read_text(errors="replace")]
+    assert not said, said   # the ranks (and the reference's library log) build the same model silently
+
+
+def test_a_mindformers_spelling_is_said_once_on_the_console_before_training(tmp_path):
+    """``train --reference``: the note comes from the front end, before the first step, once."""
+    from make_demo_data import write_demo
+    paths = write_demo(str(tmp_path / "d"), 8, seed=1)
+    data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
+    p = run_cli("train", QWEN, *data, "--set=model.model_config.text_config.num_layers=4", "--reference",
+                "--steps", "1", "--run-dir", str(tmp_path / "run"), timeout=300)
+    _note_once(p, tmp_path)
+    lines = p.stdout.splitlines()
+    assert lines.index(NOTE) < min(i for i, line in enumerate(lines) if line.startswith("[reference]")), p.stdout
+
+
+@pytest.mark.msrun
+def test_a_mindformers_spelling_is_said_once_not_once_per_rank(tmp_path):
+    """A pipeline run of two ranks: the launcher's console says it once; no rank's log says it."""
+    from make_demo_data import write_demo
+    paths = write_demo(str(tmp_path / "d"), 8, seed=1)
+    data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
+    p = run_cli("train", QWEN, *data, "--set=model.model_config.text_config.num_layers=4", "--steps", "1",
+                "--run-dir", str(tmp_path / "run"), timeout=400)
+    _note_once(p, tmp_path)
+    assert "step 1/1" in p.stdout or (tmp_path / "run" / "metrics.jsonl").is_file(), p.stdout

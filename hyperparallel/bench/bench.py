@@ -316,6 +316,8 @@ def prepare(args):
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
+    for line in rc.model.notes():   # said once here, before launch; the ranks build the same model silently
+        print(f"note: {line}", flush=True)
     scheds = args.schedule or [recipe.schedule if isinstance(recipe.schedule, str) else json.dumps(recipe.schedule)]
     if len(set(scheds)) != len(scheds):
         raise SpecError("--schedule", "each schedule once (repeats come from --repeats)")

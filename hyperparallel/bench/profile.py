@@ -38,6 +38,8 @@ def prepare(args):
     recipe = load_recipe(args.recipe, args.overrides)
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
+    for line in rc.model.notes():   # said once here, before launch; the ranks build the same model silently
+        print(f"note: {line}", flush=True)
     sched = args.schedule
     if getattr(args, "in_pipeline", False) and sched is None:
         sched = DEFAULT_REFERENCE

@@ -219,6 +219,8 @@ def run(args) -> int:
         recipe, rc, plan = _prepare(args)
     except (SpecError, PlanError) as e:
         return _error(str(e).splitlines()[0])
+    for line in rc.model.notes():   # said once here; the ranks build the same model silently
+        print(f"note: {line}", flush=True)
     steps = args.total_steps
     sched_name = str(plan.meta.get("schedule_name", args.schedule or recipe.schedule))
     stem = os.path.splitext(os.path.basename(args.recipe))[0]

@@ -108,6 +108,12 @@ class ModelAdapter:
         """Pure Python, before launch: SpecError('model.<key>', ...) if the model cannot train on
         ``device`` (e.g. a kernel that device lacks). Default: every device."""
 
+    def notes(self) -> List[str]:
+        """Pure Python, before launch: lines the front end prints once on the console (a recipe's spelling
+        read as another, e.g. MindFormers' ``num_layers`` as ``num_hidden_layers``); the ranks, building the
+        same adapter, print nothing. Default none."""
+        return []
+
     def compile_reason(self, region: str) -> Optional[str]:
         """Pure Python, before launch: why the chunks of ``region`` run eager under ``mpipe.compile: jit``,
         '' when they compile (their Cells give ``graph_body``/``graph_args``), or None when the adapter does

@@ -103,6 +103,11 @@ class QwenVL(ModelAdapter):
             except ValueError as e:
                 raise SpecError("model.pretrained", str(e)) from None
         inline = sec.get("model_config") if isinstance(sec.get("model_config"), dict) else {}
+        inline, renamed = self._map_spellings(inline, model_config({"model": sec}))
+        self._notes = [note for _, _, note in renamed]
+        self._written = {hf: key for key, hf, _ in renamed}   # a Hugging Face key -> the spelling the recipe wrote
+        if "model_config" in sec:
+            sec["model_config"] = inline
         fields = model_config({"model": sec})
         self._check_fields(inline, "text_config" in fields)
         given = (sec.get("model_config") or {}).get("type")
@@ -118,6 +123,33 @@ class QwenVL(ModelAdapter):
         self._net = None
 
     # -- configuration checks (pure Python) ----------------------------------------------
+    def _map_spellings(self, inline: dict, merged: dict):
+        """(``inline`` with MindFormers' spellings of Hugging Face fields read as those fields, (key written,
+        Hugging Face key, note) of each): :func:`.hf_fields.map_spellings` on ``model.model_config`` (the
+        text fields of the older flat layout too, where the class reads them) and its ``text_config`` /
+        ``vision_config``.
+        Every rank builds its adapter from the same recipe, so maps the same; only the front end prints."""
+        from .hf_fields import fields_of, map_spellings, reads_flat_text
+        cls = _config_class(self.arch)
+        subs = cls.sub_configs
+        flat = "text_config" not in merged and reads_flat_text(cls)
+        out, renamed = map_spellings(inline, "model.model_config", cls, merged,
+                                     fields_of(subs["text_config"]) if flat else ())
+        for name in ("text_config", "vision_config"):
+            if isinstance(inline.get(name), dict):
+                sub, said = map_spellings(inline[name], f"model.model_config.{name}", subs[name],
+                                          merged.get(name) if isinstance(merged.get(name), dict) else None)
+                out[name] = sub
+                renamed += said
+        return out, renamed
+
+    def notes(self) -> List[str]:
+        return list(self._notes)
+
+    def _key(self, key: str) -> str:
+        """``key`` as the recipe wrote it (``text_config.num_layers`` where it gave MindFormers' spelling)."""
+        return self._written.get(key, key)
+
     def _check_fields(self, inline: dict, text_given: bool) -> None:
         """Every field the recipe writes in ``model.model_config`` (and its ``text_config`` /
         ``vision_config``) is one the config class reads, or the recipe's own: else refused, named
@@ -150,7 +182,7 @@ class QwenVL(ModelAdapter):
         for key, value, where in (("depth", v.depth, self.vision_key), ("num_hidden_layers", t.num_hidden_layers,
                                                                             self.text_key)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecError(f"{where}.{key}", f"must be a whole number >= 1, got {value!r}")
+                raise SpecError(self._key(f"{where}.{key}"), f"must be a whole number >= 1, got {value!r}")
         if v.out_hidden_size != t.hidden_size:
             raise SpecError(f"{self.vision_key}.out_hidden_size", f"{v.out_hidden_size} but the LLM's hidden_size "
                                                                    f"is {t.hidden_size} (the merger feeds the LLM)")
@@ -180,8 +212,8 @@ class QwenVL(ModelAdapter):
                                                                             f"(0..{v.depth - 1})")
 
     def regions(self) -> List[Region]:
-        return [Region(VISION, int(self.vision.depth), f"{self.vision_key}.depth"),
-                Region(LLM, int(self.text.num_hidden_layers), f"{self.text_key}.num_hidden_layers")]
+        return [Region(VISION, int(self.vision.depth), self._key(f"{self.vision_key}.depth")),
+                Region(LLM, int(self.text.num_hidden_layers), self._key(f"{self.text_key}.num_hidden_layers"))]
 
     def parameter_count(self) -> int:
         """Parameters of the whole model (an estimate from the config, within a few percent)."""
