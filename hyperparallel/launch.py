@@ -409,6 +409,27 @@ def _save_failure(log_dir: str, world: int) -> str:
     return _rank_line(log_dir, range(world), SAVE_FAILED)
 
 
+def _fresh_log_dir(log_dir: str) -> None:
+    """The log folder made, with a previous run's worker logs, beats, done files and guardian report
+    removed: msrun appends to old worker logs, and a previous run's lines would mislead."""
+    os.makedirs(log_dir, exist_ok=True)
+    for name in os.listdir(log_dir):
+        if re.match(r"(worker_\d+\.log|progress_\d+\.json|done_\d+|launcher_gone\.log)$", name):
+            os.remove(os.path.join(log_dir, name))
+
+
+def _job_env(log_dir: str) -> Dict[str, str]:
+    """msrun's environment: this interpreter's ``python`` and this repository first, quiet MindSpore logs."""
+    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
+    # MindFormers writes its logs under $LOCAL_DEFAULT_PATH (default ./output): keep them with the job's
+    env.setdefault("LOCAL_DEFAULT_PATH", os.path.join(os.path.abspath(log_dir), "mindformers"))
+    # msrun starts workers with the "python" on PATH: make it this interpreter's (the venv's)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: bool = True,
            grace_s: float = 2.0, script: str = WORKER_SCRIPT, hang_timeout_s: Optional[float] = None,
            stop_grace_s: float = 30.0) -> LaunchResult:
@@ -423,144 +444,234 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     long the ranks get to finish their step and save."""
     overrides = msrun_overrides(world)
     log_dir = overrides.get("log_dir", log_dir)  # HP_MSRUN_ARGS may move the logs
-    os.makedirs(log_dir, exist_ok=True)
-    for name in os.listdir(log_dir):  # msrun appends to old worker logs: a previous run's lines would mislead
-        if re.match(r"(worker_\d+\.log|progress_\d+\.json|done_\d+|launcher_gone\.log)$", name):
-            os.remove(os.path.join(log_dir, name))
+    _fresh_log_dir(log_dir)
     job = dict(job, stop_grace_s=stop_grace_s)
     job_path = os.path.join(log_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
-    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
-    # MindFormers writes its logs under $LOCAL_DEFAULT_PATH (default ./output): keep them with the job's
-    env.setdefault("LOCAL_DEFAULT_PATH", os.path.join(os.path.abspath(log_dir), "mindformers"))
-    # msrun starts workers with the "python" on PATH: make it this interpreter's (the venv's)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = _job_env(log_dir)
     cmd = msrun_command(job_path, world, log_dir, free_port(), overrides, script)
-    mine = local_ranks(world, overrides)
-    sigs = _Signals().install()
-    t0 = time.time()
+    watch = _Watch(job, world, log_dir, overrides, timeout_s=timeout_s, echo=echo, grace_s=grace_s,
+                   hang_timeout_s=hang_timeout_s, stop_grace_s=stop_grace_s)
+    watch.sigs.install()
+    watch.t0 = time.time()
     with open(os.path.join(log_dir, "msrun.log"), "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 preexec_fn=_die_with_parent)
     guard = Guard.start(proc.pid, job_path, stop_grace_s + GUARD_MARGIN_S, log_dir, env)
-    ranks = _Ranks(proc.pid, job_path)
-    res = LaunchResult(returncode=0, log_dir=log_dir)
-    pos, death_seen, stop_at, told, last_scan, vanished = 0, None, None, set(), 0.0, None
+    watch.proc, watch.ranks = proc, _Ranks(proc.pid, job_path)
     try:
+        watch.poll()
+    finally:
+        _end(proc, watch.ranks)
+        guard.release()
+        watch.sigs.restore()
+    return watch.classify()
+
+
+_WAIT, _STOP = "wait", "stop"   # what a poll-loop check decides: poll again now / the job's end is known
+
+
+class _Watch:
+    """One launched job watched to its end. :meth:`poll` runs the loop: every 0.2 s rank 0's new lines are
+    echoed and each check (one method per event: a signal, msrun gone, every rank done, a rank dead, a
+    hang, the watchdog) may end it; :meth:`classify` then gives the verdict (one method each: preempted,
+    save failure, non-finite, missing nodes, failed rank, hang, killed) with its message and exit status."""
+
+    def __init__(self, job: dict, world: int, log_dir: str, overrides: Dict[str, str], timeout_s: float,
+                 echo: bool, grace_s: float, hang_timeout_s: Optional[float], stop_grace_s: float):
+        self.job, self.world, self.log_dir, self.overrides = job, world, log_dir, overrides
+        self.timeout_s, self.echo, self.grace_s = timeout_s, echo, grace_s
+        self.hang_timeout_s, self.stop_grace_s = hang_timeout_s, stop_grace_s
+        self.mine = local_ranks(world, overrides)
+        self.sigs = _Signals()
+        self.res = LaunchResult(returncode=0, log_dir=log_dir)
+        self.proc: Optional[subprocess.Popen] = None
+        self.ranks: Optional[_Ranks] = None
+        self.t0 = 0.0
+        self.pos, self.death_seen, self.stop_at, self.told, self.last_scan = 0, None, None, set(), 0.0
+        self.vanished: Optional[int] = None
+
+    # -- the poll loop ----------------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Poll msrun, the ranks and the logs until one check ends the watch."""
         while True:
-            rc = proc.poll()
+            rc = self.proc.poll()
             now = time.time()
-            if rc is None and now - last_scan > 0.5:
-                ranks.refresh()
-                last_scan = now
+            if rc is None and now - self.last_scan > 0.5:
+                self.ranks.refresh()
+                self.last_scan = now
             # every rank of this node finished its job: its last line written, only MindSpore's teardown
             # left (checked before the log is read, so that the read holds their last lines)
-            finished = rc is None and _all_done(log_dir, mine, ranks)
-            text = _read(_worker_log(log_dir, 0))
-            new, pos = text[pos:], len(text)
-            for line in new.splitlines():
-                if "[WARNING]" in line or "[INFO]" in line or not line.strip():
-                    continue
-                res.lines.append(line)
-                if echo and _progress(line):
-                    print(line, flush=True)
-            alive = ranks.alive()
-            if sigs.got:   # preemption: every rank finishes its step and saves, within stop_grace_s
-                if stop_at is None:
-                    stop_at = now + stop_grace_s
-                    name = signal.Signals(sigs.got[0]).name
-                    print(f"{name}: every rank finishes its step{' and saves it' if _saves(job) else ''}, then "
-                          f"exits (up to {stop_grace_s:g} s; a second signal stops at once)", file=sys.stderr,
-                          flush=True)
-                fresh = [p for p in alive if p not in told]
-                ranks.signal(_forwarded(sigs.got[0]), fresh)   # ranks that start after the signal get it too
-                told.update(fresh)
-                if len(sigs.got) > 1 or now > stop_at:
-                    why = (f"second signal ({signal.Signals(sigs.got[1]).name})" if len(sigs.got) > 1
-                           else f"the {stop_grace_s:g} s grace ran out")
-                    res.killed = f"stopped at once: {why}; every rank killed"
-                    res.returncode = 128 + sigs.got[-1]
-                    break
+            finished = rc is None and _all_done(self.log_dir, self.mine, self.ranks)
+            self._read_rank0()
+            alive = self.ranks.alive()
+            if self.sigs.got and self.signalled(now, alive) == _STOP:
+                break
             if rc is not None:
-                if alive and rc != 0 and (stop_at is None or now <= stop_at):
-                    # msrun is gone but its ranks are not (SIGTERM to msrun): they got SIGHUP and stop after
-                    # their step; wait for them as for a signal to the launcher
-                    if stop_at is None:
-                        stop_at = now + stop_grace_s
-                        print(f"msrun ended (status {rc}) with {len(alive)} rank(s) running: they finish their "
-                              f"step and exit (up to {stop_grace_s:g} s)", file=sys.stderr, flush=True)
-                        res.msrun_gone = True
+                if self.msrun_ended(rc, now, alive) == _WAIT:
                     time.sleep(0.2)
                     continue
-                if alive:
-                    res.killed = f"msrun ended and the ranks did not stop within {stop_grace_s:g} s; killed"
-                res.returncode = rc
                 break
-            if finished and not sigs.got:
-                # the ranks' teardown (1-2 s) and msrun's scheduler, which polls for their exit every 5 s
-                # (see mindspore.job.end_job), add nothing: end msrun and the ranks now (_end), status 0
-                res.returncode = 0
+            if finished and not self.sigs.got:
+                self.done()
                 break
-            if death_seen is None and stop_at is None and vanished is None:
-                vanished = _vanished(log_dir, mine, ranks)
-            if death_seen is None and (find_failed_rank(log_dir, world) is not None or vanished is not None):
-                death_seen = now
-            if hang_timeout_s and stop_at is None and death_seen is None:
-                verdict = _hang(log_dir, mine, ranks, hang_timeout_s, now)
-                if verdict:
-                    res.hung, res.returncode = verdict, HUNG
-                    break
-            # watchdog: a dead rank leaves its peers blocked; stop the job after a grace period
-            if (death_seen is not None and now - death_seen > grace_s) or now - t0 > timeout_s:
-                res.returncode = 1
-                if now - t0 > timeout_s and death_seen is None:
-                    res.message, res.returncode = f"job timed out after {timeout_s:.0f} s", HUNG
+            self.watch_deaths(now)
+            if self.hung(now) == _STOP or self.watchdog(now) == _STOP:
                 break
             time.sleep(0.2)
-    finally:
-        _end(proc, ranks)
-        guard.release()
-        sigs.restore()
-    res.wall_s = time.time() - t0
-    res.stopped = _stop_line(log_dir, mine)
-    if sigs.got and not res.stopped and not res.killed and res.returncode != 0:
-        # a signal before the ranks could act on it (e.g. while they started): they did not stop cleanly
-        res.killed = f"{signal.Signals(sigs.got[0]).name} before the ranks could stop after a step; every rank stopped"
-        res.returncode = 128 + sigs.got[0]
-    if res.stopped and not res.killed and not res.hung:
-        res.returncode = PREEMPTED
+
+    def _read_rank0(self) -> None:
+        """Rank 0's new log lines kept (``res.lines``); its progress lines echoed."""
+        text = _read(_worker_log(self.log_dir, 0))
+        new, self.pos = text[self.pos:], len(text)
+        for line in new.splitlines():
+            if "[WARNING]" in line or "[INFO]" in line or not line.strip():
+                continue
+            self.res.lines.append(line)
+            if self.echo and _progress(line):
+                print(line, flush=True)
+
+    def signalled(self, now: float, alive: List[int]) -> Optional[str]:
+        """Preemption: every rank finishes its step and saves, within stop_grace_s; a second signal or the
+        grace running out kills them at once (stop)."""
+        sigs, res = self.sigs, self.res
+        if self.stop_at is None:
+            self.stop_at = now + self.stop_grace_s
+            name = signal.Signals(sigs.got[0]).name
+            print(f"{name}: every rank finishes its step{' and saves it' if _saves(self.job) else ''}, then "
+                  f"exits (up to {self.stop_grace_s:g} s; a second signal stops at once)", file=sys.stderr,
+                  flush=True)
+        fresh = [p for p in alive if p not in self.told]
+        self.ranks.signal(_forwarded(sigs.got[0]), fresh)   # ranks that start after the signal get it too
+        self.told.update(fresh)
+        if len(sigs.got) > 1 or now > self.stop_at:
+            why = (f"second signal ({signal.Signals(sigs.got[1]).name})" if len(sigs.got) > 1
+                   else f"the {self.stop_grace_s:g} s grace ran out")
+            res.killed = f"stopped at once: {why}; every rank killed"
+            res.returncode = 128 + sigs.got[-1]
+            return _STOP
+        return None
+
+    def msrun_ended(self, rc: int, now: float, alive: List[int]) -> str:
+        """msrun exited. Its ranks still running after a failure (SIGTERM to msrun: they got SIGHUP and stop
+        after their step) are waited for as for a signal to the launcher (wait); else its status is the
+        job's, and ranks still there past the grace are killed (stop)."""
+        res = self.res
+        if alive and rc != 0 and (self.stop_at is None or now <= self.stop_at):
+            if self.stop_at is None:
+                self.stop_at = now + self.stop_grace_s
+                print(f"msrun ended (status {rc}) with {len(alive)} rank(s) running: they finish their "
+                      f"step and exit (up to {self.stop_grace_s:g} s)", file=sys.stderr, flush=True)
+                res.msrun_gone = True
+            return _WAIT
+        if alive:
+            res.killed = f"msrun ended and the ranks did not stop within {self.stop_grace_s:g} s; killed"
+        res.returncode = rc
+        return _STOP
+
+    def done(self) -> None:
+        """Every rank of this node is done: the ranks' teardown (1-2 s) and msrun's scheduler, which polls
+        for their exit every 5 s (see mindspore.job.end_job), add nothing: end msrun and the ranks now
+        (_end), status 0."""
+        self.res.returncode = 0
+
+    def watch_deaths(self, now: float) -> None:
+        """Notes when a rank is first seen dead: its traceback or fault line, or its process gone without
+        its done file (``vanished``)."""
+        if self.death_seen is None and self.stop_at is None and self.vanished is None:
+            self.vanished = _vanished(self.log_dir, self.mine, self.ranks)
+        if self.death_seen is None and (find_failed_rank(self.log_dir, self.world) is not None
+                                        or self.vanished is not None):
+            self.death_seen = now
+
+    def hung(self, now: float) -> Optional[str]:
+        """The heartbeats' hang verdict (with ``hang_timeout_s``, while no signal and no death): stop, HUNG."""
+        if self.hang_timeout_s and self.stop_at is None and self.death_seen is None:
+            verdict = _hang(self.log_dir, self.mine, self.ranks, self.hang_timeout_s, now)
+            if verdict:
+                self.res.hung, self.res.returncode = verdict, HUNG
+                return _STOP
+        return None
+
+    def watchdog(self, now: float) -> Optional[str]:
+        """A dead rank leaves its peers blocked: stop the job grace_s after the death (status 1), or at the
+        job's timeout (HUNG)."""
+        if (self.death_seen is not None and now - self.death_seen > self.grace_s) or now - self.t0 > self.timeout_s:
+            self.res.returncode = 1
+            if now - self.t0 > self.timeout_s and self.death_seen is None:
+                self.res.message, self.res.returncode = f"job timed out after {self.timeout_s:.0f} s", HUNG
+            return _STOP
+        return None
+
+    # -- the verdict ------------------------------------------------------------------------------------
+    def classify(self) -> LaunchResult:
+        """The job's result once every process is gone: exit status and message of the first verdict
+        that holds."""
+        res = self.res
+        res.wall_s = time.time() - self.t0
+        res.stopped = _stop_line(self.log_dir, self.mine)
+        self.signal_too_early()
+        if res.stopped and not res.killed and not res.hung:
+            return self.preempted()
+        if res.returncode < 0:   # msrun killed by a signal
+            res.returncode = 128 - res.returncode
+        if res.returncode != 0 and not res.killed and not res.hung:
+            return self.save_failed() or self.non_finite() or self.nodes_missing() or self.rank_failed()
+        if res.hung:
+            res.message = f"{res.hung} (logs: {self.log_dir}/worker_<rank>.log)"
+        elif res.killed:
+            res.message = res.killed
         return res
-    if res.returncode < 0:   # msrun killed by a signal
-        res.returncode = 128 - res.returncode
-    if res.returncode != 0 and not res.killed and not res.hung:
-        saving = _save_failure(log_dir, world)
-        if saving:
-            res.returncode, res.message = SAVE_FAILED, f"checkpoint save failed: {saving}"
-            return res
-        bad = _nonfinite_stop(log_dir, world)
-        if bad:
-            res.returncode, res.message = NONFINITE, f"non-finite {bad}"
-            return res
-        missing = _missing_nodes(log_dir, world, overrides)
-        if missing:
-            res.message = missing
-            return res
-        rank = find_failed_rank(log_dir, world, vanished)
+
+    def signal_too_early(self) -> None:
+        """A signal before the ranks could act on it (e.g. while they started): they did not stop cleanly."""
+        res, got = self.res, self.sigs.got
+        if got and not res.stopped and not res.killed and res.returncode != 0:
+            res.killed = f"{signal.Signals(got[0]).name} before the ranks could stop after a step; every rank stopped"
+            res.returncode = 128 + got[0]
+
+    def preempted(self) -> LaunchResult:
+        """The ranks stopped cleanly after a step on a signal: PREEMPTED (resume with --resume)."""
+        self.res.returncode = PREEMPTED
+        return self.res
+
+    def save_failed(self) -> Optional[LaunchResult]:
+        """A rank could not write a checkpoint: SAVE_FAILED, its line."""
+        saving = _save_failure(self.log_dir, self.world)
+        if not saving:
+            return None
+        self.res.returncode, self.res.message = SAVE_FAILED, f"checkpoint save failed: {saving}"
+        return self.res
+
+    def non_finite(self) -> Optional[LaunchResult]:
+        """A step stopped for a NaN/infinite loss or grad norm: NONFINITE, the ranks' line."""
+        bad = _nonfinite_stop(self.log_dir, self.world)
+        if not bad:
+            return None
+        self.res.returncode, self.res.message = NONFINITE, f"non-finite {bad}"
+        return self.res
+
+    def nodes_missing(self) -> Optional[LaunchResult]:
+        """A multi-node cluster that never formed: the nodes that never joined."""
+        missing = _missing_nodes(self.log_dir, self.world, self.overrides)
+        if not missing:
+            return None
+        self.res.message = missing
+        return self.res
+
+    def rank_failed(self) -> LaunchResult:
+        """The failed rank and its last error line (or msrun's report of it), else msrun's status."""
+        res = self.res
+        rank = find_failed_rank(self.log_dir, self.world, self.vanished)
         res.failed_rank = rank
         if rank is not None:
-            why = (_last_error_line(_read(_worker_log(log_dir, rank))) or _msrun_report(log_dir, rank)
+            why = (_last_error_line(_read(_worker_log(self.log_dir, rank))) or _msrun_report(self.log_dir, rank)
                    or "died without a message")
-            res.message = f"rank {rank} failed: {why} (log: {_worker_log(log_dir, rank)})"
+            res.message = f"rank {rank} failed: {why} (log: {_worker_log(self.log_dir, rank)})"
         elif not res.message:
-            res.message = f"msrun exited with status {res.returncode} (logs in {log_dir})"
-    elif res.hung:
-        res.message = f"{res.hung} (logs: {log_dir}/worker_<rank>.log)"
-    elif res.killed:
-        res.message = res.killed
-    return res
+            res.message = f"msrun exited with status {res.returncode} (logs in {self.log_dir})"
+        return res
 
 
 CLUSTER_FAILED = "Failed to initialize distributed job cluster"   # MindSpore's init() when the cluster never formed

@@ -23,6 +23,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
 
 import json
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -112,147 +113,214 @@ SAVE_FAILED_EXIT = 74   # a rank's exit status when a checkpoint could not be wr
 def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> bool:
     """Train one case; True when it stopped early on a signal (the job's later cases are skipped).
     ``pool``: compiled chunks kept from the job's earlier cases (:class:`~.compiled.GraphPool`)."""
-    from hyperparallel.mindspore.checkpoint import SaveError, recipe_hash
-    from hyperparallel.mindspore.ckpt_files import step_dir
-    from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
-    from hyperparallel.mindspore.job import case_runtime, encoder_record
-    from hyperparallel.mindspore.memory import rank_memory
-    from hyperparallel.mindspore.stop import STOPPED
-    from hyperparallel.watch import Heartbeat
+    run = _CaseRun(case, comm, stopper, beat_dir, pool)
+    stopped = run.loop()
+    run.finish()
+    return stopped
 
-    from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
-    from hyperparallel.mindspore.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep, json_line
-    from hyperparallel.mpipe.errors import SpecError
-    comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
-    hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
-    progress = Progress(hb, comm) if hb else None
-    try:
-        rc, rt = case_runtime(case, comm, Chain([progress, FaultInjection.from_env(comm.rank, stopper)]), pool)
-    except SpecError as e:   # e.g. model.pretrained weights that do not fit the config
-        print(REFUSED_INPUT + str(e).splitlines()[0], flush=True)
-        raise SystemExit(2) from None
-    name = case.get("name", "run")
-    steps = int(case.get("steps", rc.train.steps))
-    save_dir, save_every = case.get("save_dir"), int(case.get("save_every") or rc.train.save_every or 0)
-    saver = rt.saver(save_dir, case.get("save_format") or "safetensors",
-                     {"recipe_hash": recipe_hash(case["raw"]), "schedule": case.get("schedule")},
-                     digests=case.get("digests", True)) if save_dir else None
-    if hb:
-        hb.beat(0, "restore")
-    start = _resume(case, rt, name)
-    if hb:
-        hb.first_step = start
-    run_dir, dump_dir = case.get("run_dir"), case.get("dump_dir")
-    metrics = None
-    if comm.rank == 0 and run_dir:
-        os.makedirs(run_dir, exist_ok=True)
+
+class _CaseRun:
+    """One case on this rank: set up (runtime, checkpoint restored, metrics file, header lines), then
+    :meth:`loop` runs the steps, each step's hooks in order (memory record, the gather to rank 0, gradient
+    dump, log line, checkpoint, stop), then :meth:`finish` (summaries, dumps, the end-of-case beat)."""
+
+    def __init__(self, case: dict, comm, stopper, beat_dir: str, pool):
+        from hyperparallel.mindspore.checkpoint import recipe_hash
+        from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
+        from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
+        from hyperparallel.mindspore.job import case_runtime, encoder_record
+        from hyperparallel.mpipe.errors import SpecError
+        from hyperparallel.watch import Heartbeat
+        self.case, self.stopper = case, stopper
+        self.comm = comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
+        self.hb = hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
+        self.progress = progress = Progress(hb, comm) if hb else None
         try:
-            metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
-        except SpecError as e:   # checked before launch too; here when the file changed since
-            print(REFUSED_INPUT + str(e), flush=True)
+            rc, rt = case_runtime(case, comm, Chain([progress, FaultInjection.from_env(comm.rank, stopper)]), pool)
+        except SpecError as e:   # e.g. model.pretrained weights that do not fit the config
+            print(REFUSED_INPUT + str(e).splitlines()[0], flush=True)
             raise SystemExit(2) from None
-    losses, memory = [], []
-    encoder_work = encoder_record(rc, rt, case["raw"]) if comm.rank == 0 and run_dir else None
-    skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
-    counts = None
-    if run_dir:   # what trains, per region, exact: every rank's parameters to rank 0 (a collective)
-        if progress:
-            progress.phase(start, "gather")
-        counts = comm.all_gather_object(rt.parameter_counts())
-    if comm.rank == 0:
-        print(f"[{name}] {rc.train.describe(int(case.get('schedule_steps') or steps))}", flush=True)
-        if counts:
-            from hyperparallel.mindspore.rank import parameters_line
-            print(f"[{name}] {parameters_line(counts, rt.plan.regions())}", flush=True)
-        if skipped:
-            print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
-    plan = rt.plan
-    log = StepLog(name, case.get("schedule", name), steps, start,
-                  plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len, rt.compile_mode)
-    stopped = False
+        self.rc, self.rt = rc, rt
+        self.name = name = case.get("name", "run")
+        self.steps = steps = int(case.get("steps", rc.train.steps))
+        self.save_dir = save_dir = case.get("save_dir")
+        self.save_every = int(case.get("save_every") or rc.train.save_every or 0)
+        self.saver = rt.saver(save_dir, case.get("save_format") or "safetensors",
+                              {"recipe_hash": recipe_hash(case["raw"]), "schedule": case.get("schedule")},
+                              digests=case.get("digests", True)) if save_dir else None
+        if hb:
+            hb.beat(0, "restore")
+        self.start = start = _resume(case, rt, name)
+        if hb:
+            hb.first_step = start
+        self.run_dir = run_dir = case.get("run_dir")
+        self.dump_dir = case.get("dump_dir")
+        self.metrics = None
+        if comm.rank == 0 and run_dir:
+            os.makedirs(run_dir, exist_ok=True)
+            try:
+                self.metrics = open_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
+            except SpecError as e:   # checked before launch too; here when the file changed since
+                print(REFUSED_INPUT + str(e), flush=True)
+                raise SystemExit(2) from None
+        self.losses, self.memory = [], []
+        self.encoder_work = encoder_record(rc, rt, case["raw"]) if comm.rank == 0 and run_dir else None
+        self.skipped = rt.source.skipped   # bad samples left out (data.on_bad_sample: skip)
+        self._header()
+        plan = rt.plan
+        self.log = StepLog(name, case.get("schedule", name), steps, start,
+                           plan.num_micro * plan.data_parallel * rc.data.micro_batch_size, rc.data.seq_len,
+                           rt.compile_mode)
 
-    def wants_stop() -> bool:   # asked at the step's last collectives: a signal during step k stops after k
-        return bool(stopper and stopper.requested)
+    def _header(self) -> None:
+        """What trains, per region, exact (every rank's parameters to rank 0: a collective with a run
+        folder), and rank 0's lines about the run and the bad samples skipped."""
+        comm, name = self.comm, self.name
+        counts = None
+        if self.run_dir:
+            if self.progress:
+                self.progress.phase(self.start, "gather")
+            counts = comm.all_gather_object(self.rt.parameter_counts())
+        if comm.rank == 0:
+            print(f"[{name}] {self.rc.train.describe(int(self.case.get('schedule_steps') or self.steps))}", flush=True)
+            if counts:
+                from hyperparallel.mindspore.rank import parameters_line
+                print(f"[{name}] {parameters_line(counts, self.rt.plan.regions())}", flush=True)
+            if self.skipped:
+                print(f"[{name}] data: {self.skipped} bad sample(s) skipped (hyperparallel data check lists them)",
+                      flush=True)
 
-    for step in range(start, steps):
+    def wants_stop(self) -> bool:
+        """Asked at the step's last collectives: a signal during step k stops after k."""
+        return bool(self.stopper and self.stopper.requested)
+
+    # -- the loop and its per-step hooks ----------------------------------------------------------------
+    def loop(self) -> bool:
+        """The case's steps; True when a signal stopped it before its last step."""
+        for step in range(self.start, self.steps):
+            res = self.train_step(step)
+            self.losses.append(res.loss)
+            mem = self.memory_record(step, res)
+            stop, mem_all = self.gather(step, res, mem)
+            self.dump_grads(step, res)
+            self.log_step(step, res, mem_all)
+            self.save_if_due(step, stop)
+            if stop and step + 1 < self.steps:
+                self.announce_stop(step)
+                return True
+        return False
+
+    def train_step(self, step: int):
+        """One optimizer step; a non-finite one stops every rank (at the same step: nothing of it saved)."""
+        from hyperparallel.mindspore.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep
         try:
-            res = rt.step(step, stop=wants_stop)
-        except NonFiniteStep as e:   # every rank, at the same step: nothing of it is saved
-            if metrics:
-                metrics.close()
-            kept = f"nothing saved for step {step + 1}" if save_dir else ""
-            print(NONFINITE + e.describe(steps, kept), flush=True)
+            return self.rt.step(step, stop=self.wants_stop)
+        except NonFiniteStep as e:
+            if self.metrics:
+                self.metrics.close()
+            kept = f"nothing saved for step {step + 1}" if self.save_dir else ""
+            print(NONFINITE + e.describe(self.steps, kept), flush=True)
             raise SystemExit(NONFINITE_EXIT) from None
-        losses.append(res.loss)
-        # step: steps done, as metrics.jsonl and the console count them
-        mem = dict(rank_memory(rt, res.grads), step=step + 1) if (run_dir or dump_dir) else None
-        memory.append(mem)
-        # every rank's record to rank 0 (after the step's programs: a collective every rank reaches here),
-        # with every rank's stop wish: a signal after the all-reduce (the update, the records) still stops
-        # after this step, the step whose line rank 0 has not printed yet, on every rank alike
+
+    def memory_record(self, step: int, res) -> Optional[dict]:
+        """This rank's memory record of the step (with a run or dump folder); ``step``: steps done, as
+        metrics.jsonl and the console count them."""
+        from hyperparallel.mindspore.memory import rank_memory
+        mem = dict(rank_memory(self.rt, res.grads), step=step + 1) if (self.run_dir or self.dump_dir) else None
+        self.memory.append(mem)
+        return mem
+
+    def gather(self, step: int, res, mem) -> Tuple[bool, Optional[list]]:
+        """(stop, every rank's memory record). Every rank's record to rank 0 (after the step's programs: a
+        collective every rank reaches here), with every rank's stop wish: a signal after the all-reduce (the
+        update, the records) still stops after this step, the step whose line rank 0 has not printed yet,
+        on every rank alike."""
         stop = res.stop
         mem_all = None
-        if run_dir:
-            if progress:
-                progress.phase(step, "gather")
-            gathered = comm.all_gather_object((mem, wants_stop()))
+        if self.run_dir:
+            if self.progress:
+                self.progress.phase(step, "gather")
+            gathered = self.comm.all_gather_object((mem, self.wants_stop()))
             mem_all = [m for m, _ in gathered]
             stop = stop or any(w for _, w in gathered)
-        if dump_dir and step in (start, steps - 1):   # the first and the last step's gradients (tests)
-            os.makedirs(dump_dir, exist_ok=True)
-            kind = "grads" if step == start else "grads_last"
-            np.savez(os.path.join(dump_dir, f"{kind}_rank{comm.rank}.npz"),
+        return stop, mem_all
+
+    def dump_grads(self, step: int, res) -> None:
+        """The first and the last step's gradients this rank holds (``dump_dir``, for the tests)."""
+        if self.dump_dir and step in (self.start, self.steps - 1):
+            os.makedirs(self.dump_dir, exist_ok=True)
+            kind = "grads" if step == self.start else "grads_last"
+            np.savez(os.path.join(self.dump_dir, f"{kind}_rank{self.comm.rank}.npz"),
                      **{k: v.asnumpy() for k, v in res.grads.items()})
-        if comm.rank == 0:
-            rec = log.record(res, skipped)
-            print(log.line(rec), flush=True)
-            if metrics:
-                rec["memory"] = mem_all
-                if encoder_work is not None:
-                    rec["encoder_work"] = encoder_work(step)
-                metrics.write(json_line(rec) + "\n")   # strict JSON: a NaN is written as null
-                metrics.flush()
-        due = save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == steps or stop)
+
+    def log_step(self, step: int, res, mem_all) -> None:
+        """Rank 0's console line and metrics.jsonl record of the step."""
+        from hyperparallel.mindspore.nonfinite import json_line
+        if self.comm.rank != 0:
+            return
+        rec = self.log.record(res, self.skipped)
+        print(self.log.line(rec), flush=True)
+        if self.metrics:
+            rec["memory"] = mem_all
+            if self.encoder_work is not None:
+                rec["encoder_work"] = self.encoder_work(step)
+            self.metrics.write(json_line(rec) + "\n")   # strict JSON: a NaN is written as null
+            self.metrics.flush()
+
+    def save_if_due(self, step: int, stop: bool) -> None:
+        """The checkpoint of the step when due (every save_every, the last step, a stop); a failed write
+        exits with SAVE_FAILED_EXIT (the rank printed the path and the OS error)."""
+        from hyperparallel.mindspore.checkpoint import SaveError
+        save_every = self.save_every
+        due = self.save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == self.steps or stop)
         if due:
-            if hb:
-                hb.beat(step, "save")
+            if self.hb:
+                self.hb.beat(step, "save")
             try:
-                saver.save(step + 1)
+                self.saver.save(step + 1)
             except SaveError:
                 raise SystemExit(SAVE_FAILED_EXIT) from None
-        if stop and step + 1 < steps:
-            stopped = True
-            if comm.rank == 0:
-                kept = f"checkpoint {step_dir(save_dir, step + 1)} saved" if save_dir else "no --save-dir: nothing saved"
-                who = stopper.name if stopper and stopper.requested else "a signal to another rank"
-                print(f"{STOPPED}{who} after step {step + 1}/{steps}; {kept}", flush=True)
-            break
-    if metrics:
-        metrics.close()
-    if comm.rank == 0 and log.steps_skipped:
-        print(f"[{name}] train.nonfinite: skip: {log.steps_skipped} of {steps - start} step(s) skipped (a "
-              "non-finite loss or grad norm; no update)", flush=True)
-    from hyperparallel.mindspore.compiled import summary
-    line = summary(rt.bodies, comm.rank)
-    if line:
-        print(f"[{name}] {line}", flush=True)
-    if dump_dir:   # which ranks decoded pixels, and how; what each chunk compiled
-        os.makedirs(dump_dir, exist_ok=True)
-        with open(os.path.join(dump_dir, f"compile_rank{comm.rank}.json"), "w") as f:
-            json.dump(rt.compile_stats(), f)
-        with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
-            json.dump(rt.source.stats, f)
-        with open(os.path.join(dump_dir, f"memory_rank{comm.rank}.json"), "w") as f:
-            json.dump(memory, f)
-    rt.close()
-    if dump_dir and comm.rank == 0:
-        with open(os.path.join(dump_dir, "losses.json"), "w") as f:
-            json.dump({"start": start, "losses": losses}, f)
-    if hb:
-        # the job's end barrier (or the next case's set-up) follows: it waits on every other rank
-        hb.beat(steps, "barrier", waits=[r for r in range(comm.world) if r != comm.rank])
-        hb.close()
-    return stopped
+
+    def announce_stop(self, step: int) -> None:
+        """Rank 0's ``stopped on signal`` line: who asked, after which step, what was kept."""
+        from hyperparallel.mindspore.ckpt_files import step_dir
+        from hyperparallel.mindspore.stop import STOPPED
+        if self.comm.rank == 0:
+            save_dir, stopper = self.save_dir, self.stopper
+            kept = f"checkpoint {step_dir(save_dir, step + 1)} saved" if save_dir else "no --save-dir: nothing saved"
+            who = stopper.name if stopper and stopper.requested else "a signal to another rank"
+            print(f"{STOPPED}{who} after step {step + 1}/{self.steps}; {kept}", flush=True)
+
+    # -- the end of the case ----------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Metrics closed, rank 0's summary lines, the dumps (compile, data, memory, losses), the runtime
+        closed, and the beat before the job's end barrier (or the next case's set-up)."""
+        comm, name, rt, dump_dir = self.comm, self.name, self.rt, self.dump_dir
+        if self.metrics:
+            self.metrics.close()
+        if comm.rank == 0 and self.log.steps_skipped:
+            print(f"[{name}] train.nonfinite: skip: {self.log.steps_skipped} of {self.steps - self.start} step(s) "
+                  "skipped (a non-finite loss or grad norm; no update)", flush=True)
+        from hyperparallel.mindspore.compiled import summary
+        line = summary(rt.bodies, comm.rank)
+        if line:
+            print(f"[{name}] {line}", flush=True)
+        if dump_dir:   # which ranks decoded pixels, and how; what each chunk compiled
+            os.makedirs(dump_dir, exist_ok=True)
+            with open(os.path.join(dump_dir, f"compile_rank{comm.rank}.json"), "w") as f:
+                json.dump(rt.compile_stats(), f)
+            with open(os.path.join(dump_dir, f"data_rank{comm.rank}.json"), "w") as f:
+                json.dump(rt.source.stats, f)
+            with open(os.path.join(dump_dir, f"memory_rank{comm.rank}.json"), "w") as f:
+                json.dump(self.memory, f)
+        rt.close()
+        if dump_dir and comm.rank == 0:
+            with open(os.path.join(dump_dir, "losses.json"), "w") as f:
+                json.dump({"start": self.start, "losses": self.losses}, f)
+        if self.hb:
+            # the job's end barrier (or the next case's set-up) follows: it waits on every other rank
+            self.hb.beat(self.steps, "barrier", waits=[r for r in range(comm.world) if r != comm.rank])
+            self.hb.close()
 
 
 def main(argv=None) -> int:

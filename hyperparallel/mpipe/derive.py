@@ -4,21 +4,21 @@
 2. compute order per device: the body's order rule gives the main sequence,
    upstream regions are layered in as prefix (before the body), inline (next to
    the consumer on the same device) or suffix (after the body);
-3. lowering: a SEND right after the producer and a RECV before the consumer for
-   every cross-device edge, receives ordered so that each device pair sees one
-   FIFO message sequence, and the collectives of replicated regions.
+3. lowering (:mod:`.lowering`, a list of named passes): a SEND right after the producer
+   and a RECV before the consumer for every cross-device edge, receives ordered so that
+   each device pair sees one FIFO message sequence, and the collectives of replicated regions.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from . import bounds, orders
+from . import bounds, lowering, orders
 from .cut import cut
 from .execute import execute
 from .errors import SpecError
-from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, TIED, W, WEIGHTS,
-                 WGRAD, Action, Plan, RegionList, Tied, needs_backward, next_chunk, prev_chunk)
+from .ir import (ALLREDUCE, B, BW, F, R, TIED, W, Action, Plan, RegionList, Tied, needs_backward, next_chunk,
+                 prev_chunk)
 from .owners import owner_map
 from .profile import ModelProfile, task_ms
 from .schedule import Pipe, Place, Schedule, Transpose, parse_schedule
@@ -30,36 +30,6 @@ class Task(NamedTuple):
     chunk: int
     micro: int
     step: int = 0
-
-
-class Slot(NamedTuple):
-    """Where a compute task sits: device, position in its compute sequence, step (1 = next step)."""
-
-    device: int
-    index: int
-    step: int
-
-
-class Message(NamedTuple):
-    """One cross-device edge: ``tensor`` of (region, chunk, micro) from ``src`` to ``dst``."""
-
-    src: int
-    dst: int
-    src_index: int   # producer's position in the sender's compute sequence
-    dst_index: int   # consumer's position in the receiver's compute sequence
-    next_step: bool  # produced by next-step (spilled) work for this step's consumer
-    tensor: str
-    region: str
-    chunk: int
-    micro: int
-
-
-class Receive(NamedTuple):
-    """A RECV to place before a consumer: sender, position on the sender's channel, the message."""
-
-    src: int
-    k: int
-    msg: Message
 
 
 def _positive(field: str, value, minimum: int = 1) -> int:
@@ -398,123 +368,16 @@ class _Derivation:
     def _next(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
         return next_chunk(self.regions, self.nchunks, region, chunk)
 
+    def lowering_facts(self) -> lowering.Facts:
+        """What the lowering passes read of this derivation."""
+        return lowering.Facts(P=self.P, D=self.D, upstream=tuple(self.schedule.parts[:-1]), trainable=self.trainable,
+                              body=self.body, body_root=self.forward_device(self.body, 0, 0),
+                              tied_reduces=tuple(self.tied_reduces()), pairs=self.pairs, prev=self._prev,
+                              next=self._next)
+
     def lower(self, seqs: Dict[int, List[Task]]) -> Dict[int, List[Action]]:
-        loc: Dict[Tuple[str, str, int, int], Slot] = {}
-        for d, seq in seqs.items():
-            for i, t in enumerate(seq):
-                loc[(t.kind, t.region, t.chunk, t.micro)] = Slot(d, i, t.step)
-
-        def input_grad_task(region: str, chunk: int, m: int):
-            for kind in (B, BW):
-                if (kind, region, chunk, m) in loc:
-                    return loc[(kind, region, chunk, m)]
-            return None
-
-        messages: List[Message] = []
-        for d, seq in seqs.items():
-            for i, t in enumerate(seq):
-                if t.kind == F:
-                    prev = self._prev(t.region, t.chunk)
-                    if prev is None or (F,) + prev + (t.micro,) not in loc:
-                        continue  # data, or (body-only timing) an upstream producer not lowered here
-                    pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
-                    if pd != d:
-                        messages.append(Message(pd, d, pi, i, pstep > t.step, ACT, prev[0], prev[1], t.micro))
-                elif t.kind == R:
-                    # central backward recomputes from the shipped input: the input of the region
-                    # travels to the central device unless its own forward already runs there
-                    prev = self._prev(t.region, t.chunk)
-                    if prev is None or loc[(F, t.region, t.chunk, t.micro)].device == d:
-                        continue
-                    pd, pi, pstep = loc[(F,) + prev + (t.micro,)]
-                    if pd != d:
-                        messages.append(Message(pd, d, pi, i, pstep > t.step, ACT, prev[0], prev[1], t.micro))
-                elif t.kind in (B, BW):
-                    nxt = self._next(t.region, t.chunk)
-                    if nxt is None:
-                        continue
-                    src = input_grad_task(nxt[0], nxt[1], t.micro)
-                    if src is None:
-                        raise AssertionError(f"no input-grad producer for {t}")
-                    if src.device != d:
-                        messages.append(Message(src.device, d, src.index, i, False, GRAD, t.region, t.chunk, t.micro))
-
-        # FIFO: per channel, receives follow the sender's order; a receive is pulled
-        # earlier when a later-needed message is sent first. Messages crossing into the next
-        # step (spilled producer, this-step consumer) are sent after the step's collectives and
-        # received at the very end of the receiver's step, so every step's traffic is complete
-        # before anything that runs between steps (optimizer, metrics, checkpoints).
-        recvs_at: Dict[int, Dict[int, List[Receive]]] = defaultdict(lambda: defaultdict(list))
-        sends_after: Dict[int, Dict[int, List[Message]]] = defaultdict(lambda: defaultdict(list))
-        channels: Dict[Tuple[int, int], List[Message]] = defaultdict(list)
-        # each device's trailing block of next-step work runs after the collectives (see below)
-        trailing = {d: _trailing(seq) for d, seq in seqs.items()}
-        for msg in messages:
-            channels[(msg.src, msg.dst)].append(msg)
-            sends_after[msg.src][msg.src_index].append(msg)
-        for (src, dst), msgs in channels.items():
-            # the order the sender emits them: its program part, then its after-collectives part
-            msgs.sort(key=lambda x: (x.next_step or x.src_index >= trailing[src], x.src_index))
-            end = len(seqs[dst])
-            pos = None
-            placed = []
-            for k in range(len(msgs) - 1, -1, -1):
-                need = end if msgs[k].next_step else msgs[k].dst_index
-                pos = need if pos is None else min(pos, need)
-                placed.append((pos, k, msgs[k]))
-            for pos, k, msg in placed:
-                recvs_at[dst][pos].append(Receive(src, k, msg))
-
-        def p2p(kind: str, msg: Message, peer: int) -> Action:
-            # step=1: the tensor is next-step data (its producer is a spilled forward)
-            step = seqs[msg.src][msg.src_index].step
-            return Action(kind, region=msg.region, chunk=msg.chunk, micro=msg.micro, peer=peer, tensor=msg.tensor,
-                          step=step)
-
-        everyone = tuple(range(self.P))
-        head: List[Action] = []
-        tail: List[Action] = []
-        if self.P > 1:
-            for r, sk in self.schedule.parts[:-1]:
-                if isinstance(sk, Transpose) and self.trainable[r]:
-                    if sk.backward == "central":
-                        head.append(Action(BROADCAST, region=r, tensor=WEIGHTS, group=everyone,
-                                           root=self.forward_device(self.body, 0, 0)))
-                    else:
-                        tail.append(Action(ALLREDUCE, region=r, tensor=WGRAD, group=everyone))
-        # tied weights: each copy's gradient summed over the devices holding one, before clipping and the
-        # optimizer (the members only; every member reaches it at the same place: its program's end)
-        tail.extend(self.tied_reduces())
-        if self.D > 1:
-            tail.append(Action(ALLREDUCE, tensor=WGRAD, group=DP_GROUP))
-        if self.P > 1:
-            # sharded optimizer state: after every gradient is reduced, each device updates its share of
-            # the region and the updated parameters are gathered to every replica, within the step
-            for r, sk in self.schedule.parts[:-1]:
-                if isinstance(sk, Transpose) and self.trainable[r] and sk.optimizer == "sharded":
-                    tail.append(Action(ALLGATHER, region=r, tensor=WEIGHTS, group=everyone))
-
-        programs: Dict[int, List[Action]] = {}
-        for d, seq in seqs.items():
-            prog = list(head)
-            pairs = self.pairs.get(d)
-            spilled: List[Action] = []
-            # next-step work: forwards in the trailing block run after the collectives (their
-            # receives too); spilled forwards placed earlier (in idle gaps) run in place, but every
-            # next-step SEND goes after the collectives (the first messages of the next step on
-            # its channel)
-            for i, t in enumerate(seq):
-                out = spilled if i >= trailing[d] else prog
-                for src, k, msg in sorted(recvs_at[d][i], key=lambda x: (x.src, x.k)):
-                    out.append(p2p(RECV, msg, src))
-                pair = pairs.get((t.kind, t.chunk, t.micro)) if pairs and t.region == self.body else None
-                out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step, pair=pair))
-                for msg in sends_after[d][i]:
-                    (spilled if msg.next_step else out).append(p2p(SEND, msg, msg.dst))
-            for src, k, msg in sorted(recvs_at[d][len(seq)], key=lambda x: (x.src, x.k)):
-                spilled.append(p2p(RECV, msg, src))
-            programs[d] = prog + [a for a in tail if not isinstance(a.group, tuple) or d in a.group] + spilled
-        return programs
+        """Per-device programs of the compute sequences ``seqs``: the passes of :mod:`.lowering`."""
+        return lowering.lower(self.lowering_facts(), seqs)
 
     def plan(self) -> Plan:
         programs = self.lower(self.compute_order())
@@ -561,14 +424,6 @@ class _Linked:
             out.append(t)
             t = self.nxt[t]
         return out
-
-
-def _trailing(seq: List[Task]) -> int:
-    """Index where a device's trailing block of next-step tasks starts (len(seq) if none)."""
-    i = len(seq)
-    while i > 0 and seq[i - 1].step:
-        i -= 1
-    return i
 
 
 class BodyTiming(NamedTuple):
