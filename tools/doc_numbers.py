@@ -638,6 +638,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "bench-balance": bench_balance,
     "encoder-scaling": encoder_scaling,
     "balance-replay": balance_replay,
+    "layout": lambda: tool_table("layout.py"),
     "shape-buckets": lambda: tool_table("shape_buckets.py", "recipes/tiny_mllm_data.yaml", "--demo", "--steps", "40"),
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
