@@ -163,3 +163,26 @@ def test_readme_command_works_as_printed(line, argv, tmp_path):
         p = subprocess.run([os.path.join(VENV_BIN, "hyperparallel"), *args], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
         assert p.returncode == 0, f"{line}: {' '.join(argv)}\n{p.stderr[-2000:]}"
+
+
+def _anchors(doc: str) -> set:
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped, spaces as ``-``)."""
+    with open(os.path.join(ROOT, doc)) as f:
+        text = re.sub(r"^```.*?^```", "", f.read(), flags=re.S | re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+LINKS = [(doc, target) for doc in DOCS
+         for target in re.findall(r"\]\(([^)\s]+)\)", open(os.path.join(ROOT, doc)).read())
+         if not target.startswith(("http://", "https://", "mailto:"))]
+
+
+@pytest.mark.parametrize("doc,target", LINKS, ids=[f"{d}->{t}" for d, t in LINKS])
+def test_doc_links_resolve(doc, target):
+    """A relative link in README.md or docs/ names a file that exists and, with ``#anchor``, a heading of it."""
+    path, _, anchor = target.partition("#")
+    dest = os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc
+    assert os.path.exists(os.path.join(ROOT, dest)), f"{doc}: link {target}: {dest} does not exist"
+    if anchor:
+        assert anchor in _anchors(dest), f"{doc}: link {target}: no heading #{anchor} in {dest}"
