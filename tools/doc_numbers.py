@@ -165,7 +165,7 @@ BALANCE_PROFILE = "recipes/profiles/bench_skewed.measured.profile.yaml"   # the 
 
 
 def balance_replay() -> str:
-    """``simulate --data-steps 40`` on the skewed mix (written to a temp dir as the README's command writes it),
+    """``simulate --data-steps 40`` on the skewed mix (written to a temp dir as docs/data.md's command writes it),
     with the profile the bench run measured."""
     import tempfile
     sys.path.insert(0, os.path.join(ROOT, "tools"))
