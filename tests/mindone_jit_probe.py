@@ -1,5 +1,5 @@
 """Run by tests/test_mindone_cpu.py in a fresh process (a failing compile after other graphs may hang,
-README): can ``mindspore.jit`` compile one decoder layer of mindone's tiny Qwen2.5-VL (test_mindone_cpu's,
+docs/training.md): can ``mindspore.jit`` compile one decoder layer of mindone's tiny Qwen2.5-VL (test_mindone_cpu's,
 eager it runs) with its side inputs and rotary table as graph inputs? Prints ``COMPILED`` or ``FAILED: <MindSpore's message>``."""
 import os
 import sys

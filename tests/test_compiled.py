@@ -220,7 +220,7 @@ print("FALLBACK", float(compat.Tape.forward(b, x, None).asnumpy()[0, 0]), b.mode
 
 def test_a_compile_failure_stops_naming_rank_and_chunk_or_falls_back_logged(ms_cpu, tmp_path):
     """In a fresh process (in tmp_path: MindSpore writes rank_0/om/analyze_fail.ir there): MindSpore 2.9 was seen to hang, not raise, on a failing compile once other graphs
-    had compiled in the process (a known problem of the fallback, named in the README)."""
+    had compiled in the process (a known problem of the fallback, named in docs/training.md)."""
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-c", _FAILING], capture_output=True, text=True, timeout=240, cwd=str(tmp_path),

@@ -1,7 +1,7 @@
 """The import graph of the package: layers only ever import downwards, and no two files import each other.
 
-Layers, from the ground up (README "Layout"): the algebra (``mpipe``), the recipe front end
-(``recipe``), models and data (siblings: neither imports the other), the run config, the MindSpore
+Layers, from the ground up (docs/layout.md, generated from ``LAYERS`` by tools/layout.py): the algebra
+(``mpipe``), the recipe front end (``recipe``), models and data (siblings: neither imports the other), the run config, the MindSpore
 runtime (``mindspore``), the front ends (CLI commands, bench, API, launcher). Every ``import`` of
 every file counts, at module level or inside a function.
 """

@@ -571,7 +571,7 @@ def test_qwen3_whole_model_gradients_finite_difference():
 
 def test_mindone_decoder_layer_still_does_not_compile(tmp_path):
     """Why mindone's Qwen-VL chunks run eager under ``mpipe.compile: jit`` (``qwen_vl.EAGER_REASON``, the
-    adapter's ``compile_reason``, README): its decoder layer does not compile under ``mindspore.jit``. Fails,
+    adapter's ``compile_reason``, docs/training.md): its decoder layer does not compile under ``mindspore.jit``. Fails,
     saying so, the day it does."""
     import subprocess
     import sys

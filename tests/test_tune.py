@@ -294,8 +294,8 @@ def test_verify_runs_the_cases_in_one_launch_and_compares_the_orders(tmp_path):
 
 
 def test_the_stored_8_device_search_is_what_the_search_finds_today():
-    """README's table is rendered from docs/tune_paper_8dev.json (tools/tune_paper.py --write): it must be
-    what the code finds now; rank 1 is faster than every schedule README names for the recipe."""
+    """docs/results.md's table is rendered from docs/tune_paper_8dev.json (tools/tune_paper.py --write): it must be
+    what the code finds now; rank 1 is faster than every schedule docs/results.md names for the recipe."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "docs", "tune_paper_8dev.json")) as f:
         stored = json.load(f)

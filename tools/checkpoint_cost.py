@@ -1,4 +1,4 @@
-"""Save time and size of the tiny MLLM's checkpoints, per format (the README's figures).
+"""Save time and size of the tiny MLLM's checkpoints, per format (docs/checkpoints.md's figures).
 
 For each format it runs ``hyperparallel train recipes/tiny_mllm.yaml --steps S --save-every 1
 --save-format F`` (2 CPU ranks, transpose) and reads rank 0's ``saved ... in T s`` log lines: the
@@ -9,7 +9,7 @@ Saving is synchronous (MindSpore's ``async_save`` is not used).
 
     python tools/checkpoint_cost.py [--steps 8] [--out runs/checkpoint_cost] [--json docs/checkpoint_cost.json]
 
-The JSON keeps the measurement; ``tools/doc_numbers.py`` renders README's table from it (:func:`table`).
+The JSON keeps the measurement; ``tools/doc_numbers.py`` renders docs/checkpoints.md's table from it (:func:`table`).
 """
 import argparse
 import json
@@ -85,7 +85,7 @@ def main() -> int:
 
 
 def table(result: dict) -> str:
-    """README's Markdown table of a measurement."""
+    """docs/checkpoints.md's Markdown table of a measurement."""
     out = ["| format | files per step | step directory | save (median) | load into the reference (median) |",
            "|---|---|---|---|---|"]
     for r in result["rows"]:

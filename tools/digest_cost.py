@@ -3,7 +3,7 @@
 Writes the tiny MLLM's checkpoint once in-process (2 pipeline devices, no msrun), then times
 ``ckpt_files.verdict`` (what ``--resume`` and ``hyperparallel ckpt`` run) with and without the digests
 (median of 5), and the SHA-256 of one file of ``--gb`` GiB of random bytes (median of 3; the file
-is written to ``--tmp`` and removed). README "Checkpoints" quotes its output.
+is written to ``--tmp`` and removed). docs/checkpoints.md quotes its output.
 
     python tools/digest_cost.py [--gb 1] [--tmp /tmp] [--json docs/digest_cost.json]
 """

@@ -4,7 +4,7 @@
 
 One msrun job of 8 CPU ranks runs P=8 transpose, P=8 1f1b and P=4 x D=2 transpose (3 steps each) as
 cases of one launch, like the test; writes the launch's wall time (msrun start-up included), the
-machine's cores and its load average before and after (``tools/doc_numbers.py`` renders README's
+machine's cores and its load average before and after (``tools/doc_numbers.py`` renders docs/training.md's
 sentence from the file).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The recipe-key tables of README.md and docs/mindformers.md, from the code that reads the keys.
+"""The recipe-key tables of docs/recipes.md and docs/mindformers.md, from the code that reads the keys.
 
     python tools/recipe_keys.py train      # train: keys and defaults (TrainConfig)
     python tools/recipe_keys.py data       # data: keys and defaults (generated data and conversations)
@@ -32,7 +32,7 @@ TRAIN = {
                  "for AdamW and its fields",
     "save_every": "with `--save-dir`: a checkpoint every N steps (0: only after the last step)",
     "loss_normalization": "`tokens`: the step loss is the mean over every answer token of the global batch; "
-                          "`micro_batch`: the mean of the micro-batches' own token means (README \"Balancing the "
+                          "`micro_batch`: the mean of the micro-batches' own token means (docs/data.md, \"Balancing the "
                           "encoder's work\")",
     "hang_timeout_s": "seconds without progress on every rank before the job is ended as hung, naming the rank "
                       "(exit 124; the first step gets 5x)",

@@ -8,8 +8,7 @@ torch comparison in issues 11 and 23. Every order of the registry, V = 1 where t
 else 2. Peak activations are in chunk activations (one chunk of one micro-batch), held from the
 forward's start to the end of its last backward task (W when split); for V = 2 a chunk is half a
 V = 1 stage. ``--torch``: the zero-bubble orders on issue 23's shapes next to
-``torch.distributed.pipelining``'s figures in the same setting. Prints Markdown tables (README's
-"Schedules" section).
+``torch.distributed.pipelining``'s figures in the same setting. Prints Markdown tables (docs/schedules.md).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ This reads the recipe's data (only the index: no pixels, no MindSpore graph) for
 under ``data.shape_buckets: none`` and ``pow2`` and prints, per setting, the distinct shapes of each
 and the padding's cost: the images the encoder runs per step (fillers included) and the text ids.
 ``--demo`` reads the demo set instead of the recipe's ``data.path``, written to a temporary folder
-first (``tools/make_demo_data.py``, deterministic; what README's table is made from on a fresh
+first (``tools/make_demo_data.py``, deterministic; what docs/training.md's table is made from on a fresh
 checkout). ``--json`` prints the numbers instead.
 """
 from __future__ import annotations

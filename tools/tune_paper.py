@@ -1,4 +1,4 @@
-"""Search the two paper recipes with ``hyperparallel tune`` and keep its JSON (the README's "Finding the
+"""Search the two paper recipes with ``hyperparallel tune`` and keep its JSON (docs/results.md's "Finding the
 best schedule" section is rendered from it by ``tools/doc_numbers.py``).
 
     python tools/tune_paper.py            # run both searches, print time and counts
@@ -23,7 +23,7 @@ RUNS = (("recipes/paper_8dev_qwen_vit.yaml", "docs/tune_paper_8dev.json"),
 
 
 def write_json(out: str, d: dict) -> None:
-    """Keep ``d`` as ``out`` (relative to the repository), as README's blocks read it."""
+    """Keep ``d`` as ``out`` (relative to the repository), as docs/results.md's blocks read it."""
     with open(os.path.join(ROOT, out), "w") as f:
         json.dump(d, f, indent=1)
         f.write("\n")

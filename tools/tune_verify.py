@@ -1,5 +1,5 @@
 """Measure the two bench recipes' profiles at every micro-batch size ``tune`` searches, then run
-``hyperparallel tune --verify`` on each and keep the JSON (README's ``numbers:tune-verify`` block is
+``hyperparallel tune --verify`` on each and keep the JSON (docs/results.md's ``numbers:tune-verify`` block is
 rendered from it by ``tools/doc_numbers.py``).
 
     python tools/tune_verify.py --write              # verify with the kept profiles, write docs/tune_verify_*.json
