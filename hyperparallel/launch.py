@@ -165,7 +165,6 @@ def _is_this_machine(addr: str) -> bool:
 class LaunchResult:
     returncode: int
     log_dir: str
-    failed_rank: Optional[int] = None
     message: str = ""
     wall_s: float = 0.0
     lines: List[str] = field(default_factory=list)
@@ -549,7 +548,6 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
             res.message = missing
             return res
         rank = find_failed_rank(log_dir, world, vanished)
-        res.failed_rank = rank
         if rank is not None:
             why = (_last_error_line(_read(_worker_log(log_dir, rank))) or _msrun_report(log_dir, rank)
                    or "died without a message")
