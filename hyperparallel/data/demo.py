@@ -1,5 +1,7 @@
 """Write the demo conversations data set (PNG images, train.jsonl, tokenizer.json) into a folder.
 
+Run through its launcher in a checkout (or as ``python -m hyperparallel.data.demo``):
+
     python tools/make_demo_data.py data/demo            # what recipes/tiny_mllm_data.yaml reads
     python tools/make_demo_data.py /tmp/bad --broken    # plus one sample per kind of bad input
     python tools/make_demo_data.py data/skewed --skewed 0.15   # a skewed image mix (data.balance)
@@ -29,14 +31,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-
-from hyperparallel.data.synthetic import DataConfig, _prototypes  # noqa: E402
-from hyperparallel.data.text import ROLES  # noqa: E402
+from .synthetic import DataConfig, _prototypes
+from .text import ROLES
 
 CLASSES = ("alpha", "beta", "gamma", "delta")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six")
@@ -202,8 +202,8 @@ def write_demo(out: str, num_samples: int = 160, seed: int = 0, broken: bool = F
     return {"path": path, "image_root": out, "tokenizer": tok}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="make_demo_data.py", description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default="data/demo", help="output folder (default data/demo)")
     ap.add_argument("--samples", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
@@ -213,7 +213,7 @@ def main() -> int:
                     help="an encoder-heavy set: every sample shows K to K+2 images of 16 to 48 pixels")
     ap.add_argument("--skewed", type=float, default=0.0, metavar="P",
                     help="a skewed image mix: 4 to 6 images of different sizes with probability P, else none")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not 0 <= args.skewed <= 1:
         print(f"error: --skewed: a probability in [0, 1], got {args.skewed}", file=sys.stderr)
         return 2
