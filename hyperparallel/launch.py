@@ -165,7 +165,6 @@ def _is_this_machine(addr: str) -> bool:
 class LaunchResult:
     returncode: int
     log_dir: str
-    failed_rank: Optional[int] = None
     message: str = ""
     wall_s: float = 0.0
     lines: List[str] = field(default_factory=list)
@@ -664,7 +663,6 @@ class _Watch:
         """The failed rank and its last error line (or msrun's report of it), else msrun's status."""
         res = self.res
         rank = find_failed_rank(self.log_dir, self.world, self.vanished)
-        res.failed_rank = rank
         if rank is not None:
             why = (_last_error_line(_read(_worker_log(self.log_dir, rank))) or _msrun_report(self.log_dir, rank)
                    or "died without a message")

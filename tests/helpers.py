@@ -1,5 +1,82 @@
-"""Small builders shared by the core tests."""
+"""What the tests share: the checkout's paths, the CLI in process (:func:`run_main`) and as a subprocess
+(:func:`run_cli`), and small builders. Fixtures and process set-up stay in ``conftest.py``."""
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import sys
+from typing import NamedTuple
+
 from hyperparallel.mpipe import parse_profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(ROOT, "recipes")
+
+
+def recipe(name: str) -> str:
+    """The path of ``recipes/NAME``."""
+    return os.path.join(RECIPES, name)
+
+
+def run_cli(*args, timeout=120, env=None):
+    """Run ``python -m hyperparallel ARGS`` from the checkout; returns the CompletedProcess. For what launches
+    ranks, and for the smoke tests of the command itself; a refusal (it exits before any launch) is checked in
+    process with :func:`run_main`."""
+    return subprocess.run([sys.executable, "-m", "hyperparallel", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+class Ran(NamedTuple):
+    """What :func:`run_main` returns: the fields a test reads of a CompletedProcess."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _exit_code(e: SystemExit, err) -> int:
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=err)   # sys.exit("message"): printed, status 1, as the interpreter does
+    return 1
+
+
+def _handlers():
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    return [h for lg in loggers for h in lg.handlers if isinstance(h, logging.StreamHandler)]
+
+
+def run_main(*args, env=None, cwd=ROOT) -> Ran:
+    """``hyperparallel ARGS`` in this process (``hyperparallel.cli.main``), from ``cwd`` (the checkout, as
+    :func:`run_cli`), with ``env`` added to the environment; returns (returncode, stdout, stderr).
+
+    Only for commands that launch nothing (a refusal, plan, check, simulate, data check): the environment,
+    ``sys.path``, ``sys.argv`` and the working directory are put back afterwards, and a logging handler made
+    during the call is pointed back at the real stderr (it was made on the captured one)."""
+    from hyperparallel import cli
+    saved_env, saved_path, saved_argv, saved_cwd = dict(os.environ), list(sys.path), list(sys.argv), os.getcwd()
+    before = set(map(id, _handlers()))
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.chdir(cwd)
+        os.environ.update(env or {})
+        sys.argv = ["hyperparallel", *map(str, args)]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main([str(a) for a in args])
+            except SystemExit as e:   # argparse's usage errors and --help
+                rc = _exit_code(e, err)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        sys.argv = saved_argv
+        for h in _handlers():
+            if id(h) not in before and h.stream in (out, err):
+                h.setStream(sys.stderr)
+    return Ran(rc, out.getvalue(), err.getvalue())
 
 
 def profile(*regions, link=None):

@@ -19,9 +19,9 @@ from hyperparallel.data.balance import assign, identity, owner_work
 from hyperparallel.data.conversations import ConversationsSource
 from hyperparallel.data.loss_norm import loss_scales
 from hyperparallel.recipe import derive_recipe, load_recipe
-from make_demo_data import write_demo
+from hyperparallel.data.demo import write_demo
 
-from conftest import ROOT, run_cli
+from helpers import ROOT, run_main
 from helpers import assert_equivalent, case_name, dumped, job_case, launch_cases
 
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm_data.yaml")
@@ -153,23 +153,23 @@ def _one_line(p, field):
     (["data.balance=encoder", "train.loss_normalization=micro_batch"], "data.balance", "loss_normalization: tokens"),
 ])
 def test_bad_values_refused_before_launch(tmp_path, skewed, extra, field, words):
-    p = run_cli("train", RECIPE, *_cli_sets(skewed, extra), "--run-dir", str(tmp_path / "run"), timeout=120)
+    p = run_main("train", RECIPE, *_cli_sets(skewed, extra), "--run-dir", str(tmp_path / "run"))
     assert words in _one_line(p, field)
     assert not (tmp_path / "run" / "logs").exists()
 
 
 def test_balance_needs_encoder_owners_and_per_sample_work(tmp_path, skewed):
-    p = run_cli("train", RECIPE, *_cli_sets(skewed, ["data.balance=encoder"]), "--schedule", "1f1b",
-                "--run-dir", str(tmp_path / "run"), timeout=120)
+    p = run_main("train", RECIPE, *_cli_sets(skewed, ["data.balance=encoder"]), "--schedule", "1f1b",
+                 "--run-dir", str(tmp_path / "run"))
     assert "transpose" in _one_line(p, "data.balance")
     assert not (tmp_path / "run" / "logs").exists()
-    p = run_cli("train", os.path.join(ROOT, "recipes", "tiny_mllm.yaml"), "--set", "data.balance=encoder",
-                "--run-dir", str(tmp_path / "run2"), timeout=120)
+    p = run_main("train", os.path.join(ROOT, "recipes", "tiny_mllm.yaml"), "--set", "data.balance=encoder",
+                 "--run-dir", str(tmp_path / "run2"))
     assert "synthetic" in _one_line(p, "data.balance")
-    p = run_cli("bench", RECIPE, *_cli_sets(skewed), "--schedule", "transpose",
-                "--schedule", "1f1b|data.balance=encoder", "--recipe-profile", timeout=120)
+    p = run_main("bench", RECIPE, *_cli_sets(skewed), "--schedule", "transpose",
+                 "--schedule", "1f1b|data.balance=encoder", "--recipe-profile")
     assert "transpose" in _one_line(p, "data.balance")
-    p = run_cli("simulate", RECIPE, "--schedule", "transpose|data.balance", timeout=60)
+    p = run_main("simulate", RECIPE, "--schedule", "transpose|data.balance")
     _one_line(p, "--schedule")
 
 
@@ -178,8 +178,8 @@ def test_balance_needs_encoder_owners_and_per_sample_work(tmp_path, skewed):
 def test_simulate_replays_the_encoder_work_and_predicts_the_balancing_gain(skewed):
     # an encoder whose time follows its images (fixed_share 0): balancing them pays
     prop = ["mpipe.profile.regions.0.fixed_share=0"]
-    p = run_cli("simulate", SKEWED, *_cli_sets(skewed, prop), "--data-steps", "12", "--schedule", "1f1b",
-                "--schedule", "transpose", "--schedule", "transpose|data.balance=encoder", "--json", timeout=120)
+    p = run_main("simulate", SKEWED, *_cli_sets(skewed, prop), "--data-steps", "12", "--schedule", "1f1b",
+                 "--schedule", "transpose", "--schedule", "transpose|data.balance=encoder", "--json")
     assert p.returncode == 0, p.stderr
     one, plain, bal = json.loads(p.stdout)
     assert bal["schedule"] == "transpose|data.balance=encoder" and len(bal["step_ms"]) == 12
@@ -190,7 +190,7 @@ def test_simulate_replays_the_encoder_work_and_predicts_the_balancing_gain(skewe
     rec = load_recipe(SKEWED, overrides=_sets(skewed, prop))
     static = simulate(derive_recipe(rec, "transpose"), rec.profile).makespan_ms
     assert min(plain["step_ms"]) < static < max(plain["step_ms"])
-    p = run_cli("simulate", os.path.join(ROOT, "recipes", "tiny_mllm.yaml"), "--data-steps", "3", timeout=60)
+    p = run_main("simulate", os.path.join(ROOT, "recipes", "tiny_mllm.yaml"), "--data-steps", "3")
     _one_line(p, "--data-steps")
 
 
@@ -200,8 +200,8 @@ def test_replay_scales_only_the_work_dependent_share_of_the_encoder(skewed):
     from hyperparallel.mpipe.cost import simulate
 
     def steps(share):
-        p = run_cli("simulate", SKEWED, *_cli_sets(skewed, [f"mpipe.profile.regions.0.fixed_share={share}"]),
-                    "--data-steps", "8", "--schedule", "transpose", "--json", timeout=120)
+        p = run_main("simulate", SKEWED, *_cli_sets(skewed, [f"mpipe.profile.regions.0.fixed_share={share}"]),
+                     "--data-steps", "8", "--schedule", "transpose", "--json")
         assert p.returncode == 0, p.stderr
         case = json.loads(p.stdout)[0]
         assert case["fixed_share"] == share   # the share the replay used, reported per case
@@ -211,7 +211,7 @@ def test_replay_scales_only_the_work_dependent_share_of_the_encoder(skewed):
     assert steps(1) == pytest.approx([static] * 8, rel=1e-6)
     prop, half = steps(0), steps(0.5)
     assert max(half) - min(half) < max(prop) - min(prop)
-    p = run_cli("simulate", SKEWED, "--set", "mpipe.profile.regions.0.fixed_share=1.5", timeout=60)
+    p = run_main("simulate", SKEWED, "--set", "mpipe.profile.regions.0.fixed_share=1.5")
     assert "mpipe.profile.regions[0].fixed_share" in _one_line(p, "mpipe.profile.regions[0].fixed_share")
 
 

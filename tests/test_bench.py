@@ -3,8 +3,6 @@ and one small real run (msrun). No timing assertions: timings belong to the benc
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -16,14 +14,13 @@ from hyperparallel.launch import LaunchResult
 from hyperparallel.recipe import derive_recipe
 from hyperparallel.recipe import load_recipe
 
+from helpers import run_cli, run_main
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
 HEAVY = os.path.join(ROOT, "recipes", "bench_encoder_heavy.yaml")
 
 
-def cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "hyperparallel", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 # -- pure math ------------------------------------------------------------------------------
@@ -181,7 +178,7 @@ def test_bench_measure_profile_interleaves_profile_launches(tmp_path):
     (["--set", "model.llm_heads=3"], "model.llm_heads"),
 ])
 def test_bench_refuses_bad_input_before_launch(tmp_path, flags, field):
-    p = cli("bench", TINY, "--run-dir", str(tmp_path / "run"), *flags)
+    p = run_main("bench", TINY, "--run-dir", str(tmp_path / "run"), *flags)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], p.stderr
@@ -192,7 +189,7 @@ def test_profile_refuses_bad_input_before_launch(tmp_path):
     for flags, field in ((["--samples", "0"], "--samples"),
                          (["--set", "parallel_config.pipeline_stage=1"], "pipeline_stage"),
                          (["--set", "data.video_prob=2"], "data.video_prob")):
-        p = cli("profile", TINY, "--run-dir", str(tmp_path / "run"), *flags)
+        p = run_main("profile", TINY, "--run-dir", str(tmp_path / "run"), *flags)
         assert p.returncode == 2 and p.stderr.startswith("error: ") and field in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
@@ -234,7 +231,7 @@ def test_build_profile_per_layer_costs_and_data_charge(tmp_path):
     doc = yaml.safe_load(out.read_text())
     assert doc["mpipe"]["profile"] == block and doc["base_config"].endswith("bench_encoder_heavy.yaml")
     # the file is a recipe (inherits the measured one) and a --profile source
-    p = cli("simulate", str(out), "--schedule", "1f1b", "--json")
+    p = run_main("simulate", str(out), "--schedule", "1f1b", "--json")
     assert p.returncode == 0, p.stderr
     r = B.load_with_profile(HEAVY, [], str(out))
     assert r.profile.region("vision").forward_ms == 10.0 and r.schedule == "transpose"
@@ -247,8 +244,8 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     prof = tmp_path / "tiny.profile.yaml"
     # eager chunks: this is about profile and bench end to end (compiled against eager: the test below, faked)
-    p = cli("profile", TINY, "--samples", "1", "--repeats", "1", "--compile", "eager", "--out", str(prof),
-            "--run-dir", str(tmp_path / "prof"), timeout=240)
+    p = run_cli("profile", TINY, "--samples", "1", "--repeats", "1", "--compile", "eager", "--out", str(prof),
+                "--run-dir", str(tmp_path / "prof"), timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
     block = yaml.safe_load(prof.read_text())["mpipe"]["profile"]
     assert [r["name"] for r in block["regions"]] == ["vision", "llm"]
@@ -257,9 +254,9 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
     # the default: the profile measured in the run (tight loop + gpipe reference) and both schedules
     # step by step in rotation, all in one launch
     out = tmp_path / "bench.json"
-    p = cli("bench", TINY, "--schedule", "1f1b", "--schedule", "transpose", "--repeats", "1", "--warmup", "1",
-            "--steps", "2", "--profile-samples", "1", "--compile", "eager", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
-            "--run-dir", str(tmp_path / "bench"), timeout=300)
+    p = run_cli("bench", TINY, "--schedule", "1f1b", "--schedule", "transpose", "--repeats", "1", "--warmup", "1",
+                "--steps", "2", "--profile-samples", "1", "--compile", "eager", "--out", str(out), "--save-profile", str(tmp_path / "m.yaml"),
+                "--run-dir", str(tmp_path / "bench"), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["rotate"] == "steps" and res["profile_measured_here"] and len(res["device_scale"]) == 2
@@ -281,9 +278,9 @@ def test_profile_then_bench_on_two_ranks(tmp_path):
     assert measured["step_overhead_ms"] > 0 and measured["action_overhead_ms"] > 0
     assert set(measured["measured_on"]) == {"cpu", "cores", "device", "mindspore"}
     # a stored profile, one launch per schedule: each schedule's own memory
-    p = cli("bench", TINY, "--profile", str(prof), "--schedule", "transpose", "--rotate", "launches",
-            "--repeats", "1", "--warmup", "1", "--steps", "1", "--out", str(out),
-            "--run-dir", str(tmp_path / "bench2"), timeout=300)
+    p = run_cli("bench", TINY, "--profile", str(prof), "--schedule", "transpose", "--rotate", "launches",
+                "--repeats", "1", "--warmup", "1", "--steps", "1", "--out", str(out),
+                "--run-dir", str(tmp_path / "bench2"), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     (r,) = json.loads(out.read_text())["schedules"]
     assert len(r["ranks"]) == 2 and all(d["peak_rss_mb"] > d["base_rss_mb"] > 0 for d in r["ranks"])
@@ -370,9 +367,9 @@ def test_bench_profile_schedule_adds_reference_launches(tmp_path):
 
 def test_profile_schedule_needs_a_measured_profile(tmp_path):
     for flags in (["--recipe-profile"], ["--profile", HEAVY]):
-        p = cli("bench", TINY, "--profile-schedule", "gpipe", "--run-dir", str(tmp_path / "run"), *flags)
+        p = run_main("bench", TINY, "--profile-schedule", "gpipe", "--run-dir", str(tmp_path / "run"), *flags)
         assert p.returncode == 2 and p.stderr.startswith("error: --profile-schedule"), p.stderr
-    p = cli("bench", TINY, "--recipe-profile", "--measure-profile", "--run-dir", str(tmp_path / "run"))
+    p = run_main("bench", TINY, "--recipe-profile", "--measure-profile", "--run-dir", str(tmp_path / "run"))
     assert p.returncode == 2 and p.stderr.startswith("error: --recipe-profile"), p.stderr
 
 
@@ -505,11 +502,12 @@ def test_profile_and_bench_check_their_output_files_before_launch(tmp_path):
     for flags, part in ((["--out", str(tmp_path / "adir.yaml")], "is a directory; give a file name"),
                         (["--out", str(tmp_path / "nodir" / "p.yaml")], "does not exist; create it first"),
                         (["--out", str(own)], f"is the input {own}")):
-        p = cli("profile", str(own), "--run-dir", str(tmp_path / "run"), "--samples", "1", "--repeats", "1", *flags)
+        p = run_main("profile", str(own), "--run-dir", str(tmp_path / "run"), "--samples", "1", "--repeats", "1",
+                     *flags)
         assert p.returncode == 2 and p.stderr.startswith("error: --out: ") and part in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
     for flag, path in (("--out", tmp_path / "nodir" / "b.json"), ("--save-profile", own)):
-        p = cli("bench", str(own), "--run-dir", str(tmp_path / "run"), flag, str(path))
+        p = run_main("bench", str(own), "--run-dir", str(tmp_path / "run"), flag, str(path))
         assert p.returncode == 2 and p.stderr.startswith(f"error: {flag}: ") and not (tmp_path / "run").exists()
     assert own.read_text() == open(TINY).read() and sorted(os.listdir(tmp_path)) == ["adir.yaml", "tiny.yaml"]
 

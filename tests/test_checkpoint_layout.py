@@ -576,7 +576,7 @@ def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_
     image processor the same pixels and grid."""
     import numpy as np
     from PIL import Image
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     from hyperparallel.data.conversations_config import ConversationsConfig
     from hyperparallel.data.formats import resolve_format
     from hyperparallel.data.qwen_layout import QwenLayout
@@ -633,7 +633,7 @@ def test_processor_record_is_what_the_data_layer_uses(tmp_path):
     from hyperparallel.data import data_config
     from hyperparallel.data.conversations_config import ConversationsConfig
     from hyperparallel.data.hf_processor import processor_record
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     demo = write_demo(str(tmp_path / "demo"), 4, seed=1)
     pre = tmp_path / "preprocessor_config.json"
     pre.write_text(json.dumps({"min_pixels": 512, "max_pixels": 4096, "image_mean": [0.5, 0.5, 0.5]}))

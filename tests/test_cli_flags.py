@@ -13,7 +13,7 @@ from hyperparallel.commands import flags as F
 from hyperparallel.commands import train as T
 from hyperparallel.launch import LaunchResult
 
-from conftest import ROOT, recipe
+from helpers import ROOT, recipe
 from test_bench import FakeLauncher
 
 TINY = recipe("tiny_mllm.yaml")

@@ -9,7 +9,7 @@ from hyperparallel.mpipe.profile import LinkProfile
 from hyperparallel.mpipe.errors import SpecError
 from hyperparallel.mpipe.orders import ORDERS, validate
 
-from conftest import recipe
+from helpers import recipe
 from helpers import profile
 
 # per-chunk times: two layers per chunk, so the per-layer numbers are half of these

@@ -16,11 +16,11 @@ import pytest
 
 from hyperparallel.data import data_config
 from hyperparallel.data.conversations import ConversationsSource, build_index
-from make_demo_data import BROKEN_KINDS, write_demo
+from hyperparallel.data.demo import BROKEN_KINDS, write_demo
 from hyperparallel.data.text import Tok
 from hyperparallel.recipe import load_recipe
 
-from conftest import ROOT, run_cli
+from helpers import ROOT, run_main
 from helpers import assert_equivalent, dumped, job_case, launch_cases
 
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm_data.yaml")
@@ -80,18 +80,18 @@ def test_error_policy_stops_at_the_first_bad_sample(broken):
 
 
 def test_data_check_cli_reports_every_problem_with_counts(clean, broken):
-    r = run_cli("data", "check", RECIPE, *_cli_sets(broken), timeout=300)
+    r = run_main("data", "check", RECIPE, *_cli_sets(broken))
     assert r.returncode == 1, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 6 and all("train.jsonl:" in e for e in errors)
     assert "problems by kind: malformed_json 1, missing_image 1, placeholder_mismatch 2, too_long 1, " \
            "unreadable_image 1" in r.stderr
     assert f"{N_SAMPLES + 6} samples, {N_SAMPLES} usable, 6 with problems" in r.stdout
-    r = run_cli("data", "check", RECIPE, *_cli_sets(clean), timeout=300)
+    r = run_main("data", "check", RECIPE, *_cli_sets(clean))
     assert r.returncode == 0 and f"{N_SAMPLES} usable, 0 with problems" in r.stdout, r.stderr
-    r = run_cli("data", "check", os.path.join(ROOT, "recipes", "nope.yaml"))
+    r = run_main("data", "check", os.path.join(ROOT, "recipes", "nope.yaml"))
     assert r.returncode == 2 and "error: recipe: file not found" in r.stderr
-    r = run_cli("data", "check", RECIPE, *_cli_sets(clean, ["data.on_bad_sample=maybe"]))
+    r = run_main("data", "check", RECIPE, *_cli_sets(clean, ["data.on_bad_sample=maybe"]))
     assert r.returncode == 2 and "error: data.on_bad_sample: 'maybe' unknown (error, skip)" in r.stderr
 
 
@@ -106,7 +106,7 @@ def test_json_list_files_name_the_sample_index(tmp_path, clean):
     assert len(samples) == 5 and [(pr.where, pr.kind) for pr in problems] == \
         [(f"{p} sample 4 (id {recs[4]['id']})", "placeholder_mismatch")]
     p.write_text(json.dumps(recs)[:-30])                    # the whole list is unusable
-    r = run_cli("data", "check", RECIPE, *_cli_sets(paths), timeout=300)
+    r = run_main("data", "check", RECIPE, *_cli_sets(paths))
     assert r.returncode == 1 and re.search(rf"error: data.path: {re.escape(str(p))}:1: malformed JSON", r.stderr)
 
 
@@ -119,7 +119,7 @@ def test_image_that_passes_the_header_but_fails_to_decode_is_found_by_check(tmp_
     data = open(img, "rb").read()
     with open(img, "wb") as f:
         f.write(data[:len(data) // 2])   # truncated PNG
-    r = run_cli("data", "check", RECIPE, *_cli_sets(paths), timeout=300)
+    r = run_main("data", "check", RECIPE, *_cli_sets(paths))
     assert r.returncode == 1
     assert re.search(rf"train\.jsonl:{i + 1} .*(unreadable_image|undecodable_image).*{os.path.basename(img)}",
                      r.stderr), r.stderr
@@ -140,7 +140,7 @@ def test_image_that_breaks_after_the_index_stops_the_run_naming_it(tmp_path):
 
 
 def test_train_scans_the_data_before_launch(broken):
-    r = run_cli("train", RECIPE, *_cli_sets(broken), timeout=300)
+    r = run_main("train", RECIPE, *_cli_sets(broken))
     assert r.returncode == 2
     assert re.search(r"error: data: 6 bad sample\(s\) in .*train\.jsonl \(malformed_json 1, .*\); first: "
                      r".*train\.jsonl:3 \(id bad_missing\): missing_image: image file not found", r.stderr), r.stderr
@@ -155,7 +155,7 @@ def test_tokenizer_that_does_not_load_names_the_file(tmp_path, clean):
     bad.write_text('{"not": "a tokenizer"}')
     with pytest.raises(ValueError, match=rf"^data.tokenizer: cannot load {re.escape(str(bad))} as a Hugging Face"):
         data_config(_raw(dict(clean, tokenizer=str(bad))))
-    r = run_cli("data", "check", RECIPE, *_cli_sets(dict(clean, tokenizer=str(bad))))
+    r = run_main("data", "check", RECIPE, *_cli_sets(dict(clean, tokenizer=str(bad))))
     assert r.returncode == 2 and f"error: data.tokenizer: cannot load {bad}" in r.stderr
 
 
@@ -171,7 +171,7 @@ def test_vocabulary_must_fit_the_tokenizer(clean):
 def test_missing_demo_set_tells_how_to_make_it(tmp_path):
     with pytest.raises(ValueError, match=r"^data.path: file not found: .*python tools/make_demo_data.py"):
         data_config(_raw({"path": str(tmp_path / "none.jsonl")}))
-    r = run_cli("train", RECIPE, "--set", f"data.path={tmp_path / 'none.jsonl'}")
+    r = run_main("train", RECIPE, "--set", f"data.path={tmp_path / 'none.jsonl'}")
     assert r.returncode == 2 and "error: data.path: file not found:" in r.stderr
     assert "python tools/make_demo_data.py data/demo" in r.stderr
     with pytest.raises(ValueError, match=r"^data.type: 'nope' unknown \(known: synthetic, conversations\)"):
@@ -215,7 +215,7 @@ def test_image_names_that_leave_the_image_root_are_refused_alike_whether_the_fil
     assert {pr.kind for pr in problems} == {"missing_image"}
     with pytest.raises(ValueError, match=r"^data.allow_outside_root: true or false, got 'maybe'"):
         data_config(_raw(paths, ["data.allow_outside_root=maybe"]))
-    r = run_cli("train", RECIPE, *_cli_sets(paths), timeout=300)   # refused before launch, naming line and root
+    r = run_main("train", RECIPE, *_cli_sets(paths))   # refused before launch, naming line and root
     assert r.returncode == 2 and "msrun" not in r.stdout, r.stderr
     assert f"first: {p}:3 (id out0): outside_image_root: image '{out / 'secret.png'}' resolves outside " \
            f"data.image_root {root}" in r.stderr, r.stderr
@@ -410,9 +410,9 @@ def test_cost_replay_counts_the_padded_images(clean):
     """``simulate --data-steps`` replays the encoder work the micro-batches carry: with shape buckets,
     the filler images too."""
     def steps(setting):
-        p = run_cli("simulate", RECIPE, *_cli_sets(clean, [f"data.shape_buckets={setting}",
+        p = run_main("simulate", RECIPE, *_cli_sets(clean, [f"data.shape_buckets={setting}",
                                                            "mpipe.profile.regions.0.fixed_share=0"]),
-                    "--data-steps", "8", "--schedule", "transpose", "--json", timeout=120)
+                     "--data-steps", "8", "--schedule", "transpose", "--json")
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)[0]["step_ms"]
     plain, padded = steps("none"), steps("pow2")

@@ -18,9 +18,9 @@ from hyperparallel.data.conversations import build_index, scan
 from hyperparallel.data.index import check_image
 from hyperparallel.data.qwen_image import own_smart_resize
 from hyperparallel.data.text import Tok
-from make_demo_data import write_demo
+from hyperparallel.data.demo import write_demo
 
-from conftest import ROOT
+from helpers import ROOT
 
 FMT = {"format": "qwen_vl", "patch_size": 4, "temporal_patch_size": 2, "merge_size": 2, "image_token_id": 10,
        "video_token_id": 11, "vision_start_token_id": 8, "vision_end_token_id": 9}
@@ -235,7 +235,7 @@ def test_text_only_micro_batch_gets_an_unreferenced_filler_image(tmp_path, demo)
 # -- bad input -----------------------------------------------------------------------------------
 
 def test_tokenizer_without_a_qwen_token_or_with_other_ids_is_refused(tmp_path, demo, monkeypatch):
-    import make_demo_data
+    from hyperparallel.data import demo as make_demo_data
     special = list(make_demo_data.SPECIAL)
     for missing in ("<|im_start|>", "<|endoftext|>"):
         monkeypatch.setattr(make_demo_data, "SPECIAL", [t for t in special if t != missing])

@@ -7,7 +7,7 @@ from hyperparallel.recipe import derive_recipe, load_recipe
 from hyperparallel.mpipe.cost import simulate
 from hyperparallel.mpipe.draw import PID_STRIDE, write_png, write_trace
 
-from conftest import recipe
+from helpers import recipe
 
 
 def _results(*schedules):

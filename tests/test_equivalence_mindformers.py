@@ -98,7 +98,7 @@ def assert_matches_reference(case):
 
 def demo_data(tmp):
     """The demo conversations (as tools/make_demo_data.py writes them) in ``tmp``, as recipe overrides."""
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(os.path.join(tmp, "demo"))
     return tuple(f"data.{k}={v}" for k, v in sorted(paths.items()))
 

@@ -48,7 +48,7 @@ TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path_factory.mktemp("qdemo")), 48, seed=3)
     return tuple(f"data.{k}={v}" for k, v in sorted(paths.items()))
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hyperparallel import cli
 from hyperparallel.recipe import derive_recipe, load_raw, load_recipe
 
-from conftest import RECIPES
+from helpers import RECIPES
 
 EXAMPLES = int(os.environ.get("HP_FUZZ_EXAMPLES", "0"))
 CASE_S = 30.0
@@ -76,7 +76,7 @@ def assert_clean(argv, expect_refusal: bool = False):
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A working directory with a small demo data set at data/demo (the data recipe's relative paths)."""
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     root = tmp_path_factory.mktemp("fuzz")
     write_demo(str(root / "data" / "demo"), num_samples=8)
     return root

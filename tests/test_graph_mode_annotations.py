@@ -8,7 +8,7 @@ import pytest
 
 from hyperparallel.mindspore.annotate import GraphModeUnsupported, graph_pipeline
 from hyperparallel.recipe import derive_recipe, load_recipe
-from conftest import recipe
+from helpers import recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")

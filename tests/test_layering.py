@@ -55,15 +55,29 @@ def _imports(name: str, path: str):
 GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
-def _layer(module: str):
+def _layer_key(module: str) -> str:
+    """The package or top-level module of ``hyperparallel`` that ``module`` belongs to."""
     parts = module.split(".")
-    key = parts[1] if len(parts) > 1 else "__init__"
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer(module: str):
+    key = _layer_key(module)
     return key, LAYERS[key]
 
 
-def test_every_module_has_a_layer():
-    for m in MODULES:
-        assert _layer(m)[0] in LAYERS, m
+def test_every_module_has_a_layer_and_every_layer_a_module():
+    """A new package or top-level module must be placed in LAYERS; a renamed or removed one leaves no stale
+    entry (the import checks below would otherwise skip it or fail with a bare KeyError)."""
+    found = {_layer_key(m) for m in MODULES}
+    assert not found - set(LAYERS), f"modules without a layer: {sorted(found - set(LAYERS))}"
+    assert not set(LAYERS) - found, f"layers naming no module: {sorted(set(LAYERS) - found)}"
+
+
+def test_the_import_reader_sees_relative_and_function_level_imports():
+    """The checks below pass on an empty graph: the reader must find what the CLI imports (``from .commands
+    import plan`` at module level, ``from .recipe.recipe import COMPILE_MODES`` inside ``compile_flag``)."""
+    assert {"hyperparallel.commands.plan", "hyperparallel.recipe.recipe"} <= GRAPH["hyperparallel.cli"]
 
 
 def test_imports_point_down_the_layers():

@@ -7,7 +7,7 @@ from hyperparallel.mpipe.cost import simulate
 from hyperparallel.mpipe.errors import SpecError
 from hyperparallel.recipe import checked_plan, load_recipe, memory_excess, refuse_over_memory_limit
 
-from conftest import recipe
+from helpers import recipe
 
 LLM = recipe("llm_pipeline.yaml")   # P=4 M=8, 8 layers of 1 MB activations and 10 MB parameters
 MB = 1 / 1024.0                     # GB

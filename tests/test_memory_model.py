@@ -6,7 +6,7 @@ from hyperparallel.mpipe.cost import simulate, static_memory
 from hyperparallel.mpipe.ir import B, BW, F, R, W
 from hyperparallel.recipe import checked_plan, load_recipe
 
-from conftest import recipe
+from helpers import recipe
 from helpers import profile
 
 ACT_MB = 2.0   # two layers of 1 MB per chunk

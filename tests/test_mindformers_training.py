@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, recipe, run_cli
+from helpers import ROOT, recipe, run_cli, run_main
 
 RECIPE = recipe("mf_llama_adamw.yaml")
 STEPS = 6
@@ -38,7 +38,7 @@ def test_docs_recipe_is_the_shipped_one():
 def test_plans_with_estimated_costs_and_no_profile():
     with open(RECIPE) as f:
         assert "profile" not in yaml.safe_load(f)["mpipe"]
-    p = run_cli("plan", RECIPE, timeout=60)
+    p = run_main("plan", RECIPE)
     assert p.returncode == 0, p.stderr
     assert "note: costs estimated from the model config" in p.stdout
     assert "transpose" in p.stdout and "vision" in p.stdout, p.stdout

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, recipe, run_cli
+from helpers import ROOT, recipe, run_main
 
 MF = recipe("mf_llama_mllm.yaml")
 
@@ -25,19 +25,18 @@ def test_ascend_qwen_vl_recipes_refused_here_naming_the_device_then_the_size(com
     """The 7B/72B recipes name the real class (mindone's Qwen2_5_VLForConditionalGeneration) and the real
     config: this CPU machine has no Ascend device, and on CPU the model's size is refused."""
     for r in ("qwen2_5_vl_7b.yaml", "qwen2_5_vl_72b.yaml"):
-        p = run_cli(command, recipe(r), "--run-dir", str(tmp_path / "run"), timeout=60)
+        p = run_main(command, recipe(r), "--run-dir", str(tmp_path / "run"))
         _refused(p, "device: Ascend, but this machine has no Ascend device")
-    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), "--set", "device=CPU", "--run-dir", str(tmp_path / "run"),
-                timeout=60)
+    p = run_main(command, recipe("qwen2_5_vl_7b.yaml"), "--set", "device=CPU", "--run-dir", str(tmp_path / "run"))
     # the base file is a MindFormers graph-mode config: what the runtime cannot do is named first
     _refused(p, "parallel.enable_parallel_optimizer: True is not supported", "2 more: context.mode, "
              "context.device_target")
     cpu = ["--set", "device=CPU", "--set", "parallel.enable_parallel_optimizer=false", "--set", "context.mode=1",
            "--set", "context.device_target=CPU"]
-    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), *cpu, "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_main(command, recipe("qwen2_5_vl_7b.yaml"), *cpu, "--run-dir", str(tmp_path / "run"))
     _refused(p, "model.model_config:", "8.3 B parameters", "GiB")
-    p = run_cli(command, recipe("qwen2_5_vl_7b.yaml"), *cpu, "--set", "model.arch.type=Qwen9VL",
-                "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_main(command, recipe("qwen2_5_vl_7b.yaml"), *cpu, "--set", "model.arch.type=Qwen9VL",
+                 "--run-dir", str(tmp_path / "run"))
     _refused(p, "model.arch.type", "'Qwen9VL' has no runtime adapter", "Qwen2_5_VLForConditionalGeneration",
              "Qwen3VLForConditionalGeneration", "LlamaForCausalLM")
     assert not (tmp_path / "run" / "logs").exists()
@@ -45,8 +44,7 @@ def test_ascend_qwen_vl_recipes_refused_here_naming_the_device_then_the_size(com
 
 @pytest.mark.parametrize("command", ["train", "profile", "bench"])
 def test_profile_layers_disagreeing_with_model_refused(command, tmp_path):
-    p = run_cli(command, MF, "--set", "mpipe.profile.regions.1.layers=6", "--run-dir", str(tmp_path / "run"),
-                timeout=60)
+    p = run_main(command, MF, "--set", "mpipe.profile.regions.1.layers=6", "--run-dir", str(tmp_path / "run"))
     _refused(p, "mpipe.profile.regions[1].layers", "model.model_config.num_layers")
 
 
@@ -63,7 +61,7 @@ def test_profile_layers_disagreeing_with_model_refused(command, tmp_path):
     ("model.bogus=1", ("model.bogus",)),
 ])
 def test_mindformers_config_that_cannot_train_refused(override, words, tmp_path):
-    p = run_cli("train", MF, "--set", override, "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_main("train", MF, "--set", override, "--run-dir", str(tmp_path / "run"))
     _refused(p, *words)
     assert not (tmp_path / "run" / "logs").exists()
 
@@ -155,8 +153,8 @@ def test_mf_llama_chunk_outside_its_region_refused():
 
 def test_tiny_profile_layers_disagreeing_with_model_refused(tmp_path):
     """The tiny MLLM owns its depth (model.llm_layers); a profile saying otherwise is one line, exit 2."""
-    p = run_cli("train", recipe("tiny_mllm.yaml"), "--set", "mpipe.profile.regions.1.layers=6",
-                "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_main("train", recipe("tiny_mllm.yaml"), "--set", "mpipe.profile.regions.1.layers=6",
+                 "--run-dir", str(tmp_path / "run"))
     _refused(p, "mpipe.profile.regions[1].layers", "model.llm_layers", "6", "4")
     assert not (tmp_path / "run" / "logs").exists()
 
@@ -179,10 +177,10 @@ QWEN = recipe("qwen2_5_vl_tiny.yaml")
     (["model.model_config.vision_config.fullatt_block_indexes=[5]"], ["fullatt_block_indexes: [5] are not"]),
 ])
 def test_qwen_vl_configs_that_cannot_train_are_refused_before_launch(sets, words, tmp_path):
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path / "d"), 8, seed=1)
     data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
-    p = run_cli("train", QWEN, *data, *[f"--set={s}" for s in sets], "--run-dir", str(tmp_path / "run"), timeout=120)
+    p = run_main("train", QWEN, *data, *[f"--set={s}" for s in sets], "--run-dir", str(tmp_path / "run"))
     _refused(p, *words)
     assert not (tmp_path / "run" / "logs").exists()
 
@@ -192,12 +190,12 @@ def test_pretrained_directory_with_a_missing_shard_is_refused_before_launch(tmp_
     d.mkdir()
     (d / "config.json").write_text("{}")
     (d / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
-    from make_demo_data import write_demo   # a clean checkout has no data/demo
+    from hyperparallel.data.demo import write_demo   # a clean checkout has no data/demo
     paths = write_demo(str(tmp_path / "d"), 8, seed=1)
     data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
-    p = run_cli("train", QWEN, *data, f"--set=model.pretrained={d}", "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_main("train", QWEN, *data, f"--set=model.pretrained={d}", "--run-dir", str(tmp_path / "run"))
     _refused(p, "model.pretrained:", "shard model-00001-of-00002.safetensors is missing")
-    p = run_cli("train", QWEN, *data, "--resume-from", str(d), "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_main("train", QWEN, *data, "--resume-from", str(d), "--run-dir", str(tmp_path / "run"))
     _refused(p, "--resume-from:", "shard model-00001-of-00002.safetensors is missing")
 
 
@@ -234,11 +232,11 @@ def test_pretrained_shard_names_that_leave_the_model_directory_are_refused(tmp_p
     for name, blob in (("model.safetensors.index.json", "i"), ("model-1.safetensors", "w"), ("config.json", "c")):
         (snap / name).symlink_to(os.path.join("..", "..", "blobs", blob))
     assert weight_files(str(snap)) == [str(snap / "model-1.safetensors")]
-    from make_demo_data import write_demo   # and train refuses it before launch
+    from hyperparallel.data.demo import write_demo   # and train refuses it before launch
     paths = write_demo(str(tmp_path / "d"), 8, seed=1)
     data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
-    p = run_cli("train", QWEN, *data, f"--set=model.pretrained={tmp_path / 'dots'}", "--run-dir",
-                str(tmp_path / "run"), timeout=60)
+    p = run_main("train", QWEN, *data, f"--set=model.pretrained={tmp_path / 'dots'}", "--run-dir",
+                 str(tmp_path / "run"))
     _refused(p, "model.pretrained:", "shard '../secret.safetensors' resolves outside the model directory")
     assert not (tmp_path / "run" / "logs").exists()
 
@@ -246,7 +244,7 @@ def test_pretrained_shard_names_that_leave_the_model_directory_are_refused(tmp_p
 def test_a_tokenizer_with_id_gaps_must_fit_the_models_vocabulary(tmp_path):
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path / "d"), 8, seed=1, videos=False)
     d = json.load(open(paths["tokenizer"]))
     d["model"]["vocab"]["beta"] = 300   # 40-odd tokens, the largest id 300: the model's 256 rows are too few
@@ -269,7 +267,7 @@ def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_fi
     from hyperparallel.mpipe.errors import SpecError
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     compat.setup_device("CPU")
     paths = write_demo(str(tmp_path / "d"), 8, seed=1)
     data = [f"data.{k}={v}" for k, v in sorted(paths.items())]
@@ -284,7 +282,7 @@ def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_fi
 # -- every key used or refused (issue 40): Hugging Face fields, MindFormers spellings, LoRA ---------------
 @pytest.fixture(scope="module")
 def demo_sets(tmp_path_factory):
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path_factory.mktemp("demo")), 8, seed=1)
     return [f"data.{k}={v}" for k, v in sorted(paths.items())]
 

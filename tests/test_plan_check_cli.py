@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, recipe
+from helpers import ROOT, recipe
 
 
 def test_plan_prints_one_line_per_action_and_exports(cli, tmp_path):

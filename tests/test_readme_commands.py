@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 VENV_BIN = os.path.dirname(sys.executable)   # the venv the tests run in: what `source .venv/bin/activate` gives
 RUN_NOW = ("plan", "check", "simulate")

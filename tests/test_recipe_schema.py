@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, recipe, run_cli
+from helpers import ROOT, recipe, run_main
 from hyperparallel.mpipe.errors import SpecError
 from hyperparallel.recipe import load_recipe, schema
 from hyperparallel.recipe.train import LR_FIELDS, OPTIMIZER_FIELDS, TrainConfig
@@ -86,7 +86,7 @@ def test_optimizer_and_lr_fields_are_the_classes_signatures(mindformers_keys):
     (["mpipe.schedul=1f1b"], ["mpipe.schedul: unknown key", "did you mean 'schedule'?"]),
 ])
 def test_unknown_keys_refused_with_the_nearest_key(sets, words, tmp_path):
-    p = run_cli("plan", MF, *[f"--set={s}" for s in sets], timeout=60)
+    p = run_main("plan", MF, *[f"--set={s}" for s in sets])
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
@@ -95,8 +95,7 @@ def test_unknown_keys_refused_with_the_nearest_key(sets, words, tmp_path):
 
 
 def test_train_refuses_unknown_keys_before_launch(tmp_path):
-    p = run_cli("train", MF, "--set", "parallel_config.pipline_stage=4", "--run-dir", str(tmp_path / "run"),
-                timeout=60)
+    p = run_main("train", MF, "--set", "parallel_config.pipline_stage=4", "--run-dir", str(tmp_path / "run"))
     assert p.returncode == 2 and p.stderr.startswith("error: parallel_config.pipline_stage: unknown key"), p.stderr
     assert "did you mean 'pipeline_stage'?" in p.stderr and not (tmp_path / "run" / "logs").exists()
 
@@ -212,7 +211,7 @@ def test_training_settings_refused_naming_the_key(sections, key, words):
     ("model.model_config.batch_size=1", "model.model_config.batch_size: 1 but data.micro_batch_size is 2"),
 ])
 def test_what_the_runtime_cannot_do_is_refused_before_launch(override, words, tmp_path):
-    p = run_cli("train", MF, "--set", override, "--run-dir", str(tmp_path / "run"), timeout=60)
+    p = run_main("train", MF, "--set", override, "--run-dir", str(tmp_path / "run"))
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], p.stderr
@@ -287,7 +286,7 @@ def test_every_shipped_recipe_passes_the_key_check():
 ])
 @pytest.mark.parametrize("command", ["plan", "check", "simulate"])
 def test_generated_data_keys_checked_by_the_planning_commands_too(command, override, words):
-    p = run_cli(command, TINY, "--set", override, timeout=60)
+    p = run_main(command, TINY, "--set", override)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], p.stderr
 

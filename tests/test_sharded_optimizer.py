@@ -8,7 +8,7 @@ from hyperparallel.mpipe.ir import ALLGATHER, ALLREDUCE, WEIGHTS
 from hyperparallel.mpipe.profile import LinkProfile
 from hyperparallel.recipe import checked_plan, load_recipe
 
-from conftest import recipe
+from helpers import recipe
 
 TINY = recipe("tiny_mllm.yaml")
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import recipe
+from helpers import recipe
 
 
 def test_json_one_schedule_is_one_object_with_exact_closed_form(cli):

@@ -129,7 +129,7 @@ def test_profile_tied_entries_are_checked():
 def test_a_plan_that_ties_what_the_model_does_not_is_refused_before_launch(tmp_path):
     pytest.importorskip("transformers")
     from hyperparallel.runconfig import run_config_of
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path), 8, seed=3)
     r = load_recipe(Q25, [f"data.{k}={v}" for k, v in sorted(paths.items())])
     r.profile = replace(r.profile, tied=(TiedWeight("word_embeddings", "llm", (0, 3), 1.0),))

@@ -169,7 +169,7 @@ NOISE = ("Config not found for parakeet", "FutureWarning", "loss_type=None")   #
 @pytest.fixture(scope="module")
 def qwen_demo(tmp_path_factory):
     pytest.importorskip("mindone", reason="mindone is not installed")
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path_factory.mktemp("qdemo")), 24, seed=3, videos=False)
     return [a for k, v in sorted(paths.items()) for a in ("--set", f"data.{k}={v}")]
 

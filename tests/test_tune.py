@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import recipe
+from helpers import recipe
 from hyperparallel.mpipe.profile import parse_profile
 from hyperparallel.recipe import load_recipe
 from hyperparallel.recipe.mindformers import layer_layout, offset_of

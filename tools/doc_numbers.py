@@ -168,8 +168,8 @@ def balance_replay() -> str:
     """``simulate --data-steps 40`` on the skewed mix (written to a temp dir as docs/data.md's command writes it),
     with the profile the bench run measured."""
     import tempfile
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    from make_demo_data import write_demo
+    sys.path.insert(0, ROOT)
+    from hyperparallel.data.demo import write_demo
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_demo(tmp, SKEWED_DATA["num_samples"], SKEWED_DATA["seed"], skewed=SKEWED_DATA["skewed"])
         objs = simulate(BALANCE_PROFILE, *BALANCE_CASES, extra=("--data-steps", "40"),

@@ -22,7 +22,6 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 
 def count(recipe_path: str, steps: int, overrides=()) -> dict:
@@ -68,7 +67,7 @@ def main(argv=None) -> int:
     overrides = list(args.overrides)
     with tempfile.TemporaryDirectory() as tmp:
         if args.demo:
-            from make_demo_data import write_demo
+            from hyperparallel.data.demo import write_demo
             overrides += [f"data.{k}={v}" for k, v in sorted(write_demo(os.path.join(tmp, "demo")).items())]
         try:
             res = count(args.recipe, args.steps, overrides)

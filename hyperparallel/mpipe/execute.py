@@ -31,7 +31,6 @@ class Timed:
 @dataclass
 class Execution:
     timeline: Dict[int, List[Timed]] = field(default_factory=dict)
-    makespan: float = 0.0
     step_ends: List[float] = field(default_factory=list)
 
 
@@ -155,6 +154,5 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
         if not progress:
             stuck = [blocked_on(d) for d in range(P) if pc[d] < total[d]]
             raise PlanError("deadlock: " + "; ".join(stuck))
-    ex.makespan = max([max(host[d], lane[d]) for d in range(P)] + [0.0])
     ex.step_ends = step_end
     return ex

@@ -347,13 +347,3 @@ def check_batch_size(raw: dict, micro_batch_size: int, data_key: str = "data.mic
         if v != micro_batch_size:
             raise SpecError(key, f"{v!r} but {data_key} is {micro_batch_size}; a micro-batch has one size "
                                  "(give the same value)")
-
-
-def optional_section(raw: dict, name: str) -> Optional[dict]:
-    """``raw[name]`` when it is a mapping, None when absent; SpecError when it is something else."""
-    v = raw.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise SpecError(name, f"must be a mapping, got {v!r}")
-    return v
