@@ -264,7 +264,7 @@ def test_a_tokenizer_with_id_gaps_must_fit_the_models_vocabulary(tmp_path):
 def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_first_names(tmp_path):
     """The ranks build the model and refuse weights of another shape (SpecError -> 'input refused' -> exit 2)."""
     pytest.importorskip("mindone", reason="mindone is not installed")
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.models.qwen_vl_cells import load_hf_weights
     from hyperparallel.mpipe.errors import SpecError
     from hyperparallel.recipe import load_recipe

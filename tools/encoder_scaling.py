@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 
 def measure(recipe_path: str, images, repeats: int, overrides=()) -> dict:
     import numpy as np
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.mpipe.errors import SpecError
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of

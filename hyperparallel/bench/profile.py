@@ -25,8 +25,7 @@ from ..util import median, output_file, write_text
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
 PIPELINE_KINDS = ("F", "B", "W", "BW")  # compute actions whose in-pipeline times set the costs
-HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH_WORKER = os.path.join(HERE, "worker.py")
+BENCH_WORKER = "hyperparallel.bench.worker"   # the msrun entry (a module: launch runs python -m it)
 
 
 def prepare(args):

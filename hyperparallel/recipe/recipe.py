@@ -17,7 +17,7 @@ the ``mpipe:`` section:
   is flagged by plan/simulate and refused by train (:mod:`.memory`);
 * ``compile``: ``jit`` (default) or ``eager``, how the ranks run every chunk's forward, and
   ``compile_fallback``: ``error`` (default) or ``eager``, what a rank does when a compile fails
-  (:mod:`hyperparallel.mindspore.compiled`).
+  (:mod:`hyperparallel.runtime.compiled`).
 
 A MindFormers config (``model:`` with ``model_config`` or ``arch``) is planned as MindFormers
 runs it: V is 1 unless ``pipeline_interleave`` is true, and the language model's layers per

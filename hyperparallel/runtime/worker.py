@@ -1,4 +1,4 @@
-"""Entry point run by msrun on every rank: ``msrun ... hyperparallel/mindspore/worker.py JOB.json``.
+"""Entry point run by msrun on every rank: ``msrun ... python -m hyperparallel.runtime.worker JOB.json``.
 
 The job file (written by :mod:`hyperparallel.launch`) holds one or more cases,
 each a recipe (raw dict, overrides applied), its derived plan (JSON), the step
@@ -12,17 +12,9 @@ dumps its losses, the step-0 gradients it holds and its memory records, for equi
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
-
-if __name__ == "__main__":
-    # msrun runs this file as a script: drop its folder from sys.path (its module names
-    # must not shadow anything) and import the package from the repository root instead.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
-
-import json
 
 import numpy as np
 
@@ -47,7 +39,7 @@ def _resume(case: dict, rt, name: str) -> int:
     """The case's checkpoint (``resume_from``, resolved by the launcher, or with ``resume`` the newest
     complete step of ``save_dir``) restored; returns the first step. A checkpoint that does not fit
     stops every rank with exit status 2 and a ``REFUSED`` line."""
-    from hyperparallel.mindspore.ckpt_files import REFUSED, CheckpointError, Source, resolve
+    from hyperparallel.runtime.ckpt_files import REFUSED, CheckpointError, Source, resolve
     try:
         if case.get("resume_from"):
             src = Source.from_json(case["resume_from"])
@@ -112,16 +104,16 @@ SAVE_FAILED_EXIT = 74   # a rank's exit status when a checkpoint could not be wr
 def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> bool:
     """Train one case; True when it stopped early on a signal (the job's later cases are skipped).
     ``pool``: compiled chunks kept from the job's earlier cases (:class:`~.compiled.GraphPool`)."""
-    from hyperparallel.mindspore.checkpoint import SaveError, recipe_hash
-    from hyperparallel.mindspore.ckpt_files import step_dir
-    from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
-    from hyperparallel.mindspore.job import case_runtime, encoder_record
-    from hyperparallel.mindspore.memory import rank_memory
-    from hyperparallel.mindspore.stop import STOPPED
+    from hyperparallel.runtime.checkpoint import SaveError, recipe_hash
+    from hyperparallel.runtime.ckpt_files import step_dir
+    from hyperparallel.runtime.hooks import Chain, FaultInjection, Progress
+    from hyperparallel.runtime.job import case_runtime, encoder_record
+    from hyperparallel.runtime.memory import rank_memory
+    from hyperparallel.runtime.stop import STOPPED
     from hyperparallel.watch import Heartbeat
 
-    from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
-    from hyperparallel.mindspore.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep, json_line
+    from hyperparallel.runtime.ckpt_files import REFUSED_INPUT
+    from hyperparallel.runtime.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep, json_line
     from hyperparallel.mpipe.errors import SpecError
     comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
     hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
@@ -162,7 +154,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     if comm.rank == 0:
         print(f"[{name}] {rc.train.describe(int(case.get('schedule_steps') or steps))}", flush=True)
         if counts:
-            from hyperparallel.mindspore.rank import parameters_line
+            from hyperparallel.runtime.rank import parameters_line
             print(f"[{name}] {parameters_line(counts, rt.plan.regions())}", flush=True)
         if skipped:
             print(f"[{name}] data: {skipped} bad sample(s) skipped (hyperparallel data check lists them)", flush=True)
@@ -232,7 +224,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
     if comm.rank == 0 and log.steps_skipped:
         print(f"[{name}] train.nonfinite: skip: {log.steps_skipped} of {steps - start} step(s) skipped (a "
               "non-finite loss or grad norm; no update)", flush=True)
-    from hyperparallel.mindspore.compiled import summary
+    from hyperparallel.runtime.compiled import summary
     line = summary(rt.bodies, comm.rank)
     if line:
         print(f"[{name}] {line}", flush=True)
@@ -256,19 +248,19 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
 
 
 def main(argv=None) -> int:
-    from hyperparallel.mindspore.job import end_job, start_job
-    from hyperparallel.mindspore.stop import StopRequest
+    from hyperparallel.runtime.job import end_job, start_job
+    from hyperparallel.runtime.stop import StopRequest
     argv = sys.argv[1:] if argv is None else argv
     job = start_job(argv)
     # the rank's own grace is the launcher's plus a margin: it matters only when the launcher is gone
     stopper = StopRequest(int(os.environ.get("RANK_ID", 0) or 0), float(job.get("stop_grace_s", 30.0)) + 5.0)
     stopper.install()   # a signal during init() is acted on after it (stop after the first step)
-    from hyperparallel.mindspore.comm import Comm
+    from hyperparallel.runtime.comm import Comm
     comm = Comm(1)   # each case takes its own data-parallel view (Comm.with_data_parallel)
     stopper.rank = comm.rank
     stopper.install()   # again: init() may have set handlers of its own
     beat_dir = os.path.dirname(os.path.abspath(argv[0]))
-    from hyperparallel.mindspore.compiled import GraphPool
+    from hyperparallel.runtime.compiled import GraphPool
     pool = GraphPool()   # a later case of the same chunk runs the graphs an earlier one compiled
     for case in job["cases"]:
         if run_case(case, comm, stopper, beat_dir, pool):
