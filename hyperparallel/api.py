@@ -76,7 +76,7 @@ class Runtime:
         rc = run_config_of(recipe)
         refuse_sharded_optimizer(plan, rc.train)
         if getattr(rc.data, "balance", "none") != "none":
-            from .mpipe.errors import SpecError
+            from .errors import SpecError
             raise SpecError("data.balance", f"{rc.data.balance}: Runtime.step trains the micro-batches it is given "
                                             "as they are (no data source to regroup); give data.balance: none")
         rt = cls(plan, rc.model, rc.train, rc.device, rc.compile, rc.compile_fallback)

@@ -63,7 +63,7 @@ def msrun_overrides(world: int) -> Dict[str, str]:
 
     Raises SpecError naming the flag when it is unknown or contradicts the plan's rank count.
     """
-    from .mpipe.errors import SpecError
+    from .errors import SpecError
     out: Dict[str, str] = {}
     words = shlex.split(os.environ.get("HP_MSRUN_ARGS", ""))
     i = 0
@@ -122,7 +122,7 @@ def device_present(device: str) -> bool:
 def preflight(world: int, device: str) -> Dict[str, str]:
     """What a launch checks before msrun starts: the device is here, ``HP_MSRUN_ARGS`` fits the plan
     (returns its flags). SpecError naming the key or flag."""
-    from .mpipe.errors import SpecError
+    from .errors import SpecError
     if not device_present(device):
         raise SpecError("device", f"{device}, but this machine has no {device} device (/dev/davinci*): run it on an "
                                   "Ascend machine; plan and simulate work here (and train with --set device=CPU where "

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe import load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -150,7 +150,7 @@ def test_join_false_is_refused_for_a_recipe_before_launch():
     assert r.returncode == 2 and r.stdout == "" and "--join False is not supported for a recipe" in r.stderr
     assert "--join=False" in run(MSRUN, "--dry-run", "--join=False", "x.py").stdout   # msrun's own script: as given
     from hyperparallel.launch import msrun_overrides
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     os.environ["HP_MSRUN_ARGS"] = "--join=False"
     try:
         with pytest.raises(SpecError, match=r"^HP_MSRUN_ARGS --join: False is not supported: hyperparallel waits"):

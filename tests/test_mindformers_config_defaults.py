@@ -14,7 +14,7 @@ import os
 import pytest
 
 from conftest import ROOT
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe import load_recipe
 from hyperparallel.recipe import recipe as recipe_reader
 from hyperparallel.recipe.train import TrainConfig

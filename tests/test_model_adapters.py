@@ -266,7 +266,7 @@ def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_fi
     pytest.importorskip("mindone", reason="mindone is not installed")
     from hyperparallel.runtime import compat
     from hyperparallel.models.qwen_vl_cells import load_hf_weights
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of
     from make_demo_data import write_demo
@@ -318,7 +318,7 @@ def demo_sets(tmp_path_factory):
 ])
 def test_hugging_face_fields_the_class_does_not_read_are_refused(demo_sets, name, sets, words):
     """transformers keeps an unknown field as an attribute nobody reads: it trained the default, silently."""
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import derive_recipe, load_recipe
     from hyperparallel.runconfig import run_config_of
     rec = load_recipe(recipe(name), demo_sets + sets)
@@ -359,7 +359,7 @@ def test_fields_of_a_hugging_face_directory_are_hugging_faces_own(demo_sets, tmp
 
 def test_mindformers_llama_lora_is_refused_not_trained_in_full(tmp_path):
     """pet_config: {pet_type: lora} trained the whole model silently."""
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import derive_recipe, load_recipe
     from hyperparallel.runconfig import run_config_of
     rec = load_recipe(MF, ["model.model_config.pet_config={pet_type: lora, lora_rank: 8, lora_alpha: 16}"])

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe.train import TrainConfig, yaml_float
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

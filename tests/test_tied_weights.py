@@ -16,7 +16,7 @@ from helpers import profile
 from hyperparallel.mpipe import derive
 from hyperparallel.mpipe.check import check
 from hyperparallel.mpipe.cost import simulate
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.ir import ALLREDUCE, TIED, W, Plan
 from hyperparallel.mpipe.profile import TiedWeight, parse_profile
 from hyperparallel.recipe import load_recipe, checked_plan

@@ -17,7 +17,7 @@ import pytest
 
 from hyperparallel import runlock
 from hyperparallel.runtime import ckpt_files as cf
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")

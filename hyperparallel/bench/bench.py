@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from ..mpipe.errors import PlanError, SpecError
+from ..errors import PlanError, SpecError
 from ..util import error, median, output_file, quantile, slug, write_text
 from ..recipe.cases import split_case
 from .profile import BENCH_WORKER

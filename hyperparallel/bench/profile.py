@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 
 import yaml
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..util import median, output_file, write_text
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
@@ -399,7 +399,7 @@ def measured_profile(recipe, plan, rounds: List[List[dict]], reference=None):
 
 
 def run(args) -> int:
-    from ..mpipe.errors import PlanError
+    from ..errors import PlanError
     from ..util import error, slug
     try:
         recipe, rc, plan = prepare(args)

@@ -12,7 +12,7 @@ import re
 import sys
 import time
 
-from ..mpipe.errors import PlanError, SpecError
+from ..errors import PlanError, SpecError, whole
 from ..recipe import schema
 from ..util import error as _error, output_file, slug, writable_dir
 
@@ -61,12 +61,10 @@ def run_steps(flag, raw: dict, train, usable, samples_per_step: int):
         return train.steps, "train.steps"
     rcfg = raw.get("runner_config") if isinstance(raw.get("runner_config"), dict) else {}
     stop = rcfg.get("stop_step") or 0
-    if not isinstance(stop, int) or isinstance(stop, bool) or stop < 0:
-        raise SpecError("runner_config.stop_step", f"must be a whole number >= 0, got {stop!r}")
+    whole("runner_config.stop_step", stop, 0)
     if "epochs" in rcfg:
         ep = rcfg["epochs"]
-        if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
-            raise SpecError("runner_config.epochs", f"must be a whole number >= 1, got {ep!r}")
+        whole("runner_config.epochs", ep)
         if usable is None:
             if stop:
                 return stop, "runner_config.stop_step"

@@ -114,7 +114,7 @@ def run_case(case: dict, comm, stopper=None, beat_dir: str = "", pool=None) -> b
 
     from hyperparallel.runtime.ckpt_files import REFUSED_INPUT
     from hyperparallel.runtime.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep, json_line
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
     hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
     progress = Progress(hb, comm) if hb else None
