@@ -53,9 +53,9 @@ class Runtime:
                  compile_fallback: str = "error"):
         import os
         os.environ.setdefault("GLOG_v", "3")
-        from .mindspore import compat
-        from .mindspore.comm import Comm
-        from .mindspore.rank import RankRuntime
+        from .runtime import compat
+        from .runtime.comm import Comm
+        from .runtime.rank import RankRuntime
         from .recipe.train import TrainConfig
 
         adapter.check_device(device)
@@ -76,7 +76,7 @@ class Runtime:
         rc = run_config_of(recipe)
         refuse_sharded_optimizer(plan, rc.train)
         if getattr(rc.data, "balance", "none") != "none":
-            from .mpipe.errors import SpecError
+            from .errors import SpecError
             raise SpecError("data.balance", f"{rc.data.balance}: Runtime.step trains the micro-batches it is given "
                                             "as they are (no data source to regroup); give data.balance: none")
         rt = cls(plan, rc.model, rc.train, rc.device, rc.compile, rc.compile_fallback)
@@ -120,8 +120,8 @@ class Runtime:
     def save(self, save_dir: str, fmt: str = "safetensors") -> str:
         """Checkpoint ``SAVE_DIR/step_<N>/`` in MindSpore's format (every rank calls it; see README
         "Checkpoints"). Returns the step directory."""
-        from .mindspore.checkpoint import recipe_hash
-        from .mindspore.ckpt_files import step_dir
+        from .runtime.checkpoint import recipe_hash
+        from .runtime.ckpt_files import step_dir
         raw = getattr(getattr(self, "recipe", None), "raw", None) or {}
         meta = {"recipe_hash": recipe_hash(raw), "schedule": self.plan.meta.get("schedule_name")}
         self.rank_runtime.saver(save_dir, fmt, meta).save(self.next_step)
@@ -130,7 +130,7 @@ class Runtime:
     def load(self, path: str) -> int:
         """Restore a checkpoint (save directory: its newest complete step; a step directory; or a
         plain single-process MindSpore file); returns the step training continues from."""
-        from .mindspore.ckpt_files import resolve
+        from .runtime.ckpt_files import resolve
         return self.rank_runtime.restore(resolve(path))[0]
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from .bench import bench, profile
 from .commands import data, flags, plan, simulate, train, tune
-from .mpipe.errors import PlanError, SpecError
+from .errors import PlanError, SpecError
 from .util import error, writable_dir
 
 

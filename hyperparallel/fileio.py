@@ -8,7 +8,7 @@ def jsonl_rows(path: str):
     not a complete JSON object (a write cut short, e.g. by a full disk) is left out, ``note`` saying so
     ('' otherwise); such a line before the last: SpecError naming the file and the line number."""
     import json
-    from .mpipe.errors import SpecError
+    from .errors import SpecError
     with open(path, errors="replace") as f:
         lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
     rows, note = [], ""

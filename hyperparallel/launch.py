@@ -4,12 +4,12 @@ No MindSpore import here: the launcher only builds the msrun command, streams
 rank 0's progress lines, and on failure names the rank that failed from
 ``LOG_DIR/worker_N.log``. A watchdog stops the whole job soon after any worker
 dies (msrun itself may wait for the survivors, which block in a receive until MCCL's timeout,
-:func:`hyperparallel.mindspore.compat.comm_timeouts`), and, with ``hang_timeout_s``, when no rank has moved
+:func:`hyperparallel.runtime.compat.comm_timeouts`), and, with ``hang_timeout_s``, when no rank has moved
 for that long (the ranks' heartbeats, :mod:`hyperparallel.watch`), naming the rank that stopped.
 
 Signals (preemption): the first SIGTERM/SIGINT/SIGHUP is forwarded to this node's ranks (SIGINT as
 SIGINT, so that the ranks' stop line names what was sent; SIGTERM and SIGHUP as SIGTERM), which finish
-their step, save it and exit (:mod:`hyperparallel.mindspore.stop`); a second signal or
+their step, save it and exit (:mod:`hyperparallel.runtime.stop`); a second signal or
 ``stop_grace_s`` running out kills them at once. msrun dying under the ranks (SIGTERM to msrun) is
 handled the same way. The launcher never returns while a rank it started is alive: msrun starts every
 worker in a session of its own, so the ranks are found as msrun's children (``MS_ROLE=MS_WORKER``)
@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mindspore", "worker.py")
+# the msrun entry, a module run with ``python -m`` (a script's own folder would lead sys.path)
+WORKER_SCRIPT = "hyperparallel.runtime.worker"
 
 
 def free_port() -> int:
@@ -53,7 +54,7 @@ MSRUN_FLAGS = ("worker_num", "local_worker_num", "master_addr", "master_port", "
 PREEMPTED = 75     # stopped on a signal after a complete step (checkpointed with --save-dir): --resume
 SAVE_FAILED = 74   # a checkpoint could not be written (path and OS error named)
 # a step's loss or grad norm was NaN/infinite (train.nonfinite: stop), the step named (65, pure Python module)
-from .mindspore.nonfinite import NONFINITE_EXIT as NONFINITE  # noqa: E402
+from .runtime.nonfinite import NONFINITE_EXIT as NONFINITE  # noqa: E402
 HUNG = 124         # no rank moved for train.hang_timeout_s (the rank named), or the job's --timeout
 
 
@@ -62,7 +63,7 @@ def msrun_overrides(world: int) -> Dict[str, str]:
 
     Raises SpecError naming the flag when it is unknown or contradicts the plan's rank count.
     """
-    from .mpipe.errors import SpecError
+    from .errors import SpecError
     out: Dict[str, str] = {}
     words = shlex.split(os.environ.get("HP_MSRUN_ARGS", ""))
     i = 0
@@ -121,7 +122,7 @@ def device_present(device: str) -> bool:
 def preflight(world: int, device: str) -> Dict[str, str]:
     """What a launch checks before msrun starts: the device is here, ``HP_MSRUN_ARGS`` fits the plan
     (returns its flags). SpecError naming the key or flag."""
-    from .mpipe.errors import SpecError
+    from .errors import SpecError
     if not device_present(device):
         raise SpecError("device", f"{device}, but this machine has no {device} device (/dev/davinci*): run it on an "
                                   "Ascend machine; plan and simulate work here (and train with --set device=CPU where "
@@ -141,8 +142,9 @@ def msrun_command(job_path: str, world: int, log_dir: str, port: int,
     program = msrun_path()
     if int(flags.get("node_rank", 0)) > 0 and _is_this_machine(flags.get("master_addr", "127.0.0.1")):
         # another node of the job on node 0's machine: msrun would start a second scheduler (compat.msrun_node)
-        program = [sys.executable, "-m", "hyperparallel.mindspore.compat"]
-    return program + [f"--{k}={v}" for k, v in flags.items()] + [script, job_path]
+        program = [sys.executable, "-m", "hyperparallel.runtime.compat"]
+    entry = [script] if script.endswith(".py") else ["python", "-m", script]   # a file or a module
+    return program + [f"--{k}={v}" for k, v in flags.items()] + entry + [job_path]
 
 
 def _is_this_machine(addr: str) -> bool:
@@ -188,7 +190,7 @@ def _read(path: str) -> str:
 
 def _rank_pid(text: str) -> Optional[int]:
     """The pid in a worker log's start line (``hyperparallel worker rank R pid P``, written by
-    :func:`hyperparallel.mindspore.job.start_job`), or None."""
+    :func:`hyperparallel.runtime.job.start_job`), or None."""
     m = re.search(r"hyperparallel worker rank \S+ pid (\d+)", text)
     return int(m.group(1)) if m else None
 
@@ -238,7 +240,7 @@ def _msrun_report(log_dir: str, rank: int) -> str:
 
 def _progress(line: str) -> bool:
     """Rank 0's lines the console shows: steps, the run's settings and parameters, checkpoint saves and resumes."""
-    from .mindspore.nonfinite import NONFINITE
+    from .runtime.nonfinite import NONFINITE
     if line.startswith(NONFINITE):   # reported once, in the error line
         return False
     return (" step " in line or "job finished" in line or "resumed" in line or line.startswith("saved ")
@@ -392,19 +394,19 @@ def _rank_line(log_dir: str, ranks, prefix: str) -> str:
 
 def _stop_line(log_dir: str, ranks: List[int]) -> str:
     """A rank's ``stopped on signal: ...`` line (rank 0's, if this node has it), or ''."""
-    from .mindspore.stop import STOPPED
+    from .runtime.stop import STOPPED
     return _rank_line(log_dir, ranks, STOPPED)
 
 
 def _nonfinite_stop(log_dir: str, world: int) -> str:
     """The ranks' line about a step stopped for a NaN/infinite loss or grad norm ('' when none)."""
-    from .mindspore.nonfinite import NONFINITE
+    from .runtime.nonfinite import NONFINITE
     return _rank_line(log_dir, range(world), NONFINITE)
 
 
 def _save_failure(log_dir: str, world: int) -> str:
     """A rank's line about a checkpoint it could not write ('' when none)."""
-    from .mindspore.ckpt_files import SAVE_FAILED
+    from .runtime.ckpt_files import SAVE_FAILED
     return _rank_line(log_dir, range(world), SAVE_FAILED)
 
 
@@ -435,7 +437,7 @@ def launch(job: dict, world: int, log_dir: str, timeout_s: float = 3600, echo: b
     """Run the job on ``world`` ranks; returns when it ends, fails, hangs, is stopped or times out, and
     never while a rank it started is alive (see the module docstring).
 
-    ``script``: the msrun entry (default the training worker; ``hyperparallel bench``
+    ``script``: the msrun entry, a module or a ``.py`` file (default the training worker; ``hyperparallel bench``
     and ``hyperparallel profile`` pass their own). ``grace_s``: once a rank is seen dead (its traceback, a
     fault line, msrun's report of its exit, or its process gone without its done file), how long its last
     lines get to reach the logs before every rank is stopped. ``hang_timeout_s``: the hang verdict on the ranks'
@@ -571,7 +573,7 @@ class _Watch:
 
     def done(self) -> None:
         """Every rank of this node is done: the ranks' teardown (1-2 s) and msrun's scheduler, which polls
-        for their exit every 5 s (see mindspore.job.end_job), add nothing: end msrun and the ranks now
+        for their exit every 5 s (see runtime.job.end_job), add nothing: end msrun and the ranks now
         (_end), status 0."""
         self.res.returncode = 0
 
@@ -749,7 +751,7 @@ def _end(proc, ranks: "_Ranks") -> None:
 
 # -- the guardian: nothing of a job outlives its launcher, even a SIGKILLed one -----------------------------
 
-GUARD_MARGIN_S = 10.0   # past the ranks' own grace (stop_grace_s + 5 s, mindspore.worker) before the guardian kills
+GUARD_MARGIN_S = 10.0   # past the ranks' own grace (stop_grace_s + 5 s, runtime.worker) before the guardian kills
 GUARD_REPORT = "launcher_gone.log"
 
 
@@ -763,7 +765,7 @@ class Guard:
     SIGTERM its parent-death signal (:func:`_die_with_parent`) brings, and a parent-death signal does not
     reach msrun's children; nor does anything wait for msrun's scheduler or for a rank that cannot stop.
     The guardian lets the ranks stop after their step as they do when msrun dies (SIGHUP,
-    :mod:`hyperparallel.mindspore.stop`), for up to ``grace_s``, then SIGKILLs what is left of the job:
+    :mod:`hyperparallel.runtime.stop`), for up to ``grace_s``, then SIGKILLs what is left of the job:
     msrun's process group (msrun, its scheduler, its log followers) and the job's ranks."""
 
     def __init__(self, proc: Optional[subprocess.Popen], fd: int):

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from .data import DataConfig, DataSource, data_config, data_source
 from .models import ModelAdapter, adapter_for
-from .mpipe.errors import SpecError
+from .errors import SpecError
 from .recipe import schema
 from .recipe.recipe import compile_settings, device_of
 from .recipe.train import TrainConfig, one_micro_batch_without_pipeline

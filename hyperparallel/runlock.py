@@ -27,7 +27,7 @@ import time
 import uuid
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from .mpipe.errors import SpecError
+from .errors import SpecError
 
 LOCK = ".hyperparallel.lock"
 _HELD = set()   # the tokens of the locks this process holds

@@ -40,7 +40,7 @@ def output_file(flag: str, path: str, suffixes: Sequence[str] = (), inputs: Sequ
     not a directory, its folder exists and is writable, (with ``suffixes``) it ends with one, and it is
     none of the ``inputs`` (files the command reads, e.g. its recipe: never overwritten by its output)."""
     import os
-    from .mpipe.errors import SpecError
+    from .errors import SpecError
     if not path:
         raise SpecError(flag, "empty file name")
     if os.path.isdir(path):
@@ -61,7 +61,7 @@ def output_file(flag: str, path: str, suffixes: Sequence[str] = (), inputs: Sequ
 def writable_dir(flag: str, path: str) -> str:
     """``path`` if it is (or can be created as) a writable directory; refused naming ``flag``."""
     import os
-    from .mpipe.errors import SpecError
+    from .errors import SpecError
     if not path:
         raise SpecError(flag, "empty directory name")
     if os.path.exists(path) and not os.path.isdir(path):

@@ -1,14 +1,14 @@
 """msrun worker of tests/test_mindspore_compat.py: rank 1 sends 35 s late; rank 0's receive must wait for it
-(the runtime's Comm raises MCCL's 30 s receive timeout, hyperparallel.mindspore.compat.comm_timeouts)."""
+(the runtime's Comm raises MCCL's 30 s receive timeout, hyperparallel.runtime.compat.comm_timeouts)."""
 import json
 import os
 import sys
 import time
 
-from hyperparallel.mindspore import compat
+from hyperparallel.runtime import compat
 
 compat.setup_device("CPU")
-from hyperparallel.mindspore.comm import Comm  # noqa: E402
+from hyperparallel.runtime.comm import Comm  # noqa: E402
 
 DELAY_S = 35.0
 comm = Comm(1)

@@ -33,7 +33,7 @@ def rank(r: int, log_dir: str, mode: str) -> None:
     def on_term(signum, frame):
         if mode == "stop":
             if r == 0:   # names the signal it got, as a real rank's StopRequest does
-                from hyperparallel.mindspore.stop import STOPPED
+                from hyperparallel.runtime.stop import STOPPED
                 print(f"{STOPPED}{signal.Signals(signum).name} after step 3/9; no --save-dir: nothing saved")
             sys.exit(0)
     for s in (signal.SIGTERM, signal.SIGINT):

@@ -118,9 +118,9 @@ def dumped(dump_dir: str, grads_of: str = "first"):
 def reference_run(recipe, steps: int):
     """(per-step losses, first step's grads by name, [every step's grads by name]) of the single-process
     reference of a loaded recipe."""
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import RunConfig
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
     ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num * recipe.data_parallel,
                     {r.name: r.trainable for r in recipe.profile.regions})
@@ -236,7 +236,7 @@ def chunk_param_bytes(raw: dict, plan) -> dict:
     for c in plan.chunks:
         k = (key, c.region, c.start, c.stop)
         if k not in _CHUNK_BYTES:
-            from hyperparallel.mindspore import compat
+            from hyperparallel.runtime import compat
             compat.setup_device("CPU")
             cell = RunConfig.from_raw(raw).model.build_chunk(c.region, c.start, c.stop)
             _CHUNK_BYTES[k] = sum(int(p.nbytes) for p in cell.get_parameters())
@@ -266,7 +266,7 @@ def assert_memory_predicted(case: dict, recipe) -> None:
     spill = any(a.step for p in plan.programs.values() for a in p)
     rep = simulate(plan, recipe.profile, steps=3 if spill else 1)
     size = chunk_param_bytes(case["raw"], plan)
-    # a sharded region's share: ceil(N / P) float32 elements of its N (hyperparallel.mindspore.sharded)
+    # a sharded region's share: ceil(N / P) float32 elements of its N (hyperparallel.runtime.sharded)
     static = static_memory(plan, lambda r, c: size[(r, c)], recipe.profile.optimizer_factor,
                            shard=lambda b, n: -(-(b // 4) // n) * 4)
     got = measured_memory(case["dump_dir"])

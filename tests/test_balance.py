@@ -282,8 +282,8 @@ _REF = {}
 
 def _reference(paths, norm, steps=STEPS):
     if norm not in _REF:
-        from hyperparallel.mindspore import compat
-        from hyperparallel.mindspore.reference import Reference
+        from hyperparallel.runtime import compat
+        from hyperparallel.runtime.reference import Reference
         from hyperparallel.runconfig import run_config_of
         compat.setup_device("CPU")
         recipe = load_recipe(RECIPE, overrides=_sets(paths, _extra("1f1b", norm=norm)))

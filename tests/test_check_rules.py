@@ -406,7 +406,7 @@ def test_every_broken_region_is_reported():
 
 def test_assert_valid_raises_the_first_finding_and_counts_the_rest():
     from hyperparallel.mpipe import assert_valid
-    from hyperparallel.mpipe.errors import PlanError
+    from hyperparallel.errors import PlanError
     good = _1f1b()
     assert assert_valid(good) is good
     plan = _1f1b()

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hyperparallel.mindspore import ckpt_files as cf
+from hyperparallel.runtime import ckpt_files as cf
 from hyperparallel.recipe import derive_recipe
 from hyperparallel.recipe import load_recipe
 
@@ -95,9 +95,9 @@ class FakeComm:
 
 def _ranks(schedule="transpose", overrides=()):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import RunConfig
-    from hyperparallel.mindspore.rank import RankRuntime
+    from hyperparallel.runtime.rank import RankRuntime
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE, overrides=list(overrides))
     plan = derive_recipe(recipe, schedule)
@@ -110,7 +110,7 @@ def _ranks(schedule="transpose", overrides=()):
 
 
 def write_checkpoint(save_dir, step, fmt="safetensors", schedule="transpose", overrides=()):
-    from hyperparallel.mindspore.checkpoint import recipe_hash
+    from hyperparallel.runtime.checkpoint import recipe_hash
     recipe, plan, ranks = _ranks(schedule, overrides)
     meta = {"recipe_hash": recipe_hash(recipe.raw), "schedule": schedule}
     savers = [rt.saver(save_dir, fmt, meta) for *_, rt in ranks]
@@ -162,7 +162,7 @@ def test_resolve_newest_complete_and_incomplete_ignored(saved, tmp_path):
 
 
 def test_restore_refuses_another_model(saved):
-    from hyperparallel.mindspore.checkpoint import restore
+    from hyperparallel.runtime.checkpoint import restore
     _, path, _ = saved
     _, _, ranks = _ranks("transpose", ("model.llm_dim=64",))
 
@@ -180,7 +180,7 @@ def test_restore_refuses_another_model(saved):
 
 
 def test_corrupt_ckpt_file_is_named(tmp_path):
-    from hyperparallel.mindspore.checkpoint import _index
+    from hyperparallel.runtime.checkpoint import _index
     path, _ = write_checkpoint(str(tmp_path / "ck"), 1, fmt="ckpt")
     f = os.path.join(path, "rank_0.ckpt")
     os.chmod(f, 0o600)
@@ -357,7 +357,7 @@ def test_every_file_of_a_step_is_covered_and_an_uncovered_or_changed_one_named(t
     """Saver records every file it writes into a step (config.json too, via ``extra_files``); a file
     written into the step afterwards, or a recorded one changed, is named by the one verdict."""
     d, _ = two_steps
-    from hyperparallel.mindspore.checkpoint import recipe_hash
+    from hyperparallel.runtime.checkpoint import recipe_hash
     recipe, plan, ranks = _ranks()
     meta = {"recipe_hash": recipe_hash(recipe.raw), "schedule": "transpose"}
     savers = [rt.saver(d, "safetensors", meta) for *_, rt in ranks]
@@ -499,7 +499,7 @@ def qwen_step(tmp_path_factory):
     and its config.json (what the ranks' Saver writes for it), sealed as the Saver seals a step."""
     pytest.importorskip("mindone", reason="mindone is not installed")
     import mindspore as ms
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.models import adapter_for
     compat.setup_device("CPU")
     adapter = adapter_for(load_recipe(QWEN).raw["model"], {}, 0)

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 
 from helpers import job_case, launch_cases  # noqa: E402
-from hyperparallel.mindspore import ckpt_files as cf  # noqa: E402
+from hyperparallel.runtime import ckpt_files as cf  # noqa: E402
 from hyperparallel.recipe import load_recipe  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,9 +44,9 @@ def metrics(run_dir):
 
 
 def _reference():
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import RunConfig
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE)
     rc = RunConfig.from_raw(recipe.raw)

@@ -228,7 +228,7 @@ def test_train_reference_flags_reach_the_reference(monkeypatch, tmp_path):
     # --resume-from reaches the reference as the resolved checkpoint; --no-digest skips its digests there
     import mindspore as ms
     import numpy as np
-    import hyperparallel.mindspore.ckpt_files as CF
+    import hyperparallel.runtime.ckpt_files as CF
     step = str(tmp_path / "single.safetensors")
     ms.save_checkpoint([{"name": "w", "data": ms.Tensor(np.zeros(2, np.float32))}], step, format="safetensors")
     digests, real = [], CF.resolve

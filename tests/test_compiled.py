@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe import load_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,7 +88,7 @@ def test_banner_says_per_region_whether_chunks_compile_and_why_before_launch():
 @pytest.fixture(scope="module")
 def ms_cpu():
     ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     compat.setup_device("CPU")
     return ms
 
@@ -98,7 +98,7 @@ def test_jit_graph_backward_fused_is_exact_and_split_is_as_recorded(ms_cpu):
     gives the weight grads only if ``compat.JIT_SPLITS_BACKWARD`` says so (fails when MindSpore changes)."""
     ms = ms_cpu
     from mindspore import nn, ops, Parameter, Tensor
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
 
     class Net(nn.Cell):
         def __init__(self):
@@ -154,7 +154,7 @@ def test_a_compiled_graph_sees_parameters_written_in_place_not_set_data(ms_cpu):
     before keeps the old buffer (fails when MindSpore changes that, then set_data would do)."""
     ms = ms_cpu
     from mindspore import Tensor
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
 
     x = Tensor(np.ones((1, 2), np.float32))
     a, b = _weight_net(), _weight_net()
@@ -172,7 +172,7 @@ def test_optimizer_state_loads_without_replacing_the_model_parameters(ms_cpu):
     them (a graph compiled before then reads stale weights; found when a GraphPool case resumed a
     checkpoint). compat.load_optimizer_state loads its own state and leaves the parameters' buffers."""
     from mindspore import nn, Parameter, Tensor
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
 
     net = _weight_net()
     opt = nn.Adam([net.w], learning_rate=0.1)
@@ -192,8 +192,8 @@ def test_optimizer_state_loads_without_replacing_the_model_parameters(ms_cpu):
 _FAILING = """
 import numpy as np
 from mindspore import nn, Tensor
-from hyperparallel.mindspore import compat
-from hyperparallel.mindspore.compiled import Body, CompileError
+from hyperparallel.runtime import compat
+from hyperparallel.runtime.compiled import Body, CompileError
 compat.setup_device("CPU")
 
 class Odd(nn.Cell):
@@ -233,7 +233,7 @@ def test_a_compile_failure_stops_naming_rank_and_chunk_or_falls_back_logged(ms_c
 
 def test_a_chunk_without_a_tensor_only_body_runs_eager_and_says_why(ms_cpu):
     from mindspore import nn
-    from hyperparallel.mindspore.compiled import Body
+    from hyperparallel.runtime.compiled import Body
     plain = Body(("vision", 0), nn.Dense(2, 2), "jit")
     assert plain.mode == "eager" and "no tensor-only body" in plain.reason
 
@@ -243,7 +243,7 @@ def test_the_ranks_follow_the_adapters_compile_reason(ms_cpu):
     eager with that reason even when its Cell could compile; '' for a Cell without a tensor-only body is an
     adapter's contradiction, refused naming the chunk; a one-device runtime of the tiny MLLM compiles what
     the adapter says compiles."""
-    from hyperparallel.mindspore.compiled import Body, build_bodies
+    from hyperparallel.runtime.compiled import Body, build_bodies
     model, _ = _model(TINY, "parallel_config.pipeline_stage=1")
     cell = model.build_chunk("llm", 0, model.depth("llm"))
     assert Body(("llm", 0), cell, "jit", reason="").mode == "jit"
@@ -261,8 +261,8 @@ def test_parameters_line_counts_each_parameter_once_trainable_or_frozen(ms_cpu):
     """What trains, per region, for the start banner: a frozen encoder's parameters counted frozen, the
     LLM's trainable, every parameter once (a replicated encoder's copies on two ranks merged by name), the
     numbers those of the whole model the adapter builds."""
-    from hyperparallel.mindspore.comm import LocalComm
-    from hyperparallel.mindspore.rank import RankRuntime, parameters_line
+    from hyperparallel.runtime.comm import LocalComm
+    from hyperparallel.runtime.rank import RankRuntime, parameters_line
     from hyperparallel.recipe import checked_plan
     from hyperparallel.runconfig import run_config_of
     recipe = load_recipe(TINY, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b", "mpipe.compile=eager",
@@ -287,12 +287,12 @@ def test_parameters_line_counts_each_parameter_once_trainable_or_frozen(ms_cpu):
 @pytest.fixture(scope="module")
 def one_device_runs(ms_cpu):
     """2 steps of the tiny MLLM on one device, per backward order and compile mode; the reference."""
-    from hyperparallel.mindspore.comm import LocalComm
-    from hyperparallel.mindspore.rank import RankRuntime
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime.comm import LocalComm
+    from hyperparallel.runtime.rank import RankRuntime
+    from hyperparallel.runtime.reference import Reference
     from hyperparallel.recipe import checked_plan
     from hyperparallel.runconfig import run_config_of
-    from hyperparallel.mindspore.compiled import GraphPool
+    from hyperparallel.runtime.compiled import GraphPool
     ov = ["parallel_config.pipeline_stage=1", "train.steps=2", "mpipe.schedule=1f1b"]
     out = {}
     pool = GraphPool()   # 1f1b runs twice through it: the second run takes the first one's compiled chunks
@@ -354,7 +354,7 @@ def test_a_later_case_runs_the_graphs_an_earlier_one_compiled(one_device_runs):
 
 
 def test_pool_keys_tell_apart_what_builds_a_different_chunk():
-    from hyperparallel.mindspore.compiled import pool_key
+    from hyperparallel.runtime.compiled import pool_key
     base = pool_key({"type": "tiny", "hidden": 8}, {"seq": 4}, 0, "llm", 0, 2)
     assert base == pool_key({"hidden": 8, "type": "tiny"}, {"seq": 4}, 0, "llm", 0, 2)
     for other in (pool_key({"type": "tiny", "hidden": 16}, {"seq": 4}, 0, "llm", 0, 2),
@@ -377,7 +377,7 @@ def test_the_loss_scale_reaches_the_graph_as_a_tensor_not_a_constant(ms_cpu):
     """A Python float reaching a jit graph is a compile-time constant: a loss scale that changes per micro-batch
     (answer tokens vary on real data) would compile the last chunk once per value. The last chunk's graph
     inputs carry it as a tensor, so two scales give one graph signature."""
-    from hyperparallel.mindspore.compiled import _signature
+    from hyperparallel.runtime.compiled import _signature
     from hyperparallel.runconfig import run_config_of
     rc = run_config_of(load_recipe(TINY))
     depth = rc.model.depth("llm")

@@ -6,7 +6,7 @@ from hyperparallel.recipe import derive_recipe, load_recipe
 from hyperparallel.mpipe.cost import ring_ms, simulate
 from hyperparallel.mpipe.ir import ALLREDUCE, BROADCAST, F
 from hyperparallel.mpipe.profile import LinkProfile
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.orders import ORDERS, validate
 
 from helpers import recipe

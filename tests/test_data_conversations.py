@@ -497,10 +497,10 @@ def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
     on the model input's first read) happens inside a callable the interpreter wrapped as ``data``."""
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.bench.measure import local_plan
-    from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.comm import LocalComm
-    from hyperparallel.mindspore.hooks import Hooks
-    from hyperparallel.mindspore.rank import RankRuntime
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.comm import LocalComm
+    from hyperparallel.runtime.hooks import Hooks
+    from hyperparallel.runtime.rank import RankRuntime
     from hyperparallel.recipe import checked_plan
     from hyperparallel.runconfig import run_config_of
     compat.setup_device("CPU")
@@ -528,9 +528,9 @@ def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
 
 def test_loss_falls_on_the_demo_data(clean):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import run_config_of
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE, overrides=_sets(clean))
     ref = Reference(run_config_of(recipe), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
@@ -566,9 +566,9 @@ def _dumped(case):
 
 
 def _reference(paths, extra=(), steps=STEPS):
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import run_config_of
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE, overrides=_sets(paths, list(extra)))
     ref = Reference(run_config_of(recipe), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})

@@ -254,7 +254,7 @@ def test_tokenizer_without_a_qwen_token_or_with_other_ids_is_refused(tmp_path, d
 def test_bad_pixel_keys_are_refused_naming_the_key(demo):
     with pytest.raises(ValueError, match=r"^data.min_pixels: 5000 > data.max_pixels 4096$"):
         _cfg(demo, min_pixels=5000)
-    with pytest.raises(ValueError, match=r"^data.max_pixels: must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"^data.max_pixels: must be a whole number >= 1"):
         _cfg(demo, max_pixels=0)
     with pytest.raises(ValueError, match=r"^data.image_std: must be > 0"):
         _cfg(demo, image_std=[0.5, 0.0, 0.5])
@@ -278,7 +278,7 @@ def test_keys_of_the_other_layout_are_refused(demo):
     merge.close()
     with pytest.raises(ValueError, match=r"^model: data_format\(\) format 'nope' unknown"):
         _source(demo, fmt={"format": "nope"})
-    with pytest.raises(ValueError, match=r"^model: data_format\(\) merge_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"^model.data_format\(\).merge_size: must be a whole number >= 1"):
         _source(demo, fmt=dict(FMT, merge_size=0))
 
 

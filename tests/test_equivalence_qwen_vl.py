@@ -94,7 +94,7 @@ def assert_matches(demo, case, micro=M2, steps=STEPS):
 def hf_dir(tmp_path_factory, demo):
     """A Hugging Face model directory (``save_pretrained``: the hub's names) of the tiny Qwen2.5-VL with
     other weights than the recipe's seed gives."""
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import run_config_of
     compat.setup_device("CPU")
     rc = run_config_of(load_recipe(Q25, _overrides(demo, False) + ["train.seed=123"]))
@@ -105,7 +105,7 @@ def hf_dir(tmp_path_factory, demo):
 
 @pytest.fixture(scope="module")
 def two_rank(tmp_path_factory, demo, hf_dir):
-    from hyperparallel.mindspore.ckpt_files import resolve
+    from hyperparallel.runtime.ckpt_files import resolve
     tmp = str(tmp_path_factory.mktemp("qwen2"))
     cases = [_case(tmp, demo, Q25, s, fz, ex) for s, fz, ex in CASES_25]
     cases += [_case(tmp, demo, Q3, s, fz, ex) for s, fz, ex in CASES_3]
@@ -193,7 +193,7 @@ def test_qwen3_vl_tied_embeddings_train_like_mindones_tied_model(two_rank, demo,
 def test_tied_checkpoint_keeps_one_value_per_name_and_resumes_exactly_under_another_schedule(two_rank, demo):
     """zbv's checkpoint of the tied model: the embedding (and its moments) once, in rank 0's file; resumed
     under 1f1b (the copies on two ranks, both loaded from that one name) the 4th step's loss is the reference's."""
-    from hyperparallel.mindspore.ckpt_files import safetensors_header
+    from hyperparallel.runtime.ckpt_files import safetensors_header
     cases, _ = two_rank
     zbv = cases[_name(Q25, "zbv", False, TIE + INTERLEAVE)]
     step = os.path.join(zbv["save_dir"], "step_2")
@@ -221,12 +221,12 @@ def test_tied_checkpoint_exports_hugging_faces_tied_form(two_rank, tmp_path):
     p = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", step, "--export-hf", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    from hyperparallel.mindspore.ckpt_files import safetensors_header
+    from hyperparallel.runtime.ckpt_files import safetensors_header
     names = set(safetensors_header(str(out / "model.safetensors")))
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     with open(out / "config.json") as f:
         assert json.load(f)["text_config"]["tie_word_embeddings"] is True
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.models import mindone_cpu
     compat.setup_device("CPU")
     mindone_cpu.apply()
@@ -283,10 +283,10 @@ def test_hugging_face_export_loads_with_from_pretrained_and_gives_the_pipelines_
                         str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
-    from hyperparallel.mindspore.ckpt_files import safetensors_header
+    from hyperparallel.runtime.ckpt_files import safetensors_header
     names = set(safetensors_header(str(out / "model.safetensors")))
     assert "lm_head.weight" in names and any(n.startswith("visual.") for n in names)   # the hub's spelling
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.models import mindone_cpu
     from hyperparallel.runconfig import run_config_of
     compat.setup_device("CPU")

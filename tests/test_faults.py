@@ -182,7 +182,7 @@ def test_unwritable_save_dir_refused_before_launch(tmp_path):
 def test_save_errors_are_named_with_path_and_os_error():
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     import errno
-    from hyperparallel.mindspore.checkpoint import os_error_text
+    from hyperparallel.runtime.checkpoint import os_error_text
     e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/ckpt/step_3/.tmp_rank_1.safetensors")
     assert os_error_text(e) == "/ckpt/step_3/.tmp_rank_1.safetensors: No space left on device (ENOSPC)"
     try:   # MindSpore re-raising over an OSError: the OSError is named
@@ -469,7 +469,7 @@ def chain(tmp_path_factory):
 
 
 def cf():
-    from hyperparallel.mindspore import ckpt_files
+    from hyperparallel.runtime import ckpt_files
     return ckpt_files
 
 

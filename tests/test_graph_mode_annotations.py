@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hyperparallel.mindspore.annotate import GraphModeUnsupported, graph_pipeline
+from hyperparallel.runtime.annotate import GraphModeUnsupported, graph_pipeline
 from hyperparallel.recipe import derive_recipe, load_recipe
 from helpers import recipe
 
@@ -165,7 +165,7 @@ def tiny():
 
 
 def test_full_model_1f1b(tiny):
-    from hyperparallel.mindspore.annotate import annotate
+    from hyperparallel.runtime.annotate import annotate
     rc, build_full, _ = tiny
     vision, llm = model = build_full()
     gp = annotate(model, plan_of("1f1b"))
@@ -187,7 +187,7 @@ def test_full_model_1f1b(tiny):
 
 def test_per_chunk_cells_interleaved(tiny):
     """The runtime's per-chunk cells, V=2: llm chunk c on device c mod 2 (MindSpore's cyclic placement)."""
-    from hyperparallel.mindspore.annotate import annotate
+    from hyperparallel.runtime.annotate import annotate
     rc, _, build_chunk = tiny
     plan = plan_of("interleaved", "parallel_config.pp_interleave_num=2")
     cells = {f"{c.region}{c.index}": build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
@@ -200,7 +200,7 @@ def test_per_chunk_cells_interleaved(tiny):
 
 def test_per_chunk_cells_zbv_get_v_shape_stages_and_segments(tiny):
     """zbv, V=2 on 2 stages: llm chunks 0..3 on stages 0, 1, 1, 0 with pipeline_segment 0, 0, 1, 1."""
-    from hyperparallel.mindspore.annotate import annotate
+    from hyperparallel.runtime.annotate import annotate
     rc, _, build_chunk = tiny
     plan = plan_of("zbv", "parallel_config.pp_interleave_num=2")
     cells = {f"{c.region}{c.index}": build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
@@ -213,7 +213,7 @@ def test_per_chunk_cells_zbv_get_v_shape_stages_and_segments(tiny):
 
 
 def test_transpose_refused_before_touching_cells(tiny):
-    from hyperparallel.mindspore.annotate import annotate
+    from hyperparallel.runtime.annotate import annotate
     rc, build_full, _ = tiny
     model = build_full()
     with pytest.raises(GraphModeUnsupported, match="hyperparallel train"):
@@ -223,7 +223,7 @@ def test_transpose_refused_before_touching_cells(tiny):
 
 
 def test_layer_of_override(tiny):
-    from hyperparallel.mindspore.annotate import annotate
+    from hyperparallel.runtime.annotate import annotate
     rc, build_full, _ = tiny
     model = build_full()
     # the final norm would go to the last stage by its parameters; the override pins it to layer 0's stage

@@ -11,7 +11,7 @@ HEAVY = os.path.join(ROOT, "recipes", "bench_encoder_heavy.yaml")
 
 def test_data_is_prefetched_before_the_receive_that_precedes_its_use():
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.mindspore.interpreter import prefetch_points
+    from hyperparallel.runtime.interpreter import prefetch_points
     plan = derive_recipe(load_recipe(HEAVY), "1f1b")
     # device 0: F v0 F l0 SEND F v1 F l1 SEND | RECV g0: micro-batch 2 (and its pixels) built before it
     # blocks, not between the receive and BW 0 / F v2; likewise micro-batch 3 before RECV g1
@@ -29,7 +29,7 @@ def test_data_is_prefetched_before_the_receive_that_precedes_its_use():
 
 
 def test_fault_injection_hook_comes_from_the_environment(monkeypatch):
-    from hyperparallel.mindspore.hooks import Chain, FaultInjection, Hooks
+    from hyperparallel.runtime.hooks import Chain, FaultInjection, Hooks
     monkeypatch.setenv("HP_FAULT", "1:3:kill")
     f = FaultInjection.from_env(1)
     assert (f.rank, f.step, f.kill) == (1, 3, True) and f.per_action
@@ -40,7 +40,7 @@ def test_fault_injection_hook_comes_from_the_environment(monkeypatch):
 
 
 def test_chained_hooks_wrap_in_order_and_no_hook_leaves_the_callable_alone():
-    from hyperparallel.mindspore.hooks import Chain, Hooks
+    from hyperparallel.runtime.hooks import Chain, Hooks
     seen = []
 
     class Tag(Hooks):

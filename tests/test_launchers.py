@@ -27,11 +27,12 @@ def test_help():
 
 
 def test_msrun_single_node_script():
-    r = run(MSRUN, "--dry-run", "--worker_num=2", "hyperparallel/mindspore/worker.py", "runs/job.json")
+    r = run(MSRUN, "--dry-run", "--worker_num=2", "python", "-m", "hyperparallel.runtime.worker",
+            "runs/job.json")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ("msrun --worker_num=2 --local_worker_num=2 --master_addr=127.0.0.1 --master_port=8118 "
                         "--node_rank=0 --log_dir=output/msrun_log --join=True --cluster_time_out=600 "
-                        "hyperparallel/mindspore/worker.py runs/job.json\n")
+                        "python -m hyperparallel.runtime.worker runs/job.json\n")
 
 
 def test_msrun_multi_node_recipe():
@@ -82,11 +83,11 @@ def test_modelarts_two_nodes_from_vc_variables():
 def test_modelarts_fallback_variables_and_flag_overrides():
     env = dict(VC_WORKER_NUM="4", MA_TASK_INDEX="3", MA_VJ_NAME="vj", MA_TASK_NAME="worker", MA_NUM_GPUS="2",
                HP_MASTER_PORT="30000", HP_LOG_DIR="/cache/logs", HP_CLUSTER_TIME_OUT="1200")
-    r = run(MA, "--dry-run", "hyperparallel/mindspore/worker.py", "job.json", **env)
+    r = run(MA, "--dry-run", "python", "-m", "hyperparallel.runtime.worker", "job.json", **env)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ("msrun --worker_num=8 --local_worker_num=2 --master_addr=vj-worker-0.vj --master_port=30000 "
                         "--node_rank=3 --log_dir=/cache/logs --join=True --cluster_time_out=1200 "
-                        "hyperparallel/mindspore/worker.py job.json\n")
+                        "python -m hyperparallel.runtime.worker job.json\n")
     r = run(MA, "--dry-run", "--nodes=1", "--node_rank", "0", "--master_addr=127.0.0.1", "--devices_per_node=4",
             "x.py", **env)
     assert r.stdout == ("msrun --worker_num=4 --local_worker_num=4 --master_addr=127.0.0.1 --master_port=30000 "
@@ -149,7 +150,7 @@ def test_join_false_is_refused_for_a_recipe_before_launch():
     assert r.returncode == 2 and r.stdout == "" and "--join False is not supported for a recipe" in r.stderr
     assert "--join=False" in run(MSRUN, "--dry-run", "--join=False", "x.py").stdout   # msrun's own script: as given
     from hyperparallel.launch import msrun_overrides
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     os.environ["HP_MSRUN_ARGS"] = "--join=False"
     try:
         with pytest.raises(SpecError, match=r"^HP_MSRUN_ARGS --join: False is not supported: hyperparallel waits"):

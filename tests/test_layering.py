@@ -2,7 +2,7 @@
 
 Layers, from the ground up (docs/layout.md, generated from ``LAYERS`` by tools/layout.py): the algebra
 (``mpipe``), the recipe front end (``recipe``), models and data (siblings: neither imports the other), the run config, the MindSpore
-runtime (``mindspore``), the front ends (CLI commands, bench, API, launcher). Every ``import`` of
+runtime (``runtime``), the front ends (CLI commands, bench, API, launcher). Every ``import`` of
 every file counts, at module level or inside a function.
 """
 import ast
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hyperparallel")
 FRONT = 6
-LAYERS = {"mpipe": 1, "recipe": 2, "tune": 2, "models": 3, "data": 3, "runconfig": 4, "watch": 4, "mindspore": 5,
+LAYERS = {"mpipe": 1, "recipe": 2, "tune": 2, "models": 3, "data": 3, "runconfig": 4, "watch": 4, "runtime": 5, "errors": 1,
           "commands": FRONT, "bench": FRONT, "cli": FRONT, "api": FRONT, "launch": FRONT, "util": FRONT, "runlock": FRONT, "fileio": 1,
           "__main__": FRONT, "__init__": FRONT}
 SIBLINGS = {"models", "data"}

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from hyperparallel.mpipe.cost import simulate
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe import checked_plan, load_recipe, memory_excess, refuse_over_memory_limit
 
 from helpers import recipe

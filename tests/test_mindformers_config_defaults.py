@@ -14,7 +14,7 @@ import os
 import pytest
 
 from helpers import ROOT
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe import load_recipe
 from hyperparallel.recipe import recipe as recipe_reader
 from hyperparallel.recipe.train import TrainConfig
@@ -139,8 +139,8 @@ def test_merged_checkpoint_with_optimizer_carries_mindformers_resume_values(tmp_
     ``--with-optimizer`` only the parameters."""
     import mindspore as ms
     import numpy as np
-    from hyperparallel.mindspore.checkpoint import merge
-    from hyperparallel.mindspore.ckpt_files import Source
+    from hyperparallel.runtime.checkpoint import merge
+    from hyperparallel.runtime.ckpt_files import Source
     f = str(tmp_path / "rank_0.safetensors")
     ms.save_checkpoint([{"name": "layer.w", "data": ms.Tensor(np.ones((2, 2), np.float32))}], f, format="safetensors")
     src = Source(str(tmp_path), [f], 20, {"data_position": position} if position else {})

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from hyperparallel import cli
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe import load_recipe, schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

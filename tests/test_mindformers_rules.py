@@ -12,7 +12,7 @@ import pytest
 
 from hyperparallel.recipe import derive_recipe, load_recipe
 from hyperparallel.mpipe.cost import simulate
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.orders import ORDERS
 from hyperparallel.recipe.mindformers import layer_layout
 

@@ -19,7 +19,7 @@ pytest.importorskip("mindone")
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, mint, ops  # noqa: E402
 
-from hyperparallel.mindspore.compat import setup_device  # noqa: E402
+from hyperparallel.runtime.compat import setup_device  # noqa: E402
 from hyperparallel.models import mindone_cpu as mc  # noqa: E402
 from hyperparallel.models import qwen_vl_side as side  # noqa: E402
 

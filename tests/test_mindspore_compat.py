@@ -1,7 +1,7 @@
 """The MindSpore internals the runtime relies on still behave as measured.
 
 Fails loudly if a MindSpore upgrade changes the tape autograd API
-(``hyperparallel/mindspore/compat.py``).
+(``hyperparallel/runtime/compat.py``).
 """
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ ms = pytest.importorskip("mindspore", reason="mindspore is not installed")
 
 @pytest.fixture(scope="module")
 def compat():
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     compat.setup_device("CPU")
     return compat
 
@@ -62,7 +62,7 @@ def test_optimizer_update_op_by_op_is_bit_identical_to_its_jit_graph(compat, tra
     """``train.optimizer_compile: eager`` runs the ``construct`` that nn.Adam/nn.SGD's ``@jit`` wraps:
     parameters and optimizer state equal the compiled update's exactly, step by step."""
     from mindspore import Parameter, Tensor
-    from hyperparallel.mindspore.optim import Optimizer
+    from hyperparallel.runtime.optim import Optimizer
     from hyperparallel.recipe.train import TrainConfig
     rng = np.random.default_rng(0)
     init = [rng.standard_normal((6, 4)).astype(np.float32) for _ in range(3)]
@@ -86,7 +86,7 @@ def test_square_sum_compiled_is_bit_identical_to_op_by_op_and_compiles_once(comp
     """The gradient norm's square sum (every step, before clipping) in one graph equals the op-by-op sum
     exactly (float32 and bfloat16 gradients), and a second step with the same shapes compiles nothing."""
     from mindspore import Tensor
-    from hyperparallel.mindspore.optim import square_sum
+    from hyperparallel.runtime.optim import square_sum
     rng = np.random.default_rng(3)
     shapes = [(32, 16), (16,), (7, 5, 3), (1,), (64, 32)]
     for dtype in (ms.float32, ms.bfloat16):

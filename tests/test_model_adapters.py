@@ -262,9 +262,9 @@ def test_a_tokenizer_with_id_gaps_must_fit_the_models_vocabulary(tmp_path):
 def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_first_names(tmp_path):
     """The ranks build the model and refuse weights of another shape (SpecError -> 'input refused' -> exit 2)."""
     pytest.importorskip("mindone", reason="mindone is not installed")
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.models.qwen_vl_cells import load_hf_weights
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of
     from hyperparallel.data.demo import write_demo
@@ -329,7 +329,7 @@ def demo_sets(tmp_path_factory):
 ])
 def test_hugging_face_fields_the_class_does_not_read_are_refused(demo_sets, name, sets, words):
     """transformers keeps an unknown field as an attribute nobody reads: it trained the default, silently."""
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import derive_recipe, load_recipe
     from hyperparallel.runconfig import run_config_of
     rec = load_recipe(recipe(name), demo_sets + sets)
@@ -403,7 +403,7 @@ def test_mindformers_spellings_of_hugging_face_fields_are_read_as_them(demo_sets
 def test_mindformers_spelling_against_a_config_files_field_is_refused_naming_both(demo_sets, tmp_path):
     """text_config.num_layers: 2 over a config.json whose num_hidden_layers is 4: one setting with two values."""
     import yaml
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of
     raw = yaml.safe_load(open(QWEN))
@@ -441,7 +441,7 @@ def test_fields_of_a_hugging_face_directory_are_hugging_faces_own(demo_sets, tmp
 
 def test_mindformers_llama_lora_is_refused_not_trained_in_full(tmp_path):
     """pet_config: {pet_type: lora} trained the whole model silently."""
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import derive_recipe, load_recipe
     from hyperparallel.runconfig import run_config_of
     rec = load_recipe(MF, ["model.model_config.pet_config={pet_type: lora, lora_rank: 8, lora_alpha: 16}"])

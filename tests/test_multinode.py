@@ -96,5 +96,5 @@ def test_only_node_0_starts_a_scheduler_on_a_shared_machine(monkeypatch):
     for addr, node, shim in (("127.0.0.1", "1", True), ("127.0.0.1", "0", False), ("10.255.255.1", "1", False)):
         monkeypatch.setenv("HP_MSRUN_ARGS", f"--local_worker_num=2 --node_rank={node} --master_addr={addr}")
         cmd = msrun_command("job.json", 4, "logs", 1234, msrun_overrides(4))
-        assert (cmd[1:3] == ["-m", "hyperparallel.mindspore.compat"]) == shim, cmd
+        assert (cmd[1:3] == ["-m", "hyperparallel.runtime.compat"]) == shim, cmd
         assert f"--node_rank={node}" in cmd and cmd[-1] == "job.json"

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe.train import TrainConfig, yaml_float
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,7 +118,7 @@ def test_recipe_file_with_yaml_string_number_refused(tmp_path):
 # -- metrics.jsonl: strict JSON -----------------------------------------------------------------------
 
 def test_metrics_line_is_strict_json():
-    from hyperparallel.mindspore.nonfinite import json_line, verdict
+    from hyperparallel.runtime.nonfinite import json_line, verdict
     rec = {"step": 2, "loss": float("nan"), "grad_norm": float("inf"), "lr": 0.01,
            "memory": [{"x": float("-inf")}, {"x": 1.5}], "ok": True, "name": "nan"}
     line = json_line(rec)
@@ -150,8 +150,8 @@ def test_reference_stops_at_the_first_non_finite_step(tmp_path, capfd):
 
 def test_reference_skip_keeps_the_weights_and_continues(tmp_path):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.reference import Reference
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import RunConfig
     compat.setup_device("CPU")
@@ -251,8 +251,8 @@ def test_a_skipped_step_does_not_advance_the_schedule():
     logged lr is the schedule at the updates applied, not at the step index."""
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     import mindspore as ms
-    from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.optim import Optimizer
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.optim import Optimizer
     compat.setup_device("CPU")
     cfg = TrainConfig.from_raw({"optimizer": {"type": "AdamW", "weight_decay": 0.0},
                                 "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": 1.0e-3,

@@ -1,7 +1,7 @@
 """Cost profiles: the machine a profile was measured on, and the runtime terms (heads, overheads)."""
 import pytest
 
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.profile import machine_differences, parse_profile
 
 

@@ -36,9 +36,9 @@ def msrun(script_args, log_dir, world=2, timeout=400):
 
 
 def reference_losses(steps):
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import RunConfig
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime.reference import Reference
     from hyperparallel.recipe import load_recipe
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE)

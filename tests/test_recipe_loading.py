@@ -10,7 +10,7 @@ import pytest
 
 import importlib.util
 
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe.files import _load_yaml, load_raw
 from hyperparallel.recipe import load_recipe
 

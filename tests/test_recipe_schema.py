@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers import ROOT, recipe, run_main
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.recipe import load_recipe, schema
 from hyperparallel.recipe.train import LR_FIELDS, OPTIMIZER_FIELDS, TrainConfig
 from hyperparallel.runconfig import RunConfig

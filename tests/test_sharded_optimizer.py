@@ -3,7 +3,7 @@ import pytest
 
 from hyperparallel.mpipe import check, derive, parse_profile
 from hyperparallel.mpipe.cost import ring_ms, simulate
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.ir import ALLGATHER, ALLREDUCE, WEIGHTS
 from hyperparallel.mpipe.profile import LinkProfile
 from hyperparallel.recipe import checked_plan, load_recipe

@@ -16,7 +16,7 @@ from helpers import profile
 from hyperparallel.mpipe import derive
 from hyperparallel.mpipe.check import check
 from hyperparallel.mpipe.cost import simulate
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.ir import ALLREDUCE, TIED, W, Plan
 from hyperparallel.mpipe.profile import TiedWeight, parse_profile
 from hyperparallel.recipe import load_recipe, checked_plan
@@ -144,8 +144,8 @@ def test_a_name_saved_twice_with_different_values_is_refused_not_picked(tmp_path
     pytest.importorskip("mindspore")
     import numpy as np
     import mindspore as ms
-    from hyperparallel.mindspore.checkpoint import check_one_value, merge
-    from hyperparallel.mindspore.ckpt_files import CheckpointError, Source
+    from hyperparallel.runtime.checkpoint import check_one_value, merge
+    from hyperparallel.runtime.ckpt_files import CheckpointError, Source
     name = "model.language_model.embed_tokens.weight"
     files = []
     for r, v in enumerate((1.0, 2.0)):

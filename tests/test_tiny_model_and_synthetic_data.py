@@ -59,7 +59,7 @@ def test_bad_data_section_names_the_field():
 
 def test_any_cut_of_the_model_equals_the_whole():
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import RunConfig
     from hyperparallel.models.cells import MicroTensors
     compat.setup_device("CPU")

@@ -118,7 +118,7 @@ def test_tiny_recipe_trains_with_transpose(full_run):
     # the start banner says what compiles and what trains (counted on the ranks: the model's every parameter once)
     out = p.stdout.splitlines()
     assert out[1] == "compile: every chunk eager (mpipe.compile: eager)", out[:4]
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of
     compat.setup_device("CPU")
@@ -196,9 +196,9 @@ def test_reference_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_
 def test_export_hf_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_demo, tmp_path):
     """A one-device checkpoint of the tiny Qwen2.5-VL (saved in this process), exported: the console has the
     project's lines only, mindone's and transformers' output is in ``OUT.log`` beside the directory."""
-    from hyperparallel.mindspore import compat
-    from hyperparallel.mindspore.comm import LocalComm
-    from hyperparallel.mindspore.rank import RankRuntime
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.comm import LocalComm
+    from hyperparallel.runtime.rank import RankRuntime
     from hyperparallel.recipe import checked_plan, load_recipe
     from hyperparallel.runconfig import run_config_of
     compat.setup_device("CPU")

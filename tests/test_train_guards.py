@@ -3,7 +3,7 @@ checkpoints, a run or save dir another run holds (its lock), a resume with nothi
 ``metrics.jsonl`` line; a partial last line of ``metrics.jsonl`` (a full disk) is left out with a note.
 
 No msrun job: every case here is refused before launch, or calls the function that decides. The save
-directories hold hand-made step directories in the layout :mod:`hyperparallel.mindspore.ckpt_files`
+directories hold hand-made step directories in the layout :mod:`hyperparallel.runtime.ckpt_files`
 checks (``.ckpt`` files, whose content the launcher does not read; digests and marker as a save writes them).
 """
 import argparse
@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from hyperparallel import runlock
-from hyperparallel.mindspore import ckpt_files as cf
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.runtime import ckpt_files as cf
+from hyperparallel.errors import SpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -281,7 +281,7 @@ def _metrics_file(run, *lines):
 
 
 def test_partial_last_metrics_line_left_out_with_a_note(tmp_path, capsys):
-    from hyperparallel.mindspore.worker import open_metrics
+    from hyperparallel.runtime.worker import open_metrics
     path = _metrics_file(str(tmp_path), '{"step": 1, "loss": 2.5}\n', '{"step": 2, "loss": 2.4}\n',
                          '{"step": 3, "loss": 2.')   # the disk filled up mid-line
     f = open_metrics(path, 2)
@@ -294,7 +294,7 @@ def test_partial_last_metrics_line_left_out_with_a_note(tmp_path, capsys):
 
 
 def test_metrics_line_without_its_newline_is_kept_whole(tmp_path):
-    from hyperparallel.mindspore.worker import open_metrics
+    from hyperparallel.runtime.worker import open_metrics
     path = _metrics_file(str(tmp_path), '{"step": 1, "loss": 2.5}\n', '{"step": 2, "loss": 2.4}')
     f = open_metrics(path, 2)
     f.write('{"step": 3, "loss": 2.3}\n')
@@ -310,6 +310,6 @@ def test_bad_metrics_line_before_the_last_refused_before_launch(old_run):
     assert err.startswith(f"error: {path} line 2: not a JSON line ("), err
     assert err.endswith("); fix or remove that line"), err
     assert not os.path.exists(os.path.join(run, "logs"))
-    from hyperparallel.mindspore.worker import open_metrics
+    from hyperparallel.runtime.worker import open_metrics
     with pytest.raises(SpecError, match=r"metrics.jsonl line 2: not a JSON line"):
         open_metrics(path, 2)

@@ -429,7 +429,7 @@ def test_tune_reports_the_profiles_spread_and_a_margin_inside_it(cli, tmp_path):
 
 def test_a_profile_spread_is_checked():
     """``spread`` takes the time costs only, each a number >= 0; ``repeats`` a whole number >= 1."""
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     base = {"regions": [{"name": "llm", "layers": 2, "spread": {"forward_ms": 0.1}}]}
     assert parse_profile(base).regions[0].spread == (("forward_ms", 0.1),)
     for bad, msg in (({"activation_mb": 0.1}, "unknown key"), ({"forward_ms": -1}, "must be >= 0"),

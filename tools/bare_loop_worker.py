@@ -9,7 +9,7 @@ step in one process) with its step times and losses.
 Both modes build the same chunk Cells (the recipe's adapter, the plan's cut), read the same data
 source, use the same ``Comm``, tape autograd and optimizer, and time a step the same way (program,
 optimizer, loss all-reduce), with no instrumentation inside the step. ``runtime`` runs the derived
-program through the rank runtime (:class:`~hyperparallel.mindspore.rank.RankRuntime`); ``bare`` runs the minimal
+program through the rank runtime (:class:`~hyperparallel.runtime.rank.RankRuntime`); ``bare`` runs the minimal
 hand-written loop below: what an engineer would write for this one schedule, with nothing
 model- or plan-generic in the step. It is the yardstick of the interpreter's overhead, not a
 second runtime: it knows only 1F1B (V=1) and round-robin transpose with a frozen first region.
@@ -33,8 +33,8 @@ class BareLoop:
 
     def __init__(self, plan, rc, comm, source, cells, bodies):
         """``bodies``: each chunk's forward as the runtime runs it (compiled under ``mpipe.compile: jit``,
-        :mod:`hyperparallel.mindspore.compiled`): the bare loop runs the same bodies."""
-        from hyperparallel.mindspore.compat import Tape
+        :mod:`hyperparallel.runtime.compiled`): the bare loop runs the same bodies."""
+        from hyperparallel.runtime.compat import Tape
         self.plan, self.rc, self.comm, self.source, self.tape = plan, rc, comm, source, Tape
         self.bodies = bodies
         self.d, self.P, self.M = comm.device, plan.num_devices, plan.num_micro
@@ -69,7 +69,7 @@ class BareLoop:
 
     def forward(self, m):
         from mindspore import ops
-        from hyperparallel.mindspore.compat import leaf
+        from hyperparallel.runtime.compat import leaf
         mb, mt = self.side(m)
         first = self.stage[0][0]
         if self.enc is not None and first.index == 0 and self.d == 0:
@@ -97,7 +97,7 @@ class BareLoop:
 
     def backward(self, m):
         from mindspore import ops
-        from hyperparallel.mindspore.compat import acc
+        from hyperparallel.runtime.compat import acc
         saved, out = self.saved.pop(m)
         if self.d == self.P - 1:
             sens = ops.ones_like(out)
@@ -174,9 +174,9 @@ def runtime_step(rt, step: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from hyperparallel.mindspore.comm import Comm
-    from hyperparallel.mindspore.job import case_runtime, end_job, start_job
-    from hyperparallel.mindspore.optim import Optimizer
+    from hyperparallel.runtime.comm import Comm
+    from hyperparallel.runtime.job import case_runtime, end_job, start_job
+    from hyperparallel.runtime.optim import Optimizer
 
     job = start_job(sys.argv[1:] if argv is None else argv)
     comm = Comm(1)

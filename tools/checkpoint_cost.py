@@ -43,9 +43,9 @@ def run_format(fmt: str, steps: int, out: str):
 def load_time(save: str, fmt: str, repeats: int = 5) -> float:
     sys.path.insert(0, ROOT)
     import mindspore as ms
-    from hyperparallel.mindspore import compat
+    from hyperparallel.runtime import compat
     from hyperparallel.runconfig import RunConfig
-    from hyperparallel.mindspore.reference import Reference
+    from hyperparallel.runtime.reference import Reference
     from hyperparallel.recipe import load_recipe
     compat.setup_device("CPU")
     recipe = load_recipe(RECIPE)

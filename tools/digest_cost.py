@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--tmp", default=tempfile.gettempdir(), help="where the large file is written")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
-    from hyperparallel.mindspore import ckpt_files as cf
+    from hyperparallel.runtime import ckpt_files as cf
     from test_checkpoint_layout import write_checkpoint   # the in-process save of the layout tests
     with tempfile.TemporaryDirectory() as d:
         path, _ = write_checkpoint(d, 1)

@@ -24,8 +24,8 @@ sys.path.insert(0, ROOT)
 
 def measure(recipe_path: str, images, repeats: int, overrides=()) -> dict:
     import numpy as np
-    from hyperparallel.mindspore import compat
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.runtime import compat
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of
     from hyperparallel.util import median
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
         return 2
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # one core, as msrun binds a rank
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     try:
         res = measure(args.recipe, args.images, args.repeats, args.overrides)
     except SpecError as e:

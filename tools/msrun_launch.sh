@@ -11,7 +11,7 @@ COMMAND is either
   RECIPE.yaml [TRAIN ARGS]   run `hyperparallel train RECIPE [TRAIN ARGS]`; the msrun
                              settings below reach it in HP_MSRUN_ARGS (see docs/launch.md)
   SCRIPT.py [ARGS]           run `msrun [FLAGS] SCRIPT.py [ARGS]` on every rank (e.g.
-                             hyperparallel/mindspore/worker.py JOB.json, or MindFormers'
+                             python -m hyperparallel.runtime.worker JOB.json, or MindFormers'
                              run_mindformer.py --config CONFIG.yaml)
 
 MindFormers' scripts/msrun_launcher.sh form is accepted too: the command quoted as one word, then

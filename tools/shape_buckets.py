@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     if args.steps < 1:
         print(f"error: --steps: must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
-    from hyperparallel.mpipe.errors import SpecError
+    from hyperparallel.errors import SpecError
     from hyperparallel.recipe import load_recipe
     data = load_recipe(args.recipe, overrides=args.overrides).raw.get("data") or {}
     if data.get("type") != "conversations":

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from ..mpipe.errors import PlanError, SpecError
+from ..errors import PlanError, SpecError
 from ..util import error, median, output_file, quantile, slug, write_text
 from ..recipe.cases import split_case
 from .profile import BENCH_WORKER
@@ -125,7 +125,7 @@ MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "optimizer_glob
 
 
 def max_memory(recs: List[Optional[dict]]) -> Optional[dict]:
-    """The largest of each figure of a rank's memory records (:mod:`hyperparallel.mindspore.memory`; its
+    """The largest of each figure of a rank's memory records (:mod:`hyperparallel.runtime.memory`; its
     steps, or its launches): peak held forwards per region and in all, each byte count; None when none
     was measured (a result written before the bench measured memory)."""
     recs = [m for m in recs if m]

@@ -5,7 +5,7 @@ through explicit interpreter hooks (:class:`TimingHooks`, :class:`ActionClock`):
   derived from the cut, data time per micro-batch, activation memory (RSS growth), a 2-rank ping-pong;
 * :class:`CaseRunner`: a schedule's real program, step by step, the step time split into compute,
   gradient accumulation, communication, data, optimizer, loss all-reduce and the interpreter's own
-  time, plus resident memory, the rank's memory record of every step (:mod:`hyperparallel.mindspore.memory`)
+  time, plus resident memory, the rank's memory record of every step (:mod:`hyperparallel.runtime.memory`)
   and the time other processes used the rank's core (:func:`foreign_cpu_s`).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from hyperparallel.mindspore.hooks import Chain, Hooks
-from hyperparallel.mindspore.memory import rank_memory
+from hyperparallel.runtime.hooks import Chain, Hooks
+from hyperparallel.runtime.memory import rank_memory
 from hyperparallel.mpipe import ir
 
 MB = 1024.0 * 1024.0
@@ -119,7 +119,7 @@ def local_plan(plan: ir.Plan, order: str) -> ir.Plan:
 
 class ActionClock(Hooks):
     """Interpreter hook: wall time of every action; a micro-batch's data is built (and timed) before
-    its first action (:meth:`~hyperparallel.mindspore.interpreter.Interpreter.prepare`), so no compute
+    its first action (:meth:`~hyperparallel.runtime.interpreter.Interpreter.prepare`), so no compute
     time includes it. ``rss``: also the resident memory before each action (activation measurement)."""
 
     def __init__(self, rss: bool = True):
@@ -150,8 +150,8 @@ LOCAL_ORDERS = {"fused": "interleaved", "split": "interleaved_zb"}   # the tight
 
 def profile_rank(job: dict, comm) -> dict:
     """Measurements of this rank (see module docstring); ``job['plan']`` gives the cut."""
-    from hyperparallel.mindspore.comm import LocalComm
-    from hyperparallel.mindspore.rank import RankRuntime
+    from hyperparallel.runtime.comm import LocalComm
+    from hyperparallel.runtime.rank import RankRuntime
     from hyperparallel.runconfig import RunConfig
 
     plan = ir.Plan.from_json(job["plan"])
@@ -210,7 +210,7 @@ def _activation_mb(plan, rc, source, cells, local) -> Dict[str, float]:
     """RSS growth per recorded forward (what the tape keeps for backward), MB per chunk,
     averaged over the micro-batches of step 0: every forward first, then every backward (the
     one-device gpipe of the plan's cut)."""
-    from hyperparallel.mindspore.rank import RankRuntime
+    from hyperparallel.runtime.rank import RankRuntime
     lp = local_plan(plan, "gpipe")
     clock = ActionClock()
     interp = RankRuntime(lp, rc.model, source, rc.train, local, clock, chunks=cells, compile=rc.compile,
@@ -273,7 +273,7 @@ class CaseRunner:
     time, with the step time split by category (see the module docstring)."""
 
     def __init__(self, case: dict, comm):
-        from hyperparallel.mindspore.job import case_runtime
+        from hyperparallel.runtime.job import case_runtime
 
         self.case, self.comm = case, comm
         self.base_rss = rss_mb()

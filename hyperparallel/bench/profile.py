@@ -20,13 +20,12 @@ from typing import Dict, List, Tuple
 
 import yaml
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..util import median, output_file, write_text
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
 PIPELINE_KINDS = ("F", "B", "W", "BW")  # compute actions whose in-pipeline times set the costs
-HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH_WORKER = os.path.join(HERE, "worker.py")
+BENCH_WORKER = "hyperparallel.bench.worker"   # the msrun entry (a module: launch runs python -m it)
 
 
 def prepare(args):
@@ -402,7 +401,7 @@ def measured_profile(recipe, plan, rounds: List[List[dict]], reference=None):
 
 
 def run(args) -> int:
-    from ..mpipe.errors import PlanError
+    from ..errors import PlanError
     from ..util import error, slug
     try:
         recipe, rc, plan = prepare(args)

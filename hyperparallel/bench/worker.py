@@ -1,5 +1,5 @@
 """msrun entry of ``hyperparallel profile`` and ``hyperparallel bench``:
-``msrun ... hyperparallel/bench/worker.py JOB.json``.
+``msrun ... python -m hyperparallel.bench.worker JOB.json``.
 
 ``JOB.json`` (written by :mod:`hyperparallel.bench.profile` or :mod:`hyperparallel.bench.bench`):
 ``{"mode": "profile" | "bench", "device": "CPU", "out_dir": DIR, ...}``, or
@@ -9,22 +9,15 @@ measurements (:mod:`hyperparallel.bench.measure`).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
-if __name__ == "__main__":
-    # msrun runs this file as a script: import the package from the repository root instead
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
-
-import json
-
 
 def main(argv=None) -> int:
-    from hyperparallel.mindspore.job import end_job, start_job
+    from hyperparallel.runtime.job import end_job, start_job
     job = start_job(sys.argv[1:] if argv is None else argv)
-    from hyperparallel.mindspore.comm import Comm
+    from hyperparallel.runtime.comm import Comm
     from hyperparallel.bench import measure
     comm = Comm(int(job.get("data_parallel", 1)))
     if job["mode"] == "profile":

@@ -9,7 +9,7 @@ import shlex
 import sys
 
 from ..data.conversations import LATE_KINDS, ConversationsConfig, layout_for, scan, summary
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..recipe import load_recipe
 from ..runconfig import run_config_of
 

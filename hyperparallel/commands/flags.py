@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 
 def _reference(a) -> bool:

@@ -7,7 +7,7 @@ import sys
 
 from ..mpipe import bounds
 from ..mpipe.check import check
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..mpipe.ir import Plan
 from ..mpipe.table import program_table
 from ..recipe import derive_recipe, load_recipe, memory_warning, planned

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import List
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..mpipe.table import text_table
 from ..util import median, quantile
 

@@ -15,7 +15,7 @@ import sys
 
 from ..mpipe import bounds
 from ..mpipe.cost import simulate
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..mpipe.table import text_table
 from ..recipe import checked_plan, load_recipe, memory_excess, memory_warning, steady_steps
 from ..util import output_file

@@ -12,7 +12,7 @@ import re
 import sys
 import time
 
-from ..mpipe.errors import PlanError, SpecError
+from ..errors import PlanError, SpecError, whole
 from ..recipe import schema
 from ..util import error as _error, output_file, slug, writable_dir
 
@@ -61,12 +61,10 @@ def run_steps(flag, raw: dict, train, usable, samples_per_step: int):
         return train.steps, "train.steps"
     rcfg = raw.get("runner_config") if isinstance(raw.get("runner_config"), dict) else {}
     stop = rcfg.get("stop_step") or 0
-    if not isinstance(stop, int) or isinstance(stop, bool) or stop < 0:
-        raise SpecError("runner_config.stop_step", f"must be a whole number >= 0, got {stop!r}")
+    whole("runner_config.stop_step", stop, 0)
     if "epochs" in rcfg:
         ep = rcfg["epochs"]
-        if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
-            raise SpecError("runner_config.epochs", f"must be a whole number >= 1, got {ep!r}")
+        whole("runner_config.epochs", ep)
         if usable is None:
             if stop:
                 return stop, "runner_config.stop_step"
@@ -127,7 +125,7 @@ def _guard_save_dir(args, node0: bool) -> None:
     them; ``--resume-from`` a step of this save dir: it and older ones) are refused, before launch, unless
     ``--overwrite-save-dir`` is given: then every step directory this run does not continue is removed
     (on the node of rank 0; the save dir's other files are left alone)."""
-    from ..mindspore.ckpt_files import MARKER, list_steps, step_dirs
+    from ..runtime.ckpt_files import MARKER, list_steps, step_dirs
     over = getattr(args, "overwrite_save_dir", False)
     if not args.save_dir or args.reference or (args.resume and not over):
         return
@@ -198,7 +196,7 @@ def _check_save_dir(path: str) -> None:
 
 def _source(args):
     """The checkpoint to start from (resolved and its files checked here, before launch), or None."""
-    from ..mindspore.ckpt_files import CheckpointError, resolve
+    from ..runtime.ckpt_files import CheckpointError, resolve
 
     resume, resume_from = getattr(args, "resume", False), getattr(args, "resume_from", None)
     if resume and resume_from:
@@ -316,7 +314,7 @@ def _newest(args) -> str:
     """``; newest complete checkpoint: PATH`` of ``--save-dir`` after a failed run ('' without one)."""
     if not args.save_dir:
         return ""
-    from ..mindspore.ckpt_files import list_steps
+    from ..runtime.ckpt_files import list_steps
     complete, _ = list_steps(args.save_dir)
     return f"; newest complete checkpoint: {complete[0][1]}" if complete else "; no complete checkpoint"
 
@@ -332,7 +330,7 @@ def _position_note(src, plan) -> str:
 
 def _refusal(log_dir: str, world: int, flag: str):
     """A rank's checkpoint refusal (``checkpoint refused: ...`` in its log), or None."""
-    from ..mindspore.ckpt_files import REFUSED, REFUSED_INPUT
+    from ..runtime.ckpt_files import REFUSED, REFUSED_INPUT
 
     for r in range(world):
         try:
@@ -359,17 +357,17 @@ def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0
     path = os.path.join(run_dir, "logs", "reference.log")
     with LibraryOutput(path) as con:
         con.say(f"[reference] other libraries' output (warnings, MindSpore, mindone): {path}")
-        from ..mindspore import compat
-        from ..mindspore.reference import Reference
+        from ..runtime import compat
+        from ..runtime.reference import Reference
         compat.setup_device(rc.device)
         ref = Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
                         {r.name: r.trainable for r in recipe.profile.regions}, total_steps=schedule_steps or steps)
-        from ..mindspore.nonfinite import NONFINITE_EXIT, NonFiniteStep, json_line
-        from ..mindspore.worker import StepLog
-        from ..mindspore.rank import StepResult
+        from ..runtime.nonfinite import NONFINITE_EXIT, NonFiniteStep, json_line
+        from ..runtime.worker import StepLog
+        from ..runtime.rank import StepResult
         start = 0
         if source is not None:
-            from ..mindspore.ckpt_files import CheckpointError
+            from ..runtime.ckpt_files import CheckpointError
             try:
                 start, with_state = ref.restore(source)
             except CheckpointError as e:
@@ -380,7 +378,7 @@ def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0
         log = StepLog("reference", "reference", steps, start,
                       recipe.micro_batch_num * recipe.data_parallel * rc.data.micro_batch_size, rc.data.seq_len)
         con.say(f"[reference] {rc.train.describe(schedule_steps or steps)}")
-        from ..mindspore.worker import open_metrics
+        from ..runtime.worker import open_metrics
         with open_metrics(os.path.join(run_dir, "metrics.jsonl"), start) as f:
             for step in range(start, steps):
                 t0 = time.perf_counter()
@@ -401,13 +399,13 @@ def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0
 def _ckpt_source(path: str, digests: bool):
     """The checkpoint at ``path`` (verified) with MindSpore set up on CPU to read it, or the exit status of
     its refusal."""
-    from ..mindspore.ckpt_files import CheckpointError, resolve
+    from ..runtime.ckpt_files import CheckpointError, resolve
     try:
         src = resolve(path, digests)
     except CheckpointError as e:
         return _error(f"ckpt: {e}")
     os.environ.setdefault("GLOG_v", "3")
-    from ..mindspore import compat
+    from ..runtime import compat
     compat.setup_device("CPU")
     return src
 
@@ -416,7 +414,7 @@ def _export_hf(path: str, out: str, digests: bool) -> int:
     """``ckpt PATH --export-hf OUT``: the console shows the project's lines; what mindone and transformers
     print while the model is built and saved (warnings, their logs) goes to ``OUT.log``, beside the
     directory (not in it: the directory is what ``from_pretrained`` and the hub read)."""
-    from ..mindspore.ckpt_files import CheckpointError, resolve
+    from ..runtime.ckpt_files import CheckpointError, resolve
     from ..util import LibraryOutput
     try:
         src = resolve(path, digests)
@@ -427,9 +425,9 @@ def _export_hf(path: str, out: str, digests: bool) -> int:
         with LibraryOutput(log) as con:
             con.say(f"other libraries' output (warnings, MindSpore, mindone): {log}")
             os.environ.setdefault("GLOG_v", "3")
-            from ..mindspore import compat
+            from ..runtime import compat
             compat.setup_device("CPU")
-            from ..mindspore.checkpoint import export_hf
+            from ..runtime.checkpoint import export_hf
             n = export_hf(src, out, con.say)
     except CheckpointError as e:
         return _error(f"ckpt: {e}")
@@ -442,7 +440,7 @@ def check_ckpt_output(args) -> None:
     never inside a step directory (its files are what its digests cover, and a later ``--resume`` reads
     them; not even with ``--force``) nor onto the checkpoint being read; without ``--force`` not inside a
     save directory, not over an existing file, and (``--export-hf``) not into a non-empty folder."""
-    from ..mindspore.ckpt_files import checkpoint_holding
+    from ..runtime.ckpt_files import checkpoint_holding
     from ..models import hf_dir
     if args.export_hf and args.merge:
         raise SpecError("--export-hf", "give either --merge or --export-hf")
@@ -487,7 +485,7 @@ def run_ckpt(args) -> int:
     """``hyperparallel ckpt``: the step directories of a save directory (complete or not),
     ``--merge OUT``: one MindSpore file of a step for single-process use, or ``--export-hf OUT_DIR``: a
     Hugging Face model directory of a step."""
-    from ..mindspore.ckpt_files import read_meta, step_dirs, verdict
+    from ..runtime.ckpt_files import read_meta, step_dirs, verdict
 
     digests = not args.no_digest
     check_ckpt_output(args)
@@ -498,7 +496,7 @@ def run_ckpt(args) -> int:
         src = _ckpt_source(args.path, digests)
         if isinstance(src, int):
             return src
-        from ..mindspore.checkpoint import merge
+        from ..runtime.checkpoint import merge
         n = merge(src, args.merge, args.with_optimizer)
         print(f"wrote {args.merge}: {n} names from {src.path}")
         return 0

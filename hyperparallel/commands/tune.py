@@ -24,7 +24,7 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from ..mpipe.cost import simulate
-from ..mpipe.errors import PlanError, SpecError
+from ..errors import PlanError, SpecError
 from ..mpipe.profile import parse_profile, profile_spread
 from ..mpipe.table import text_table
 from ..recipe import checked_plan, load_raw, load_recipe

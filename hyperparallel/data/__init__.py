@@ -16,7 +16,7 @@ from __future__ import annotations
 from .batch import MicroBatch, QwenVLBatch, patchify
 from .source import DataSource
 from .synthetic import DataConfig, SyntheticSource, make_micro_batch
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 TYPES = ("synthetic", "conversations")
 

@@ -83,7 +83,7 @@ def owner_work(work: Sequence[float], groups: List[List[int]], owners: Sequence[
 def check_plan(plan, mode: str) -> None:
     """``data.balance: encoder`` needs encoder owners in the plan (a ``transpose`` region): SpecError
     naming the key otherwise (checked before launch)."""
-    from ..mpipe.errors import SpecError
+    from ..errors import SpecError
     from ..mpipe.owners import encoder_owners
     if mode == "encoder" and encoder_owners(plan) is None:
         name = plan.meta.get("schedule_name", "this schedule")

@@ -17,17 +17,13 @@ from .formats import QWEN_VL, resolve_format
 from .index import LINE_DEFAULT, LINE_FACTOR, LINE_SLACK
 from .qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, check_geometry, read_preprocessor_config
 from .text import IMAGE, VIDEO, Tok
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, is_whole, unknown_key, whole
 
 DEMO_HINT = "for the demo set run: python tools/make_demo_data.py data/demo"
 POLICIES = ("error", "skip")
 MERGE_ONLY = ("image_size", "patch", "mean", "std", "shape_buckets")
 SHAPE_BUCKETS = ("none", "pow2")   # data.shape_buckets (:func:`bucket`)
 QWEN_ONLY = ("min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config", "system_prompt")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 MAX_SEED = 2 ** 32 - 1   # numpy's and MindSpore's seeds are 32-bit
@@ -145,8 +141,7 @@ class ConversationsConfig(PatchGeometry):
             raise SpecError("data.on_bad_sample", f"{self.on_bad_sample!r} unknown (error, skip)")
         for k, bound in INT_BOUNDS.items():
             v = getattr(self, k)
-            if not _is_int(v) or v < 1:   # true is no 1
-                raise SpecError(f"data.{k}", f"must be an integer >= 1, got {v!r}")
+            whole(f"data.{k}", v)   # true is no 1
             if v > bound:
                 raise SpecError(f"data.{k}", f"{v} is above the bound {bound:,}")
         if self.image_size % self.patch:
@@ -158,12 +153,12 @@ class ConversationsConfig(PatchGeometry):
         self._validate_qwen()
         if not isinstance(self.shuffle, bool):
             raise SpecError("data.shuffle", f"true or false, got {self.shuffle!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+        if self.seed is not None and (not is_whole(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise SpecError("data.seed", f"an integer 0..{MAX_SEED} (or null: train.seed), got {self.seed!r}")
-        if self.max_line_bytes is not None and (not _is_int(self.max_line_bytes) or self.max_line_bytes < 1):
+        if self.max_line_bytes is not None and (not is_whole(self.max_line_bytes) or self.max_line_bytes < 1):
             raise SpecError("data.max_line_bytes", f"an integer >= 1 (or null: {LINE_DEFAULT}), "
                                                    f"got {self.max_line_bytes!r}")
-        if self.vocab is not None and (not _is_int(self.vocab) or self.vocab < 1):
+        if self.vocab is not None and (not is_whole(self.vocab) or self.vocab < 1):
             raise SpecError("data.vocab", f"must be an integer >= 1 (or null: the tokenizer's), got {self.vocab!r}")
         size = self.load_tokenizer().vocab_size
         if self.vocab is not None and int(self.vocab) < size:
@@ -172,8 +167,7 @@ class ConversationsConfig(PatchGeometry):
 
     def _validate_qwen(self) -> None:
         for k in ("min_pixels", "max_pixels"):
-            if not _is_int(getattr(self, k)) or getattr(self, k) < 1:
-                raise SpecError(f"data.{k}", f"must be an integer >= 1, got {getattr(self, k)!r}")
+            whole(f"data.{k}", getattr(self, k))
         if self.min_pixels > self.max_pixels:
             raise SpecError("data.min_pixels", f"{self.min_pixels} > data.max_pixels {self.max_pixels}")
         _check_rgb("image_mean", self.image_mean)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError, is_whole, whole
 
 MERGE_INDEX, QWEN_VL = "merge_index", "qwen_vl"
 FORMATS = (MERGE_INDEX, QWEN_VL)
@@ -43,13 +43,6 @@ class QwenVL:
         return self.patch_size * self.merge_size
 
 
-def _int(d: dict, key: str, low: int) -> int:
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise SpecError("model", f"data_format() {key} must be an integer >= {low}, got {v!r}")
-    return v
-
-
 def resolve_format(answer):
     """A :class:`MergeIndex` or :class:`QwenVL` from ``answer``: a zero-argument callable (called
     here), a dict as above, an already resolved format, or an int (shorthand for merge_index)."""
@@ -57,14 +50,14 @@ def resolve_format(answer):
         answer = answer()
     if isinstance(answer, (MergeIndex, QwenVL)):
         return answer
-    if isinstance(answer, int) and not isinstance(answer, bool):
+    if is_whole(answer):
         answer = {"format": MERGE_INDEX, "image_tokens": answer}
     if not isinstance(answer, dict):
         raise SpecError("model", f"data_format() must return a dict, got {type(answer).__name__}")
     kind = answer.get("format")
     if kind == MERGE_INDEX:
-        return MergeIndex(_int(answer, "image_tokens", 1))
+        return MergeIndex(whole("model.data_format().image_tokens", answer.get("image_tokens")))
     if kind == QWEN_VL:
         lows = {"patch_size": 1, "temporal_patch_size": 1, "merge_size": 1}
-        return QwenVL(**{k: _int(answer, k, lows.get(k, 0)) for k in QWEN_KEYS})
+        return QwenVL(**{k: whole(f"model.data_format().{k}", answer.get(k), lows.get(k, 0)) for k in QWEN_KEYS})
     raise SpecError("model", f"data_format() format {kind!r} unknown (known: {', '.join(FORMATS)})")

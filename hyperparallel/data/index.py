@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, List, Tuple
 
 from .text import SampleProblem
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..fileio import inside
 
 

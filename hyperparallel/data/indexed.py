@@ -11,7 +11,7 @@ import numpy as np
 from .balance import assign
 from .index import Sample, build_index, summary
 from .source import DataSource
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 
 class IndexedSource(DataSource):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 
 def loss_scales(source, step: int, total_micro: int, mode: str) -> List[float]:

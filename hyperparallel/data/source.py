@@ -20,7 +20,7 @@ source for what it can do:
 from __future__ import annotations
 
 from typing import Dict, Sequence
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 
 class DataSource:

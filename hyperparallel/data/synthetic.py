@@ -26,7 +26,7 @@ import numpy as np
 
 from .batch import MicroBatch, PatchGeometry, patchify
 from .source import DataSource
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key, whole
 from ..recipe.schema import SYNTHETIC_IMAGES
 
 
@@ -69,8 +69,7 @@ class DataConfig(PatchGeometry):
         for k in ("micro_batch_size", "text_len", "vocab", "image_size", "channels", "patch", "num_classes",
                   "video_frames"):
             v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpecError(f"data.{k}", f"must be a whole number >= 1, got {v!r}")
+            whole(f"data.{k}", v)
             if v > 1 << 20:
                 raise SpecError(f"data.{k}", f"{v} is above the bound {1 << 20:,}")
         for k in ("noise", "video_prob"):

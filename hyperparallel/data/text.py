@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 import numpy as np
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 IMAGE, VIDEO = "<image>", "<video>"
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|im_end|>", "<eos>", "[SEP]")

@@ -17,7 +17,7 @@ import importlib
 from typing import Callable, Dict
 
 from .base import ModelAdapter, Region, TensorSpec
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 # family name -> "module:Class" (imported only when chosen)
 BUILTIN: Dict[str, str] = {"tiny_mllm": "hyperparallel.models.tiny_mllm:TinyMLLM"}

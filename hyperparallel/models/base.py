@@ -1,6 +1,6 @@
 """The model seam: everything the runtime needs from a model, and nothing more.
 
-The interpreter (:mod:`hyperparallel.mindspore.interpreter`) never names a region,
+The interpreter (:mod:`hyperparallel.runtime.interpreter`) never names a region,
 a model class or a shape formula: it asks an adapter. One adapter per model family
 (the tiny MLLM, MindFormers' Llama, a user's own model):
 
@@ -15,7 +15,7 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   reads, a fixed-length tuple, ``None`` where it reads nothing) and ``graph_body(self, x, *args)``
   (what ``forward`` computes; ``forward`` may simply call it), compiled with ``mindspore.jit``; a
   chunk without them runs eager and its ``graph_reason`` (or a default) says why in the log
-  (:mod:`hyperparallel.mindspore.compiled`);
+  (:mod:`hyperparallel.runtime.compiled`);
 * ``compile_reason(region)`` (optional, pure Python): whether a region's chunks compile, said before
   launch: '' (they compile), why they run eager, or None (only the chunk Cell can tell: the default).
   The launcher's start banner prints it and the ranks follow the same answer;
@@ -118,7 +118,7 @@ class ModelAdapter:
         """Pure Python, before launch: why the chunks of ``region`` run eager under ``mpipe.compile: jit``,
         '' when they compile (their Cells give ``graph_body``/``graph_args``), or None when the adapter does
         not say (then each chunk Cell decides on its rank). The start banner prints it; the ranks run
-        what it says (:class:`hyperparallel.mindspore.compiled.Body`)."""
+        what it says (:class:`hyperparallel.runtime.compiled.Body`)."""
         return None
 
     def data_format(self) -> dict:

@@ -20,7 +20,7 @@ import inspect
 import re
 from typing import FrozenSet, Iterable, List, Optional, Tuple
 
-from ..mpipe.errors import SpecError, nearest
+from ..errors import SpecError, nearest
 
 _PRECISION = ("MindFormers' precision key; a Hugging Face config has one dtype for the whole model (give "
               "dtype: float32 on CPU); per-part compute precision is not supported")

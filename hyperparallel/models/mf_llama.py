@@ -32,7 +32,7 @@ from typing import List
 
 from .base import Region
 from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key, whole
 from ..recipe.mindformers import WORD_EMBEDDINGS
 
 MODEL_KEYS = ("arch", "model_config", "vision")
@@ -60,13 +60,6 @@ class VisionConfig:
     init_std: float = 0.02
 
 
-def _int(sec: dict, key: str, where: str, default=None) -> int:
-    v = sec.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise SpecError(f"{where}.{key}", f"must be a whole number >= 1, got {v!r}")
-    return v
-
-
 class MFLlamaMLLM(VitLLMAdapter):
     """ViT encoder (the project's) + MindFormers ``LlamaForCausalLM`` (see module docstring)."""
 
@@ -91,19 +84,19 @@ class MFLlamaMLLM(VitLLMAdapter):
                             "fine-tuning is not supported yet (the whole model would be trained); remove it")
         self.mc = dict(mc)
         where = "model.model_config"
-        self.num_layers = _int(mc, "num_layers", where)
-        self.hidden = _int(mc, "hidden_size", where)
-        heads = _int(mc, "num_heads", where)
+        self.num_layers = whole(f"{where}.num_layers", mc.get("num_layers"))
+        self.hidden = whole(f"{where}.hidden_size", mc.get("hidden_size"))
+        heads = whole(f"{where}.num_heads", mc.get("num_heads"))
         if self.hidden % heads:
             raise SpecError(f"{where}.num_heads", f"{heads} must divide {where}.hidden_size {self.hidden}")
         kv = mc.get("n_kv_heads")
-        if kv is not None and (_int(mc, "n_kv_heads", where) > heads or heads % kv):
+        if kv is not None and (whole(f"{where}.n_kv_heads", mc.get("n_kv_heads")) > heads or heads % kv):
             raise SpecError(f"{where}.n_kv_heads", f"{kv} must divide {where}.num_heads {heads}")
-        vocab = _int(mc, "vocab_size", where)
+        vocab = whole(f"{where}.vocab_size", mc.get("vocab_size"))
         if vocab != data_shapes["vocab"]:
             raise SpecError(f"{where}.vocab_size", f"{vocab} but the data's vocabulary is {data_shapes['vocab']} "
                                                    "(data.vocab, else data.tokenizer's largest id + 1; must match)")
-        seq = _int(mc, "seq_length", where)
+        seq = whole(f"{where}.seq_length", mc.get("seq_length"))
         if seq < data_shapes["seq_len"]:
             raise SpecError(f"{where}.seq_length", f"{seq} is shorter than the data's sequences "
                              f"({data_shapes['seq_len']} = max images + data.text_len)")
@@ -118,7 +111,7 @@ class MFLlamaMLLM(VitLLMAdapter):
             raise SpecError("model.vision.type", f"{vs.get('type')!r} unknown (known: {', '.join(VISION_TYPES)})")
         self.vision = VisionConfig(**{k: v for k, v in vs.items() if k != "type"})
         for key in ("num_layers", "hidden_size", "num_heads", "mlp_ratio"):
-            _int(vs, key, "model.vision", getattr(self.vision, key))
+            whole(f"model.vision.{key}", vs.get(key, getattr(self.vision, key)))
         if self.vision.hidden_size % self.vision.num_heads:
             raise SpecError("model.vision.num_heads", "must divide model.vision.hidden_size")
         self.shapes = dict(data_shapes)

@@ -30,7 +30,7 @@ import json
 import os
 from typing import List, Optional
 
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key, whole
 from ..recipe.mindformers import WORD_EMBEDDINGS, model_config
 from .base import ModelAdapter, Region, TensorSpec
 
@@ -181,8 +181,7 @@ class QwenVL(ModelAdapter):
         t, v = self.text, self.vision
         for key, value, where in (("depth", v.depth, self.vision_key), ("num_hidden_layers", t.num_hidden_layers,
                                                                             self.text_key)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecError(self._key(f"{where}.{key}"), f"must be a whole number >= 1, got {value!r}")
+            whole(self._key(f"{where}.{key}"), value)
         if v.out_hidden_size != t.hidden_size:
             raise SpecError(f"{self.vision_key}.out_hidden_size", f"{v.out_hidden_size} but the LLM's hidden_size "
                                                                    f"is {t.hidden_size} (the merger feeds the LLM)")

@@ -19,7 +19,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from . import qwen_vl_side as side
 
 

@@ -12,7 +12,7 @@ from typing import List
 
 from .base import Region
 from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key, whole
 
 
 
@@ -52,8 +52,7 @@ class TinyMLLM(VitLLMAdapter):
         self.cfg = ModelConfig(**{k: v for k, v in data_shapes.items() if k in known}, **sec)
         for key in ("vision_layers", "llm_layers", "vision_dim", "llm_dim", "vision_heads", "llm_heads", "mlp_ratio"):
             v = getattr(self.cfg, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpecError(f"model.{key}", f"must be a whole number >= 1, got {v!r}")
+            whole(f"model.{key}", v)
             if v > 1 << 20:
                 raise SpecError(f"model.{key}", f"{v} is above the bound {1 << 20:,}")
         std = self.cfg.init_std

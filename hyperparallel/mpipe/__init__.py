@@ -4,7 +4,7 @@ Pure Python (+numpy, pyyaml): planning a 512-device job needs no accelerator sta
 """
 from .check import assert_valid, check
 from .derive import derive
-from .errors import PlanError, SpecError
+from ..errors import PlanError, SpecError
 from .ir import Action, Chunk, Plan
 from .profile import LinkProfile, ModelProfile, RegionProfile, parse_profile
 from .schedule import Pipe, Place, Schedule, Transpose, parse_schedule

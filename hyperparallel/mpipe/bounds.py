@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import SpecError
+from ..errors import SpecError
 
 MAX_PIPELINE_STAGE = 4096      # P
 MAX_INTERLEAVE = 256           # V (chunks per device)

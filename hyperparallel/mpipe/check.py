@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import List, Optional, Tuple
 
-from .errors import PlanError
+from ..errors import PlanError
 from .execute import coll_key, execute, msg_key
 from .ir import (ACT, ALL_KINDS, ALLREDUCE, B, BW, COLLECTIVE_KINDS, DP_GROUP, F, GRAD, P2P_KINDS, R, RECV, SEND,
                  TIED, W, Action, Plan, RegionList, needs_backward, prev_chunk)

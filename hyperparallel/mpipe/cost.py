@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .execute import Execution, execute
 from .ir import ALLGATHER, ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, TIED, W, Action, Plan
-from .errors import SpecError
+from ..errors import SpecError
 from .profile import ModelProfile, task_ms
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .errors import SpecError
+from ..errors import SpecError
 from .ir import Chunk
 from .orders import device_of
 from .profile import ModelProfile

@@ -16,7 +16,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 from . import bounds, lowering, orders
 from .cut import cut
 from .execute import execute
-from .errors import SpecError
+from ..errors import SpecError, whole
 from .ir import (ALLREDUCE, B, BW, F, R, TIED, W, Action, Plan, RegionList, Tied, needs_backward, next_chunk,
                  prev_chunk)
 from .owners import owner_map
@@ -32,10 +32,6 @@ class Task(NamedTuple):
     step: int = 0
 
 
-def _positive(field: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(field, f"must be a whole number >= {minimum}, got {value!r}")
-    return value
 
 
 class _Derivation:
@@ -435,10 +431,10 @@ class BodyTiming(NamedTuple):
 
 def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int = 1) -> Plan:
     """Derive the per-device programs of one optimizer step (see module docstring)."""
-    P = _positive("parallel_config.pipeline_stage", P)
-    M = _positive("parallel_config.micro_batch_num", M)
-    V = _positive("parallel_config.pp_interleave_num", V)
-    D = _positive("parallel_config.data_parallel", D)
+    P = whole("parallel_config.pipeline_stage", P)
+    M = whole("parallel_config.micro_batch_num", M)
+    V = whole("parallel_config.pp_interleave_num", V)
+    D = whole("parallel_config.data_parallel", D)
     for field, value, bound in (("parallel_config.pipeline_stage", P, bounds.MAX_PIPELINE_STAGE),
                                 ("parallel_config.micro_batch_num", M, bounds.MAX_MICRO_BATCH),
                                 ("parallel_config.pp_interleave_num", V, bounds.MAX_INTERLEAVE),

@@ -13,7 +13,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .errors import PlanError
+from ..errors import PlanError
 from .ir import COLLECTIVE_KINDS, COMPUTE_KINDS, DP_GROUP, RECV, SEND, Action, Plan
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import bounds
-from .errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key, whole
 
 # Compute kinds run on the compute lane.
 F = "F"      # forward of (region, chunk, micro)
@@ -371,9 +371,7 @@ def _short(value) -> str:
 
 def _index(field: str, value) -> int:
     """A whole number >= 0 of a plan file (``0.5``, ``"0"``, ``true``: refused naming ``field``)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SpecError(field, f"must be a whole number >= 0, got {_short(value)}")
-    return value
+    return whole(field, value, 0, shown=_short)
 
 
 def _no_constant(name: str):

@@ -26,7 +26,7 @@ from functools import lru_cache
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .errors import SpecError
+from ..errors import SpecError
 from .ir import B, BW, F, W
 
 Task = Tuple[str, int, int]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from .errors import SpecError
+from ..errors import SpecError
 
 
 def round_robin(P: int, M: int, **_) -> List[int]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from . import bounds
-from .errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key
 
 COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
              "head_forward_ms", "head_backward_ms", "head_weight_ms")

@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple, Union
 
-from .errors import SpecError
+from ..errors import SpecError
 from .orders import ORDER_NAMES
 from .profile import ModelProfile
 

@@ -2,7 +2,7 @@
 (layer layout, scheduler keys, towers), the checked :class:`Recipe`, and recipe -> checked plan.
 
 Pure Python, beside the algebra (:mod:`hyperparallel.mpipe`): it reads the algebra's types and
-produces its inputs. Every refusal is a :class:`~hyperparallel.mpipe.errors.SpecError` naming the key.
+produces its inputs. Every refusal is a :class:`~hyperparallel.errors.SpecError` naming the key.
 """
 from .files import apply_override, load_raw
 from .memory import (memory_excess, memory_warning, refuse_over_memory_limit, refuse_sharded_optimizer,

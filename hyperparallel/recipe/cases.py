@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 
 def split_case(spelling: str) -> Tuple[Optional[str], List[str]]:

@@ -12,7 +12,7 @@ from typing import Tuple
 
 import yaml
 
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 
 
 def apply_override(raw: dict, item: str) -> None:

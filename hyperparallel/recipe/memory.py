@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from ..mpipe.cost import CostReport, simulate
-from ..mpipe.errors import SpecError
+from ..errors import SpecError
 from ..mpipe.ir import ALLGATHER, Plan
 from ..mpipe.memory import FIELD, Excess, over_limit, summary
 from .recipe import Recipe

@@ -12,7 +12,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..mpipe import orders
-from ..mpipe.errors import SpecError
+from ..errors import SpecError, is_whole, whole
 
 #: ``parallel.pipeline_config.pipeline_scheduler`` values MindSpore 2.9 accepts.
 SCHEDULERS = ("gpipe", "1f1b", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")
@@ -76,22 +76,18 @@ def is_mindformers_config(raw: dict) -> bool:
     return isinstance(model, dict) and bool({"model_config", "arch", "config", "pretrained"} & set(model))
 
 
-def _whole(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 # -- layer layout ------------------------------------------------------------------------------
 
 def _offset_grid(offset, P: int, V: int, key: str) -> List[List[int]]:
     """``offset`` broadcast to V rows of P, after MindFormers' shape and sum checks."""
-    if _whole(offset):
+    if is_whole(offset):
         return [[offset] * P for _ in range(V)]
-    if isinstance(offset, list) and offset and all(_whole(x) for x in offset):
+    if isinstance(offset, list) and offset and all(is_whole(x) for x in offset):
         if len(offset) != P:
             raise SpecError(key, f"{offset} has {len(offset)} entries; MindFormers needs pipeline_stage ({P}) "
                                  "entries (offset.shape[-1] == pp)")
         return [list(offset) for _ in range(V)]
-    if isinstance(offset, list) and offset and all(isinstance(r, list) and r and all(_whole(x) for x in r)
+    if isinstance(offset, list) and offset and all(isinstance(r, list) and r and all(is_whole(x) for x in r)
                                                    for r in offset):
         bad = [len(r) for r in offset if len(r) != P]
         if bad:
@@ -106,9 +102,9 @@ def _offset_grid(offset, P: int, V: int, key: str) -> List[List[int]]:
 
 
 def _flat_sum(offset) -> int:
-    if _whole(offset):
+    if is_whole(offset):
         return offset
-    return sum(x if _whole(x) else sum(x) for x in offset)
+    return sum(x if is_whole(x) else sum(x) for x in offset)
 
 
 def layer_layout(num_layers: int, offset, P: int, V: int, key: str = "model.model_config.offset",
@@ -215,8 +211,7 @@ def seq_split_num(raw: dict) -> None:
     v = pc.get("seq_split_num", 1) if isinstance(pc, dict) else 1
     if v is None or v == 1:
         return
-    if not _whole(v) or v < 1:
-        raise SpecError("parallel_config.seq_split_num", f"must be a whole number >= 1, got {v!r}")
+    whole("parallel_config.seq_split_num", v)
     raise SpecError("parallel_config.seq_split_num",
                     f"{v} splits every micro-batch along the sequence (MindSpore's seqpipe); no order of the "
                     "schedule algebra does that; supported: 1")
@@ -274,9 +269,7 @@ def _count(cfg: dict, where: str) -> Optional[Tuple[int, str, dict]]:
         for k in LAYER_KEYS:
             if k in node:
                 v = node[k]
-                if not _whole(v) or v < 1:
-                    raise SpecError(f"{path}.{k}", f"must be a whole number >= 1, got {v!r}")
-                return v, f"{path}.{k}", node
+                return whole(f"{path}.{k}", v), f"{path}.{k}", node
     return None
 
 
@@ -322,9 +315,7 @@ def towers(mc: dict) -> List[Tower]:
     if llm is None:
         for k in ("num_hidden_layers", "num_layers"):
             if k in mc:
-                if not _whole(mc[k]) or mc[k] < 1:
-                    raise SpecError(f"{base}.{k}", f"must be a whole number >= 1, got {mc[k]!r}")
-                llm = Tower(("llm", mc[k], f"{base}.{k}", mc))
+                llm = Tower(("llm", whole(f"{base}.{k}", mc[k]), f"{base}.{k}", mc))
                 break
     return enc + [llm] if llm is not None else []
 
@@ -387,4 +378,4 @@ def tied_word_embeddings(raw: dict) -> Optional[Tuple[str, int, int]]:
     mc = model_config(raw)
     vocab = cfg.get("vocab_size", mc.get("vocab_size"))
     hidden = cfg.get("hidden_size", mc.get("hidden_size"))
-    return key, (vocab if _whole(vocab) and vocab > 0 else 0), (hidden if _whole(hidden) and hidden > 0 else 0)
+    return key, (vocab if is_whole(vocab) and vocab > 0 else 0), (hidden if is_whole(hidden) and hidden > 0 else 0)

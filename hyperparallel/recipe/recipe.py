@@ -17,12 +17,12 @@ the ``mpipe:`` section:
   is flagged by plan/simulate and refused by train (:mod:`.memory`);
 * ``compile``: ``jit`` (default) or ``eager``, how the ranks run every chunk's forward, and
   ``compile_fallback``: ``error`` (default) or ``eager``, what a rank does when a compile fails
-  (:mod:`hyperparallel.mindspore.compiled`).
+  (:mod:`hyperparallel.runtime.compiled`).
 
 A MindFormers config (``model:`` with ``model_config`` or ``arch``) is planned as MindFormers
 runs it: V is 1 unless ``pipeline_interleave`` is true, and the language model's layers per
 chunk follow ``model.model_config.offset`` by MindFormers' rule. The project's own recipes
-split the layers evenly. Every refusal is a :class:`~hyperparallel.mpipe.errors.SpecError`
+split the layers evenly. Every refusal is a :class:`~hyperparallel.errors.SpecError`
 naming the key.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..mpipe.check import assert_valid
 from ..mpipe.derive import derive
 from ..mpipe.ir import Plan
 from ..mpipe.memory import FIELD as MEMORY_FIELD
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key, whole
 from ..mpipe.profile import ModelProfile, TiedWeight, parse_profile
 from ..mpipe.schedule import Schedule, parse_schedule
 from . import mindformers as mf
@@ -138,12 +138,6 @@ def _model_config(raw: dict) -> dict:
     return mf.model_config(raw)
 
 
-def _whole(value, name: str, bound: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(name, f"must be a whole number >= 1, got {value!r}")
-    return value if bound is None else bounds.at_most(name, value, bound)
-
-
 def _parallel(raw: dict) -> Tuple[int, int, int, int, str, str]:
     """(P, M, V, D, the key that set V, why a given V > 1 reads as 1 or '') from ``parallel_config`` and
     MindFormers' V keys."""
@@ -165,10 +159,11 @@ def _parallel(raw: dict) -> Tuple[int, int, int, int, str, str]:
                             f"{pc['pp_interleave_num']!r} differs from model.model_config.pp_interleave_num "
                             f"{mc_v!r}; give one of them")
         v_key, v = "model.model_config.pp_interleave_num", mc_v
-    P = _whole(pc["pipeline_stage"], "parallel_config.pipeline_stage", bounds.MAX_PIPELINE_STAGE)
-    M = _whole(pc["micro_batch_num"], "parallel_config.micro_batch_num", bounds.MAX_MICRO_BATCH)
-    V = _whole(v, v_key, bounds.MAX_INTERLEAVE)
-    D = _whole(pc.get("data_parallel", 1), "parallel_config.data_parallel", bounds.MAX_DATA_PARALLEL)
+    P, M, V, D = (bounds.at_most(key, whole(key, value), bound) for key, value, bound in (
+        ("parallel_config.pipeline_stage", pc["pipeline_stage"], bounds.MAX_PIPELINE_STAGE),
+        ("parallel_config.micro_batch_num", pc["micro_batch_num"], bounds.MAX_MICRO_BATCH),
+        (v_key, v, bounds.MAX_INTERLEAVE),
+        ("parallel_config.data_parallel", pc.get("data_parallel", 1), bounds.MAX_DATA_PARALLEL)))
     interleave = mf.pipeline_interleave(raw)
     note = ""
     if interleave is False or (interleave is None and mf.is_mindformers_config(raw)):

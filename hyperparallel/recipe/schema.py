@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key
 
 #: top-level scalar keys of MindFormers' ``GeneralConfig``
 GENERAL = ("seed", "output_dir", "run_mode", "use_parallel", "resume_training", "print_separate_loss",

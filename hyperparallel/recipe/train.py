@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple
 
-from ..mpipe.errors import SpecError, unknown_key
+from ..errors import SpecError, unknown_key, whole
 
 OPTIMIZERS = ("adam", "sgd")
 #: ``train.loss_normalization``: the step loss is the mean over the step's answer tokens (``tokens``,
@@ -127,14 +127,6 @@ MAX_STEPS = 10 ** 9           # train.steps, train.save_every
 MAX_SECONDS = 7 * 24 * 3600   # train.hang_timeout_s, train.stop_grace_s: a week
 
 
-def _whole(key: str, v, least: int, most: Optional[int] = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-        raise SpecError(key, f"must be a whole number >= {least}, got {v!r}")
-    if most is not None and v > most:
-        raise SpecError(key, f"must be a whole number {least}..{most:,}, got {v!r}")
-    return v
-
-
 @dataclass(frozen=True)
 class OptimizerSpec:
     """An optimizer as MindFormers' ``build_optim`` takes it: ``type`` and the class's keyword arguments
@@ -216,7 +208,7 @@ class TrainConfig:
             raise unknown_key("train", sec, TrainConfig.TRAIN_KEYS)
         for key, least, most in (("seed", 0, MAX_SEED), ("steps", 1, MAX_STEPS), ("save_every", 0, MAX_STEPS)):
             if key in sec:
-                _whole(f"train.{key}", sec[key], least, most)
+                whole(f"train.{key}", sec[key], least, most)
         if "lr" in sec:
             _number("train.lr", sec["lr"], 0.0, strict=True)
         for key in ("hang_timeout_s", "stop_grace_s"):
@@ -244,7 +236,7 @@ class TrainConfig:
             if "seed" in sec and sec["seed"] != raw["seed"]:
                 raise SpecError("train.seed", f"{sec['seed']!r} contradicts the top-level seed {raw['seed']!r}; give "
                                               "it in one place")
-            seed = _whole("seed", raw["seed"], 0, MAX_SEED)
+            seed = whole("seed", raw["seed"], 0, MAX_SEED)
             keys["seed"] = "seed"
         mf_opt, mf_lr = raw.get("optimizer"), raw.get("lr_schedule")
         for k in ("optimizer", "lr"):
@@ -358,12 +350,12 @@ def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
                                                    "it in one place")
     ts = sched.get("total_steps")
     if ts is not None and ts != -1:
-        _whole("lr_schedule.total_steps", ts, 1)
+        whole("lr_schedule.total_steps", ts, 1)
     if sched.get("warmup_ratio") is not None and not 0 <= _number("lr_schedule.warmup_ratio",
                                                                   sched["warmup_ratio"]) <= 1:
         raise SpecError("lr_schedule.warmup_ratio", f"must be in [0, 1], got {sched['warmup_ratio']!r}")
     if sched.get("warmup_steps") is not None:
-        _whole("lr_schedule.warmup_steps", sched["warmup_steps"], 0)
+        whole("lr_schedule.warmup_steps", sched["warmup_steps"], 0)
     lr_spec = LRSpec(st, lr, tuple(sorted((k, v) for k, v in sched.items() if k not in ("type", "learning_rate"))))
     return OptimizerSpec(t, tuple(sorted(kw.items())), grouped=True), lr_spec
 

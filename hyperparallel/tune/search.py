@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..mpipe.cost import simulate
-from ..mpipe.errors import PlanError, SpecError
+from ..errors import PlanError, SpecError
 from ..recipe.recipe import checked_plan
 from .bound import body_bound, memory_bound, time_bound
 from .space import Candidate, Space

@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..mpipe import orders
 from ..mpipe.cut import split_layers
-from ..mpipe.errors import SpecError
+from ..errors import SpecError, whole
 from ..mpipe.profile import COST_KEYS, ModelProfile, task_ms
 from ..mpipe.schedule import Pipe, Place, Schedule, Transpose, OWNERS, BACKWARDS, SPILLS
 from ..recipe.mindformers import offset_of
@@ -105,8 +105,7 @@ def batch_of(recipe: Recipe) -> Batch:
         v = value_at(recipe.raw, k)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpecError(k, f"must be a whole number >= 1, got {v!r}")
+        whole(k, v)
         keys.append((k, v))
     fixed = ""
     if not keys and isinstance(recipe.raw.get("data"), dict):

@@ -49,7 +49,7 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   (``mindspore/parallel/cluster/process_entity/_api.py``: ``is_master = _is_local_ip(master_addr)``),
   whatever ``--node_rank`` says. Two nodes of one job on one machine (a test of the multi-node path,
   or several "nodes" sharing a big host) then both start one: the second fails to bind the port and
-  its msrun ends the job as failed. :func:`msrun_node` (``python -m hyperparallel.mindspore.compat
+  its msrun ends the job as failed. :func:`msrun_node` (``python -m hyperparallel.runtime.compat
   MSRUN_FLAGS...``) runs msrun with the scheduler left to node 0; the launcher uses it only for a
   node rank above 0 whose ``--master_addr`` is local.
 """

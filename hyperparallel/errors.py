@@ -1,4 +1,6 @@
-"""One error type for bad user input (recipe, schedule spec, CLI, plan files)."""
+"""Bad input, refused: one error type for bad user input (recipe, schedule spec, CLI, plan files), the
+plan checker's error, and the few checks every layer shares (one message per rule). The bottom layer."""
+from typing import Optional
 
 
 class SpecError(ValueError):
@@ -16,6 +18,21 @@ class SpecError(ValueError):
 
 class PlanError(ValueError):
     """A derived or loaded plan that breaks a rule (checker finding)."""
+
+
+def is_whole(value) -> bool:
+    """An ``int`` that is not a ``bool`` (YAML's ``true`` is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def whole(field: str, value, minimum: int = 1, maximum: Optional[int] = None, shown=repr) -> int:
+    """``value`` if it is a whole number ``minimum``.. (``..maximum``), else the refusal naming ``field``;
+    ``shown`` writes the value into the message."""
+    if not is_whole(value) or value < minimum:
+        raise SpecError(field, f"must be a whole number >= {minimum}, got {shown(value)}")
+    if maximum is not None and value > maximum:
+        raise SpecError(field, f"must be a whole number {minimum}..{maximum:,}, got {shown(value)}")
+    return value
 
 
 def nearest(key: str, known) -> str:

@@ -1,4 +1,4 @@
-"""Entry point run by msrun on every rank: ``msrun ... hyperparallel/mindspore/worker.py JOB.json``.
+"""Entry point run by msrun on every rank: ``msrun ... python -m hyperparallel.runtime.worker JOB.json``.
 
 The job file (written by :mod:`hyperparallel.launch`) holds one or more cases,
 each a recipe (raw dict, overrides applied), its derived plan (JSON), the step
@@ -12,17 +12,9 @@ dumps its losses, the step-0 gradients it holds and its memory records, for equi
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
-
-if __name__ == "__main__":
-    # msrun runs this file as a script: drop its folder from sys.path (its module names
-    # must not shadow anything) and import the package from the repository root instead.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
-
-import json
 from typing import Optional, Tuple
 
 import numpy as np
@@ -48,7 +40,7 @@ def _resume(case: dict, rt, name: str) -> int:
     """The case's checkpoint (``resume_from``, resolved by the launcher, or with ``resume`` the newest
     complete step of ``save_dir``) restored; returns the first step. A checkpoint that does not fit
     stops every rank with exit status 2 and a ``REFUSED`` line."""
-    from hyperparallel.mindspore.ckpt_files import REFUSED, CheckpointError, Source, resolve
+    from hyperparallel.runtime.ckpt_files import REFUSED, CheckpointError, Source, resolve
     try:
         if case.get("resume_from"):
             src = Source.from_json(case["resume_from"])
@@ -125,11 +117,11 @@ class _CaseRun:
     dump, log line, checkpoint, stop), then :meth:`finish` (summaries, dumps, the end-of-case beat)."""
 
     def __init__(self, case: dict, comm, stopper, beat_dir: str, pool):
-        from hyperparallel.mindspore.checkpoint import recipe_hash
-        from hyperparallel.mindspore.ckpt_files import REFUSED_INPUT
-        from hyperparallel.mindspore.hooks import Chain, FaultInjection, Progress
-        from hyperparallel.mindspore.job import case_runtime, encoder_record
-        from hyperparallel.mpipe.errors import SpecError
+        from hyperparallel.runtime.checkpoint import recipe_hash
+        from hyperparallel.runtime.ckpt_files import REFUSED_INPUT
+        from hyperparallel.runtime.hooks import Chain, FaultInjection, Progress
+        from hyperparallel.runtime.job import case_runtime, encoder_record
+        from hyperparallel.errors import SpecError
         from hyperparallel.watch import Heartbeat
         self.case, self.stopper = case, stopper
         self.comm = comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
@@ -184,7 +176,7 @@ class _CaseRun:
         if comm.rank == 0:
             print(f"[{name}] {self.rc.train.describe(int(self.case.get('schedule_steps') or self.steps))}", flush=True)
             if counts:
-                from hyperparallel.mindspore.rank import parameters_line
+                from hyperparallel.runtime.rank import parameters_line
                 print(f"[{name}] {parameters_line(counts, self.rt.plan.regions())}", flush=True)
             if self.skipped:
                 print(f"[{name}] data: {self.skipped} bad sample(s) skipped (hyperparallel data check lists them)",
@@ -212,7 +204,7 @@ class _CaseRun:
 
     def train_step(self, step: int):
         """One optimizer step; a non-finite one stops every rank (at the same step: nothing of it saved)."""
-        from hyperparallel.mindspore.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep
+        from hyperparallel.runtime.nonfinite import NONFINITE, NONFINITE_EXIT, NonFiniteStep
         try:
             return self.rt.step(step, stop=self.wants_stop)
         except NonFiniteStep as e:
@@ -225,7 +217,7 @@ class _CaseRun:
     def memory_record(self, step: int, res) -> Optional[dict]:
         """This rank's memory record of the step (with a run or dump folder); ``step``: steps done, as
         metrics.jsonl and the console count them."""
-        from hyperparallel.mindspore.memory import rank_memory
+        from hyperparallel.runtime.memory import rank_memory
         mem = dict(rank_memory(self.rt, res.grads), step=step + 1) if (self.run_dir or self.dump_dir) else None
         self.memory.append(mem)
         return mem
@@ -255,7 +247,7 @@ class _CaseRun:
 
     def log_step(self, step: int, res, mem_all) -> None:
         """Rank 0's console line and metrics.jsonl record of the step."""
-        from hyperparallel.mindspore.nonfinite import json_line
+        from hyperparallel.runtime.nonfinite import json_line
         if self.comm.rank != 0:
             return
         rec = self.log.record(res, self.skipped)
@@ -270,7 +262,7 @@ class _CaseRun:
     def save_if_due(self, step: int, stop: bool) -> None:
         """The checkpoint of the step when due (every save_every, the last step, a stop); a failed write
         exits with SAVE_FAILED_EXIT (the rank printed the path and the OS error)."""
-        from hyperparallel.mindspore.checkpoint import SaveError
+        from hyperparallel.runtime.checkpoint import SaveError
         save_every = self.save_every
         due = self.save_dir and ((save_every and (step + 1) % save_every == 0) or step + 1 == self.steps or stop)
         if due:
@@ -283,8 +275,8 @@ class _CaseRun:
 
     def announce_stop(self, step: int) -> None:
         """Rank 0's ``stopped on signal`` line: who asked, after which step, what was kept."""
-        from hyperparallel.mindspore.ckpt_files import step_dir
-        from hyperparallel.mindspore.stop import STOPPED
+        from hyperparallel.runtime.ckpt_files import step_dir
+        from hyperparallel.runtime.stop import STOPPED
         if self.comm.rank == 0:
             save_dir, stopper = self.save_dir, self.stopper
             kept = f"checkpoint {step_dir(save_dir, step + 1)} saved" if save_dir else "no --save-dir: nothing saved"
@@ -301,7 +293,7 @@ class _CaseRun:
         if comm.rank == 0 and self.log.steps_skipped:
             print(f"[{name}] train.nonfinite: skip: {self.log.steps_skipped} of {self.steps - self.start} step(s) "
                   "skipped (a non-finite loss or grad norm; no update)", flush=True)
-        from hyperparallel.mindspore.compiled import summary
+        from hyperparallel.runtime.compiled import summary
         line = summary(rt.bodies, comm.rank)
         if line:
             print(f"[{name}] {line}", flush=True)
@@ -324,19 +316,19 @@ class _CaseRun:
 
 
 def main(argv=None) -> int:
-    from hyperparallel.mindspore.job import end_job, start_job
-    from hyperparallel.mindspore.stop import StopRequest
+    from hyperparallel.runtime.job import end_job, start_job
+    from hyperparallel.runtime.stop import StopRequest
     argv = sys.argv[1:] if argv is None else argv
     job = start_job(argv)
     # the rank's own grace is the launcher's plus a margin: it matters only when the launcher is gone
     stopper = StopRequest(int(os.environ.get("RANK_ID", 0) or 0), float(job.get("stop_grace_s", 30.0)) + 5.0)
     stopper.install()   # a signal during init() is acted on after it (stop after the first step)
-    from hyperparallel.mindspore.comm import Comm
+    from hyperparallel.runtime.comm import Comm
     comm = Comm(1)   # each case takes its own data-parallel view (Comm.with_data_parallel)
     stopper.rank = comm.rank
     stopper.install()   # again: init() may have set handlers of its own
     beat_dir = os.path.dirname(os.path.abspath(argv[0]))
-    from hyperparallel.mindspore.compiled import GraphPool
+    from hyperparallel.runtime.compiled import GraphPool
     pool = GraphPool()   # a later case of the same chunk runs the graphs an earlier one compiled
     for case in job["cases"]:
         if run_case(case, comm, stopper, beat_dir, pool):
