@@ -40,7 +40,7 @@ fuzz: install
 mutation: install
 	$(PY) tools/mutation_report.py
 
-# the demo conversations data set that recipes/tiny_mllm_data.yaml reads (see README "Your own data")
+# the demo conversations data set that recipes/tiny_mllm_data.yaml reads (see docs/data.md, "Your own data")
 demo-data: install
 	$(PY) tools/make_demo_data.py data/demo
 

@@ -1,7 +1,7 @@
 """Tokenizer loading and the conversation-to-sequence rule of the ``conversations`` source.
 
 A tokenizer is any Hugging Face ``tokenizers`` JSON file (``Tokenizer.from_file``).
-The rule that turns one LLaVA-style sample into a sequence (documented in the README):
+The rule that turns one LLaVA-style sample into a sequence (documented in docs/data.md):
 
 * turns are laid out in order: a ``human`` turn as ``"USER: " + value``, a ``gpt`` turn
   as ``"ASSISTANT:"`` followed by ``" " + value`` and the tokenizer's end-of-sequence

@@ -43,7 +43,7 @@ VISION, LLM = "vision", "llm"
 #: to the dimension"), and its rotary embedding's ``expand(..., -1, 1)`` fails shape inference; rewriting
 #: mindone's layers here would no longer run mindone's own model classes (tests/mindone_jit_probe.py).
 EAGER_REASON = ("no tensor-only body: mindone's Qwen-VL layers do not compile under mindspore.jit "
-                "(torch-style Tensor.transpose(1, 2) in their attention; README, compiled chunks)")
+                "(torch-style Tensor.transpose(1, 2) in their attention; docs/training.md, compiled chunk bodies)")
 # mindone class -> (family key, transformers config class, model_type)
 ARCHS = {"Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLConfig"),
          "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLConfig")}

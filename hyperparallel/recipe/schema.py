@@ -286,7 +286,7 @@ def train_refusals(raw: dict, device: str) -> List[Tuple[str, str]]:
         out.append(("context.device_target", f"{ctx['device_target']!r} differs from device: {device}; give the same"))
     for sec in ("train_dataset", "train_dataset_task"):
         if raw.get(sec) is not None:
-            out.append((sec, "hyperparallel reads its data from the data: section (README, 'data: keys'); move the "
+            out.append((sec, "hyperparallel reads its data from the data: section (docs/data.md, 'Your own data'); move the "
                              "data set there"))
     return out
 

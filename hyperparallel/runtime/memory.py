@@ -1,6 +1,6 @@
 """Per-rank memory measured on a real rank (issue 23): what the cost model predicts, counted where it lives.
 
-Per step, a rank records (:func:`rank_memory`, one JSON object; the keys are in the README):
+Per step, a rank records (:func:`rank_memory`, one JSON object; the keys are in docs/training.md):
 
 * ``peak_held`` (per region) and ``peak_held_total``: the peak number of forwards it holds for a later
   backward on this rank: a forward that records a tape (F, or R of a central backward) is held from its
