@@ -7,7 +7,9 @@ left out. Losses of 3 optimizer steps within 1e-5 relative, every step-0 gradien
 Launches: one on 2 ranks (Qwen2.5-VL: 1f1b, interleaved V=2, zb_h1, transpose owner and central,
 encoder frozen and trained; Qwen3-VL: transpose, and 1f1b with an uneven cut that carries a
 deepstack feature across the LLM boundary; a run started from a Hugging Face directory; a run that
-saves, exported to Hugging Face format afterwards), one on 4 ranks (transpose P=4).
+saves, exported to Hugging Face format afterwards; tied word embeddings: both models in every order, a zbv
+checkpoint resumed under 1f1b), one on 4 ranks (transpose P=4; tied: D=2 x P=2, and the 2-rank zbv
+checkpoint resumed with P=4).
 """
 import json
 import os
@@ -18,7 +20,8 @@ import pytest
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 pytest.importorskip("mindone", reason="mindone is not installed")
 
-from helpers import assert_equivalent, case_name, dumped, job_case, launch_cases, reference_run  # noqa: E402
+from helpers import (LAST_STEP_TOL, assert_equivalent, case_name, dumped, job_case, launch_cases,  # noqa: E402
+                     reference_run)
 from hyperparallel.recipe import load_recipe  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,13 +37,16 @@ CASES_25 = [("1f1b", False, ()), ("1f1b", True, ()), ("interleaved", False, INTE
 UNEVEN = ("model.model_config.offset=[-1, 1]",)   # MindFormers' offset: LLM layers 1 + 3 on the two stages
 CASES_3 = [("transpose", False, ()), ("1f1b", False, UNEVEN)]
 P4 = ("parallel_config.pipeline_stage=4",)
+D2 = ("parallel_config.data_parallel=2",)   # 4 ranks: D=2 x P=2, 2 micro-batches each (the global batch of 4)
 # tied word embeddings (issue 40): the embedding is the LM head; every order equals the reference. V-shape
 # orders (rank 0 holds both ends: one Parameter) need M >= 2P - 1: 4 micro-batches
 TIE = ("model.model_config.tie_word_embeddings=true", "model.model_config.text_config.tie_word_embeddings=true")
 TIE3 = ("model.model_config.text_config.tie_word_embeddings=true",)
 TIED_25 = [("1f1b", TIE, M2), ("interleaved", TIE + INTERLEAVE, M2), ("transpose", TIE, M2),
            ("transpose(backward=central)", TIE, M2), ("zbv", TIE + INTERLEAVE, ()), ("dualpipev", TIE + INTERLEAVE, ())]
-TIED_3 = [("1f1b", TIE3, M2), ("zbv", TIE3 + INTERLEAVE, ())]
+TIED_3 = [("1f1b", TIE3, M2), ("interleaved", TIE3 + INTERLEAVE, M2), ("transpose", TIE3, M2),
+          ("transpose(backward=central)", TIE3, M2), ("zbv", TIE3 + INTERLEAVE, ()),
+          ("dualpipev", TIE3 + INTERLEAVE, ())]
 TIED_IDS = ["1f1b", "interleaved", "transpose", "transpose-central", "zbv", "dualpipev"]
 EMBED = "model.language_model.embed_tokens.weight"
 TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
@@ -183,10 +189,17 @@ def test_qwen2_5_vl_tied_embeddings_train_like_mindones_tied_model_in_every_orde
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("schedule,extra,micro", TIED_3, ids=["1f1b", "zbv"])
-def test_qwen3_vl_tied_embeddings_train_like_mindones_tied_model(two_rank, demo, schedule, extra, micro):
+@pytest.mark.parametrize("schedule,extra,micro", TIED_3, ids=TIED_IDS)
+def test_qwen3_vl_tied_embeddings_train_like_mindones_tied_model_in_every_order(two_rank, demo, schedule, extra,
+                                                                                  micro):
+    """Qwen3-VL's text_config ties the embedding to the LM head: in every order the losses and every
+    holder's gradient of the one weight equal mindone's tied model's."""
     cases, _ = two_rank
-    assert_matches(demo, cases[_name(Q3, schedule, False, extra)], micro)
+    case = cases[_name(Q3, schedule, False, extra)]
+    assert case["plan"]["tied"][0]["devices"] == ([0] if schedule in ("zbv", "dualpipev") else [0, 1])
+    assert_matches(demo, case, micro)
+    _, per_rank = dumped(case["dump_dir"])
+    assert len(per_rank[EMBED]) == len(case["plan"]["tied"][0]["devices"])
 
 
 @pytest.mark.msrun
@@ -305,14 +318,51 @@ def test_hugging_face_export_loads_with_from_pretrained_and_gives_the_pipelines_
 
 
 @pytest.fixture(scope="module")
-def four_rank(tmp_path_factory, demo):
+def four_rank(tmp_path_factory, demo, two_rank):
+    """One launch on 4 ranks: transpose P=4; tied, D=2 x P=2 (1f1b); tied, P=4 (1f1b) resumed from the
+    2-rank zbv checkpoint (one holder, rank 0) at its step 3."""
+    from hyperparallel.runtime.ckpt_files import resolve
     tmp = str(tmp_path_factory.mktemp("qwen4"))
-    case = _case(tmp, demo, Q25, "transpose", False, P4, micro=())
-    launch_cases(tmp, [case], 4, timeout=900)
-    return case
+    named, _ = two_rank
+    zbv = named[_name(Q25, "zbv", False, TIE + INTERLEAVE)]
+    cases = {"p4": _case(tmp, demo, Q25, "transpose", False, P4, micro=()),
+             "tied_d2": _case(tmp, demo, Q25, "1f1b", False, TIE + D2),
+             "tied_p4_resumed": _case(tmp, demo, Q25, "1f1b", False, TIE + P4, (), steps=TIED_REF_STEPS,
+                                      resume_from=resolve(os.path.join(zbv["save_dir"], "step_3")).to_json(),
+                                      dump_dir=os.path.join(tmp, "dump", "tied_p4_resumed"))}
+    launch_cases(tmp, list(cases.values()), 4, timeout=1200)
+    return cases
 
 
 @pytest.mark.msrun
 def test_qwen2_5_vl_four_ranks_transpose_matches(four_rank, demo):
-    assert four_rank["plan"]["num_devices"] == 4 and four_rank["plan"]["num_micro"] == 4
-    assert_equivalent(four_rank, *reference(demo, Q25, False, micro=()))
+    case = four_rank["p4"]
+    assert case["plan"]["num_devices"] == 4 and case["plan"]["num_micro"] == 4
+    assert_equivalent(case, *reference(demo, Q25, False, micro=()))
+
+
+@pytest.mark.msrun
+def test_qwen2_5_vl_tied_embeddings_with_data_parallel_match(four_rank, demo):
+    """D=2 x P=2, tied: each data-parallel replica sums its two copies (ranks 0+2, 1+3), then the data-parallel
+    all-reduce sums the replicas; losses and all 4 ranks' gradients of the one weight equal the reference's."""
+    case = four_rank["tied_d2"]
+    assert case["plan"]["data_parallel"] == 2 and case["plan"]["tied"][0]["devices"] == [0, 1]
+    assert_matches(demo, case)
+    _, per_rank = dumped(case["dump_dir"])
+    assert len(per_rank[EMBED]) == 4
+
+
+@pytest.mark.msrun
+def test_tied_checkpoint_resumes_exactly_under_another_pipeline_size(four_rank, demo):
+    """zbv's P=2 checkpoint (the embedding once, from rank 0) resumed by 1f1b with P=4: the copies on the
+    first and last device both load that one value (and its moments); the 4th step's loss is the reference's."""
+    case = four_rank["tied_p4_resumed"]
+    assert case["plan"]["num_devices"] == 4 and case["plan"]["tied"][0]["devices"] == [0, 3]
+    got, per_rank = dumped(case["dump_dir"])
+    assert got["start"] == 3 and len(got["losses"]) == 1
+    ref = reference(demo, Q25, False, TIE, micro=(), steps=TIED_REF_STEPS)
+    np.testing.assert_allclose(got["losses"][0], ref[0][3], rtol=1e-5)
+    want = ref[2][3][EMBED]   # both copies' gradient of the resumed step: the reference's 4th step's
+    assert len(per_rank[EMBED]) == 2
+    for g in per_rank[EMBED]:
+        np.testing.assert_allclose(g, want, rtol=LAST_STEP_TOL, atol=LAST_STEP_TOL * float(np.abs(want).max()))

@@ -17,7 +17,7 @@ from hyperparallel.mpipe import derive
 from hyperparallel.mpipe.check import check
 from hyperparallel.mpipe.cost import simulate
 from hyperparallel.errors import SpecError
-from hyperparallel.mpipe.ir import ALLREDUCE, TIED, W, Plan
+from hyperparallel.mpipe.ir import ALLREDUCE, DP_GROUP, TIED, W, WGRAD, Plan
 from hyperparallel.mpipe.profile import TiedWeight, parse_profile
 from hyperparallel.recipe import load_recipe, checked_plan
 
@@ -59,6 +59,19 @@ def test_v_shape_orders_hold_both_copies_on_one_device_and_reduce_nothing(schedu
     assert check(plan) == []
     assert plan.tied[0].devices == (0,) and plan.tied[0].chunks == (0, 3)
     assert all(not v for v in _tied_reduces(plan).values())
+
+
+def test_data_parallel_keeps_the_tied_all_reduce_within_each_replica():
+    """D=2 x P=2: each replica sums its own two copies (global ranks 0+2 and 1+3; device d holds ranks 2d, 2d+1),
+    before the data-parallel all-reduce sums the replicas."""
+    plan = derive(_tied_profile(), "1f1b", 2, 4, 1, 2)
+    assert check(plan) == [] and plan.tied[0].devices == (0, 1)
+    for d in (0, 1):
+        kinds = [(a.tensor, a.group) for a in plan.programs[d] if a.kind == ALLREDUCE]
+        assert kinds.index((TIED, (0, 1))) < kinds.index((WGRAD, DP_GROUP))
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    from hyperparallel.runtime.rank import plan_groups
+    assert {(0, 2), (1, 3), (0, 1), (2, 3)} <= plan_groups(plan)   # tied per replica; each device's replicas
 
 
 def test_untied_model_plans_no_tied_collective():
