@@ -476,3 +476,101 @@ def test_collectives_after_a_data_parallel_allreduce_are_still_checked():
     plan.programs[d][k] = dataclasses.replace(a, group=tuple(x for x in a.group if x != d))
     errs = check_collectives(plan)
     assert errs and f"device {d} is not a member of group" in errs[0]
+
+
+def test_assert_valid_of_a_single_finding_adds_no_count():
+    from hyperparallel.mpipe import assert_valid
+    from hyperparallel.mpipe.errors import PlanError
+    plan = _1f1b()
+    plan.programs[0].insert(0, Action("FLY"))
+    errs = check(plan)
+    assert errs == ["device 0 action 0 (FLY): unknown kind"]
+    with pytest.raises(PlanError) as e:
+        assert_valid(plan)
+    assert str(e.value) == errs[0]
+
+
+def _wgrad_allreduce():
+    return Action(ALLREDUCE, "llm", tensor=WGRAD, group=(0, 1))
+
+
+def test_fifo_orders_collectives_among_the_messages_of_a_channel():
+    # a collective of both devices appended to each program is valid; device 1 joining it before its first
+    # receive while device 0 sends first breaks the order of channel 0->1 (the collective is a marker there)
+    plan = _1f1b(P=2, M=2)
+    for d in (0, 1):
+        plan.programs[d].append(_wgrad_allreduce())
+    assert check(plan) == []
+    p1 = plan.programs[1]
+    p1.insert(0, p1.pop())
+    s = _index(plan.programs[0], lambda a: a.kind == SEND)
+    errs = check_fifo(plan)
+    assert errs[0] == ("device 1 action 0 (ALLREDUCE llm group=[0, 1]): FIFO order broken on channel 0->1: awaits "
+                       "('collective', 'ALLREDUCE', 'wgrad', 'llm', (0, 1), None, 0) as message #0, but device 0 "
+                       f"action {s} (SEND act llm c0 m0 ->1) sends ('act', 'llm', 0, 0) in that place")
+
+
+def test_fifo_counts_the_collectives_of_a_group_per_device():
+    # device 0 joins three collectives of one group, device 1 two: the third (#2) has no partner
+    plan = _1f1b(P=2, M=2)
+    for d, n in ((0, 3), (1, 2)):
+        plan.programs[d] += [_wgrad_allreduce() for _ in range(n)]
+    k0, k1 = len(plan.programs[0]) - 1, len(plan.programs[1])
+    key = "('collective', 'ALLREDUCE', 'wgrad', 'llm', (0, 1), None, 2)"
+    assert check_fifo(plan) == [
+        f"device 0 action {k0} (ALLREDUCE llm group=[0, 1]): sends {key} to device 1, which never receives it",
+        f"device 0 action {k0} (ALLREDUCE llm group=[0, 1]): awaits {key} from device 1, which never sends it"]
+    assert k1 > 0
+
+
+@pytest.mark.parametrize("extra_on", [0, 1])
+def test_a_member_with_one_collective_more_or_less(extra_on):
+    # device 0 is the reference: device 1 running out early ends its program; one more on device 1 is named
+    plan = _1f1b(P=2, M=2)
+    for d in (0, 1):
+        plan.programs[d] += [_wgrad_allreduce()] * (2 if d == extra_on else 1)
+    errs = check_collectives(plan)
+    if extra_on == 0:
+        assert errs == ["device 1 (end of program): collective #1 of group [0, 1] differs from device 0's"]
+    else:
+        k = len(plan.programs[1]) - 1
+        assert errs == [f"device 1 action {k}: collective #1 of group [0, 1] differs from device 0's"]
+
+
+def test_every_collective_outside_its_group_is_reported():
+    plan = _1f1b(P=2, M=2)
+    n = len(plan.programs[1])
+    plan.programs[1] += [Action(ALLREDUCE, "llm", tensor=WGRAD, group=(0,))] * 2
+    assert check_collectives(plan) == [
+        f"device 1 action {n + i} (ALLREDUCE llm group=[0]): device 1 is not a member of group (0,)" for i in (0, 1)]
+
+
+def _frozen_llm_behind_trained_encoder():
+    plan = derive(profile(("vision", 2, True), ("llm", 4, False)), "1f1b", 2, 2)
+    assert check(plan) == []
+    d, k = next((d, i) for d, p in plan.programs.items() for i, a in enumerate(p)
+                if a.region == "llm" and a.kind == B and a.micro == 0)
+    return plan, d, k
+
+
+@pytest.mark.parametrize("edit, counts", [("add W", "0 BW, 1 B, 1 W"), ("add BW", "1 BW, 1 B, 0 W"),
+                                          ("drop B", "0 BW, 0 B, 0 W")])
+def test_frozen_region_needing_its_input_grad_gets_exactly_one_b(edit, counts):
+    plan, d, k = _frozen_llm_behind_trained_encoder()
+    prog = plan.programs[d]
+    a = prog[k]
+    if edit == "drop B":
+        del prog[k]
+    else:
+        prog.insert(k + 1, dataclasses.replace(a, kind=edit.split()[1]))
+    errs = check_completeness(plan, _Structure(plan))
+    assert errs == [f"backward of llm c{a.chunk} m0: {counts}; expected one B (frozen, input grad only)"]
+
+
+@pytest.mark.parametrize("kind", [B, W, R])
+def test_any_backward_task_for_a_frozen_prefix_is_refused(kind):
+    plan = _transpose("owner", trained=False)
+    d, a = next((d, a) for d, p in plan.programs.items() for a in p if a.region == "vision" and a.kind == F)
+    plan.programs[d].append(dataclasses.replace(a, kind=kind))
+    assert check_completeness(plan, _Structure(plan)) == [
+        f"backward of vision c0 m{a.micro} scheduled, but vision and everything before it is frozen"]
