@@ -574,3 +574,12 @@ def test_any_backward_task_for_a_frozen_prefix_is_refused(kind):
     plan.programs[d].append(dataclasses.replace(a, kind=kind))
     assert check_completeness(plan, _Structure(plan)) == [
         f"backward of vision c0 m{a.micro} scheduled, but vision and everything before it is frozen"]
+
+
+def test_check_refuses_a_collective_over_a_named_group_other_than_data_parallel():
+    # only "dp" names a group; any other name is no member list (the FIFO rule has no channel for it, the
+    # collective rule refuses it before the deadlock run would try to gather its members)
+    plan = _1f1b(P=2, M=2)
+    k = len(plan.programs[0])
+    plan.programs[0].append(Action(ALLREDUCE, "llm", tensor=WGRAD, group="tp"))
+    assert check(plan) == [f"device 0 action {k} (ALLREDUCE llm group=tp): device 0 is not a member of group tp"]
