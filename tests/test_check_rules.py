@@ -583,3 +583,44 @@ def test_check_refuses_a_collective_over_a_named_group_other_than_data_parallel(
     k = len(plan.programs[0])
     plan.programs[0].append(Action(ALLREDUCE, "llm", tensor=WGRAD, group="tp"))
     assert check(plan) == [f"device 0 action {k} (ALLREDUCE llm group=tp): device 0 is not a member of group tp"]
+
+
+def _central_three_regions():
+    # central backward of a trained two-region encoder: device 0 recomputes vision and proj of every micro-batch
+    plan = derive(profile(("vision", 2, True), ("proj", 1, True), ("llm", 4, True)), "transpose(backward=central)",
+                  2, 2)
+    assert check(plan) == []
+    return plan
+
+
+def test_a_recompute_reads_the_recompute_of_the_chunk_before_it():
+    # device 0 recomputes vision m1 before proj m1 and no longer receives vision's m1 output: proj's recompute
+    # reads vision's recompute, so the plan stays valid
+    plan = _central_three_regions()
+    p0, p1 = plan.programs[0], plan.programs[1]
+    p0.remove(next(a for a in p0 if a.kind == RECV and a.region == "vision" and a.micro == 1))
+    p1.remove(next(a for a in p1 if a.kind == SEND and a.region == "vision" and a.micro == 1))
+    rv = p0.pop(_index(p0, lambda a: a.kind == R and a.region == "vision" and a.micro == 1))
+    p0.insert(_index(p0, lambda a: a.kind == R and a.region == "proj" and a.micro == 1), rv)
+    assert check(plan) == []
+    # without vision's recompute first, proj's recompute has no input on device 0
+    p0.remove(rv)
+    p0.append(rv)
+    k = _index(p0, lambda a: a.kind == R and a.region == "proj" and a.micro == 1)
+    assert check_dependencies(plan, _Structure(plan))[0] == (
+        f"device 0 action {k} (R proj c0 m1): needs act of vision c0 m1, which is neither computed nor received "
+        "earlier on device 0")
+
+
+def test_a_compute_action_without_a_chunk_is_refused():
+    plan = _1f1b()
+    prog = plan.programs[0]
+    k = _index(prog, lambda a: a.kind == F)
+    prog[k] = dataclasses.replace(prog[k], chunk=None)
+    assert check_structure(plan, _Structure(plan)) == [f"device 0 action {k} (F llm m0): unknown region/chunk"]
+
+
+def test_a_plan_without_compute_has_no_dependencies_to_check():
+    from hyperparallel.mpipe import Plan
+    plan = Plan(num_devices=2, num_micro=1, programs={0: [], 1: []})
+    assert check_dependencies(plan, _Structure(plan)) == []
