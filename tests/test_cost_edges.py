@@ -29,15 +29,16 @@ def _plan(prof, schedule="1f1b", D=1):
 # -- the report's JSON -------------------------------------------------------------------------------------------
 
 def test_report_json_rounds_to_six_places_and_names_every_field():
-    dev = DeviceCost(1, busy_ms=1.2345674, peak_activation_mb=2.0000007, peak_memory_mb=3.5, static_memory_mb=9.0,
-                     params_mb=4.1234561, grads_mb=0.5, optimizer_mb=1.0000003, peak_held={"llm": 2},
+    dev = DeviceCost(1, busy_ms=1.2345674, peak_activation_mb=2.0000007, peak_memory_mb=3.5000004,
+                     static_memory_mb=9.0, params_mb=4.1234561, grads_mb=0.5000004, optimizer_mb=1.2500003, peak_held={"llm": 2},
                      peak_held_total=3)
-    rep = CostReport(makespan_ms=10.1234562, step_ms=7.0000004, bubble_ratio=0.2500008, devices=[dev])
+    rep = CostReport(makespan_ms=10.1234562, step_ms=7.2500004, bubble_ratio=0.2500008, devices=[dev])
     out = rep.to_json()
-    assert out == {"makespan_ms": 10.123456, "step_ms": 7.0, "bubble_ratio": 0.250001,
+    assert out == {"makespan_ms": 10.123456, "step_ms": 7.25, "bubble_ratio": 0.250001,
                    "devices": [{"device": 1, "busy_ms": 1.234567, "peak_activation_mb": 2.000001,
-                                "peak_memory_mb": 3.5, "params_mb": 4.123456, "grads_mb": 0.5, "optimizer_mb": 1.0,
+                                "peak_memory_mb": 3.5, "params_mb": 4.123456, "grads_mb": 0.5, "optimizer_mb": 1.25,
                                 "peak_held": {"llm": 2}, "peak_held_total": 3}]}
+    # a seventh decimal below 5 everywhere: rounding to 7 places or to a whole number would show
     assert out["devices"][0]["peak_held"] is not dev.peak_held   # a copy: editing the JSON leaves the report
 
 
@@ -214,3 +215,23 @@ def test_frozen_forward_holds_one_layer_while_it_runs():
                                        for t in rep.execution.timeline[d])]
     assert runs
     assert [rep.devices[d].peak_activation_mb for d in runs] == [3.0] * len(runs)
+
+
+def test_tied_weight_missing_from_the_profile_weighs_nothing():
+    # the plan ties an embedding the profile gives no size: each device holds only its two 10 MB LLM layers
+    plan, prof = _tied(True)
+    dur = Durations(plan, dataclasses.replace(prof, tied=()))
+    assert dur.tied_mb("embed") == 0.0
+    assert [dur.held_param_mb(d) for d in (0, 1)] == [20.0, 20.0]
+
+
+def test_tied_allreduce_moves_only_the_tied_weights_of_its_own_group():
+    # a second tied weight of the LLM held on device 0 alone is not summed by the all-reduce over (0, 1):
+    # 64 MB over 2 members at 1 GB/s, no latency
+    from hyperparallel.mpipe.ir import TIED
+    from hyperparallel.mpipe.profile import TiedWeight
+    plan, prof = _tied(True)
+    plan = dataclasses.replace(plan, tied=plan.tied + [dataclasses.replace(plan.tied[0], name="lone", devices=(0,))])
+    prof = dataclasses.replace(prof, tied=prof.tied + (TiedWeight("lone", "llm", (0, 0), 32.0),))
+    a = Action(ALLREDUCE, "llm", tensor=TIED, group=(0, 1))
+    assert Durations(plan, prof).comm(a) == pytest.approx(64.0 / 1024.0 * 1000.0)
