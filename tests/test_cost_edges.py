@@ -30,8 +30,8 @@ def _plan(prof, schedule="1f1b", D=1):
 
 def test_report_json_rounds_to_six_places_and_names_every_field():
     dev = DeviceCost(1, busy_ms=1.2345674, peak_activation_mb=2.0000007, peak_memory_mb=3.5000004,
-                     static_memory_mb=9.0, params_mb=4.1234561, grads_mb=0.5000004, optimizer_mb=1.2500003, peak_held={"llm": 2},
-                     peak_held_total=3)
+                     static_memory_mb=9.0, params_mb=4.1234561, grads_mb=0.5000004, optimizer_mb=1.2500003,
+                     peak_held={"llm": 2}, peak_held_total=3)
     rep = CostReport(makespan_ms=10.1234562, step_ms=7.2500004, bubble_ratio=0.2500008, devices=[dev])
     out = rep.to_json()
     assert out == {"makespan_ms": 10.123456, "step_ms": 7.25, "bubble_ratio": 0.250001,
