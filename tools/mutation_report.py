@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "mutation.md"))
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (default: a temporary folder)")
-    ap.add_argument("--rerun", metavar="DIR", 
+    ap.add_argument("--rerun", metavar="DIR",
                     help="re-run what the run kept in DIR did not kill, with the current tests")
     ap.add_argument("--notes-only", metavar="DIR", help="rewrite the page from the run kept in DIR")
     ap.add_argument("--max-children", type=int, default=2)
