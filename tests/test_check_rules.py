@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from hyperparallel.mpipe import Action, Plan, check, derive
-from hyperparallel.mpipe.check import (check_chunks, check_collectives, check_completeness, check_deadlock,
+from hyperparallel.mpipe.check import (check_chunks, check_collectives, check_completeness, check_deadlock, check_tied,
                                        check_dependencies, check_fifo, check_structure, _Structure)
 from hyperparallel.mpipe.ir import ALLREDUCE, B, BW, F, GRAD, R, RECV, SEND, W, WGRAD
 
@@ -624,3 +624,55 @@ def test_a_plan_without_compute_has_no_dependencies_to_check():
     from hyperparallel.mpipe import Plan
     plan = Plan(num_devices=2, num_micro=1, programs={0: [], 1: []})
     assert check_dependencies(plan, _Structure(plan)) == []
+
+
+# -- tied weights (check_tied) ------------------------------------------------------------------------------------
+
+def _tied_1f1b():
+    # 1F1B, P = 2, LLM of 4 layers: the embedding tied between layer 0 (chunk 0, device 0) and 3 (chunk 1, device 1)
+    from hyperparallel.mpipe.profile import TiedWeight
+    prof = profile(("llm", 4, True))
+    prof = dataclasses.replace(prof, tied=(TiedWeight("embed", "llm", (0, 3), 1.0),))
+    plan = derive(prof, "1f1b", 2, 2)
+    assert check(plan) == [] and [(t.chunks, t.devices) for t in plan.tied] == [((0, 1), (0, 1))]
+    return plan
+
+
+def _tied_reduces(plan):
+    return [(d, i) for d, p in sorted(plan.programs.items()) for i, a in enumerate(p)
+            if a.kind == ALLREDUCE and a.tensor == "tied"]
+
+
+def test_tied_entry_naming_a_chunk_that_does_not_exist():
+    plan = _tied_1f1b()
+    plan.tied[0] = dataclasses.replace(plan.tied[0], chunks=(5, 0, 1))
+    assert check_tied(plan, _Structure(plan)) == ["tied[0] (embed): chunk 5 of region 'llm' does not exist"]
+
+
+def test_tied_entry_whose_devices_are_not_its_chunks_holders():
+    # devices (0,) for chunks held by 0 and 1; with one device listed nothing is to be summed, so both
+    # derived ALLREDUCE tied are refused as well
+    plan = _tied_1f1b()
+    plan.tied[0] = dataclasses.replace(plan.tied[0], devices=(0,))
+    assert check_tied(plan, _Structure(plan)) == (
+        ["tied[0] (embed): devices [0] but its chunks are held by [0, 1]"]
+        + [f"device {d} action {i} (ALLREDUCE tied llm group=[0, 1]): no tied weight of the plan has copies on "
+           "exactly these devices" for d, i in _tied_reduces(plan)])
+    assert len(_tied_reduces(plan)) == 2
+
+
+def test_tied_weight_within_one_replicated_chunk_needs_no_allreduce():
+    # transpose: the encoder's one chunk is held by both devices; a weight tied within that chunk is one
+    # parameter per device (the replicas' own all-reduce sums it), so no ALLREDUCE tied is expected
+    from hyperparallel.mpipe.ir import Tied
+    plan = _transpose("owner")
+    (c,) = [c for c in plan.chunks if c.region == "vision"]
+    assert len(c.devices) == 2
+    plan.tied.append(Tied("patch", "vision", (0, 0), tuple(c.devices)))
+    assert check_tied(plan, _Structure(plan)) == []
+
+
+def test_tied_plan_without_a_chunk_table_is_checked_from_its_actions():
+    plan = _tied_1f1b()
+    plan.chunks = []
+    assert check(plan) == []
