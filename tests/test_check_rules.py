@@ -676,3 +676,41 @@ def test_tied_plan_without_a_chunk_table_is_checked_from_its_actions():
     plan = _tied_1f1b()
     plan.chunks = []
     assert check(plan) == []
+
+
+def test_tied_allreduce_before_the_weight_grad_right_after_it_names_that_one():
+    # device 1's ALLREDUCE tied moved to just before its last BW: the only weight grad it misses is the next
+    # action
+    plan = _tied_1f1b()
+    p1 = plan.programs[1]
+    ar = p1.pop(_index(p1, lambda a: a.kind == ALLREDUCE and a.tensor == "tied"))
+    b = max(i for i, a in enumerate(p1) if a.kind == BW)
+    p1.insert(b, ar)
+    assert check_tied(plan, _Structure(plan)) == [
+        f"device 1 action {b} (ALLREDUCE tied llm group=[0, 1]): before {p1[b + 1].label()} (action {b + 1}), whose "
+        "weight grads of embed it must sum"]
+    assert p1[b + 1].kind == BW   # the last one: late is [b + 1] alone
+
+
+def test_tied_allreduce_early_names_the_first_weight_grad_after_it():
+    plan = _tied_1f1b()
+    p0 = plan.programs[0]
+    ar = p0.pop(_index(p0, lambda a: a.kind == ALLREDUCE and a.tensor == "tied"))
+    p0.insert(0, ar)
+    w = _index(p0, lambda a: a.kind == BW)
+    assert check_tied(plan, _Structure(plan)) == [
+        f"device 0 action 0 (ALLREDUCE tied llm group=[0, 1]): before {p0[w].label()} (action {w}), whose "
+        "weight grads of embed it must sum"]
+
+
+def test_tied_allreduce_twice_on_a_device_and_every_unmatched_one_are_reported():
+    plan = _tied_1f1b()
+    p0 = plan.programs[0]
+    p0.append(p0[_index(p0, lambda a: a.kind == ALLREDUCE and a.tensor == "tied")])
+    assert check_tied(plan, _Structure(plan)) == [
+        "device 0: 2 ALLREDUCE tied of tied[0] (embed) over devices [0, 1], expected exactly one"]
+    n = len(p0)
+    p0 += [Action(ALLREDUCE, "llm", tensor="tied", group=(0,))] * 2
+    errs = check_tied(plan, _Structure(plan))
+    assert errs[:2] == [f"device 0 action {n + i} (ALLREDUCE tied llm group=[0]): no tied weight of the plan has "
+                        "copies on exactly these devices" for i in (0, 1)]
