@@ -128,7 +128,7 @@ def rerun(work: str, max_children: int) -> str:
             print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"error: mutmut run failed (exit {run.returncode})")
     first = open(_commit_file(work)).read().strip() if os.path.exists(_commit_file(work)) else "unknown"
-    return f"{first} (all mutants); the {len(left)} it did not kill re-run on {_commit()}"
+    return f"{first} (all mutants); the {len(left)} still not killed re-run on {_commit()}"
 
 
 def main(argv=None) -> int:
