@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from hyperparallel.mpipe import Action, Plan, check, derive
-from hyperparallel.mpipe.check import (check_chunks, check_collectives, check_completeness, check_deadlock,
+from hyperparallel.mpipe.check import (check_chunks, check_collectives, check_completeness, check_deadlock, check_tied,
                                        check_dependencies, check_fifo, check_structure, _Structure)
 from hyperparallel.mpipe.ir import ALLREDUCE, B, BW, F, GRAD, R, RECV, SEND, W, WGRAD
 
@@ -476,3 +476,241 @@ def test_collectives_after_a_data_parallel_allreduce_are_still_checked():
     plan.programs[d][k] = dataclasses.replace(a, group=tuple(x for x in a.group if x != d))
     errs = check_collectives(plan)
     assert errs and f"device {d} is not a member of group" in errs[0]
+
+
+def test_assert_valid_of_a_single_finding_adds_no_count():
+    from hyperparallel.mpipe import assert_valid
+    from hyperparallel.mpipe.errors import PlanError
+    plan = _1f1b()
+    plan.programs[0].insert(0, Action("FLY"))
+    errs = check(plan)
+    assert errs == ["device 0 action 0 (FLY): unknown kind"]
+    with pytest.raises(PlanError) as e:
+        assert_valid(plan)
+    assert str(e.value) == errs[0]
+
+
+def _wgrad_allreduce():
+    return Action(ALLREDUCE, "llm", tensor=WGRAD, group=(0, 1))
+
+
+def test_fifo_orders_collectives_among_the_messages_of_a_channel():
+    # a collective of both devices appended to each program is valid; device 1 joining it before its first
+    # receive while device 0 sends first breaks the order of channel 0->1 (the collective is a marker there)
+    plan = _1f1b(P=2, M=2)
+    for d in (0, 1):
+        plan.programs[d].append(_wgrad_allreduce())
+    assert check(plan) == []
+    p1 = plan.programs[1]
+    p1.insert(0, p1.pop())
+    s = _index(plan.programs[0], lambda a: a.kind == SEND)
+    errs = check_fifo(plan)
+    assert errs[0] == ("device 1 action 0 (ALLREDUCE llm group=[0, 1]): FIFO order broken on channel 0->1: awaits "
+                       "('collective', 'ALLREDUCE', 'wgrad', 'llm', (0, 1), None, 0) as message #0, but device 0 "
+                       f"action {s} (SEND act llm c0 m0 ->1) sends ('act', 'llm', 0, 0) in that place")
+
+
+def test_fifo_counts_the_collectives_of_a_group_per_device():
+    # device 0 joins three collectives of one group, device 1 two: the third (#2) has no partner
+    plan = _1f1b(P=2, M=2)
+    for d, n in ((0, 3), (1, 2)):
+        plan.programs[d] += [_wgrad_allreduce() for _ in range(n)]
+    k0, k1 = len(plan.programs[0]) - 1, len(plan.programs[1])
+    key = "('collective', 'ALLREDUCE', 'wgrad', 'llm', (0, 1), None, 2)"
+    assert check_fifo(plan) == [
+        f"device 0 action {k0} (ALLREDUCE llm group=[0, 1]): sends {key} to device 1, which never receives it",
+        f"device 0 action {k0} (ALLREDUCE llm group=[0, 1]): awaits {key} from device 1, which never sends it"]
+    assert k1 > 0
+
+
+@pytest.mark.parametrize("extra_on", [0, 1])
+def test_a_member_with_one_collective_more_or_less(extra_on):
+    # device 0 is the reference: device 1 running out early ends its program; one more on device 1 is named
+    plan = _1f1b(P=2, M=2)
+    for d in (0, 1):
+        plan.programs[d] += [_wgrad_allreduce()] * (2 if d == extra_on else 1)
+    errs = check_collectives(plan)
+    if extra_on == 0:
+        assert errs == ["device 1 (end of program): collective #1 of group [0, 1] differs from device 0's"]
+    else:
+        k = len(plan.programs[1]) - 1
+        assert errs == [f"device 1 action {k}: collective #1 of group [0, 1] differs from device 0's"]
+
+
+def test_every_collective_outside_its_group_is_reported():
+    plan = _1f1b(P=2, M=2)
+    n = len(plan.programs[1])
+    plan.programs[1] += [Action(ALLREDUCE, "llm", tensor=WGRAD, group=(0,))] * 2
+    assert check_collectives(plan) == [
+        f"device 1 action {n + i} (ALLREDUCE llm group=[0]): device 1 is not a member of group (0,)" for i in (0, 1)]
+
+
+def _frozen_llm_behind_trained_encoder():
+    plan = derive(profile(("vision", 2, True), ("llm", 4, False)), "1f1b", 2, 2)
+    assert check(plan) == []
+    d, k = next((d, i) for d, p in plan.programs.items() for i, a in enumerate(p)
+                if a.region == "llm" and a.kind == B and a.micro == 0)
+    return plan, d, k
+
+
+@pytest.mark.parametrize("edit, counts", [("add W", "0 BW, 1 B, 1 W"), ("add BW", "1 BW, 1 B, 0 W"),
+                                          ("drop B", "0 BW, 0 B, 0 W")])
+def test_frozen_region_needing_its_input_grad_gets_exactly_one_b(edit, counts):
+    plan, d, k = _frozen_llm_behind_trained_encoder()
+    prog = plan.programs[d]
+    a = prog[k]
+    if edit == "drop B":
+        del prog[k]
+    else:
+        prog.insert(k + 1, dataclasses.replace(a, kind=edit.split()[1]))
+    errs = check_completeness(plan, _Structure(plan))
+    assert errs == [f"backward of llm c{a.chunk} m0: {counts}; expected one B (frozen, input grad only)"]
+
+
+@pytest.mark.parametrize("kind", [B, W, R])
+def test_any_backward_task_for_a_frozen_prefix_is_refused(kind):
+    plan = _transpose("owner", trained=False)
+    d, a = next((d, a) for d, p in plan.programs.items() for a in p if a.region == "vision" and a.kind == F)
+    plan.programs[d].append(dataclasses.replace(a, kind=kind))
+    assert check_completeness(plan, _Structure(plan)) == [
+        f"backward of vision c0 m{a.micro} scheduled, but vision and everything before it is frozen"]
+
+
+def test_check_refuses_a_collective_over_a_named_group_other_than_data_parallel():
+    # only "dp" names a group; any other name is no member list (the FIFO rule has no channel for it, the
+    # collective rule refuses it before the deadlock run would try to gather its members)
+    plan = _1f1b(P=2, M=2)
+    k = len(plan.programs[0])
+    plan.programs[0].append(Action(ALLREDUCE, "llm", tensor=WGRAD, group="tp"))
+    assert check(plan) == [f"device 0 action {k} (ALLREDUCE llm group=tp): device 0 is not a member of group tp"]
+
+
+def _central_three_regions():
+    # central backward of a trained two-region encoder: device 0 recomputes vision and proj of every micro-batch
+    plan = derive(profile(("vision", 2, True), ("proj", 1, True), ("llm", 4, True)), "transpose(backward=central)",
+                  2, 2)
+    assert check(plan) == []
+    return plan
+
+
+def test_a_recompute_reads_the_recompute_of_the_chunk_before_it():
+    # device 0 recomputes vision m1 before proj m1 and no longer receives vision's m1 output: proj's recompute
+    # reads vision's recompute, so the plan stays valid
+    plan = _central_three_regions()
+    p0, p1 = plan.programs[0], plan.programs[1]
+    p0.remove(next(a for a in p0 if a.kind == RECV and a.region == "vision" and a.micro == 1))
+    p1.remove(next(a for a in p1 if a.kind == SEND and a.region == "vision" and a.micro == 1))
+    rv = p0.pop(_index(p0, lambda a: a.kind == R and a.region == "vision" and a.micro == 1))
+    p0.insert(_index(p0, lambda a: a.kind == R and a.region == "proj" and a.micro == 1), rv)
+    assert check(plan) == []
+    # without vision's recompute first, proj's recompute has no input on device 0
+    p0.remove(rv)
+    p0.append(rv)
+    k = _index(p0, lambda a: a.kind == R and a.region == "proj" and a.micro == 1)
+    assert check_dependencies(plan, _Structure(plan))[0] == (
+        f"device 0 action {k} (R proj c0 m1): needs act of vision c0 m1, which is neither computed nor received "
+        "earlier on device 0")
+
+
+def test_a_compute_action_without_a_chunk_is_refused():
+    plan = _1f1b()
+    prog = plan.programs[0]
+    k = _index(prog, lambda a: a.kind == F)
+    prog[k] = dataclasses.replace(prog[k], chunk=None)
+    assert check_structure(plan, _Structure(plan)) == [f"device 0 action {k} (F llm m0): unknown region/chunk"]
+
+
+def test_a_plan_without_compute_has_no_dependencies_to_check():
+    from hyperparallel.mpipe import Plan
+    plan = Plan(num_devices=2, num_micro=1, programs={0: [], 1: []})
+    assert check_dependencies(plan, _Structure(plan)) == []
+
+
+# -- tied weights (check_tied) ------------------------------------------------------------------------------------
+
+def _tied_1f1b():
+    # 1F1B, P = 2, LLM of 4 layers: the embedding tied between layer 0 (chunk 0, device 0) and 3 (chunk 1, device 1)
+    from hyperparallel.mpipe.profile import TiedWeight
+    prof = profile(("llm", 4, True))
+    prof = dataclasses.replace(prof, tied=(TiedWeight("embed", "llm", (0, 3), 1.0),))
+    plan = derive(prof, "1f1b", 2, 2)
+    assert check(plan) == [] and [(t.chunks, t.devices) for t in plan.tied] == [((0, 1), (0, 1))]
+    return plan
+
+
+def _tied_reduces(plan):
+    return [(d, i) for d, p in sorted(plan.programs.items()) for i, a in enumerate(p)
+            if a.kind == ALLREDUCE and a.tensor == "tied"]
+
+
+def test_tied_entry_naming_a_chunk_that_does_not_exist():
+    plan = _tied_1f1b()
+    plan.tied[0] = dataclasses.replace(plan.tied[0], chunks=(5, 0, 1))
+    assert check_tied(plan, _Structure(plan)) == ["tied[0] (embed): chunk 5 of region 'llm' does not exist"]
+
+
+def test_tied_entry_whose_devices_are_not_its_chunks_holders():
+    # devices (0,) for chunks held by 0 and 1; with one device listed nothing is to be summed, so both
+    # derived ALLREDUCE tied are refused as well
+    plan = _tied_1f1b()
+    plan.tied[0] = dataclasses.replace(plan.tied[0], devices=(0,))
+    assert check_tied(plan, _Structure(plan)) == (
+        ["tied[0] (embed): devices [0] but its chunks are held by [0, 1]"]
+        + [f"device {d} action {i} (ALLREDUCE tied llm group=[0, 1]): no tied weight of the plan has copies on "
+           "exactly these devices" for d, i in _tied_reduces(plan)])
+    assert len(_tied_reduces(plan)) == 2
+
+
+def test_tied_weight_within_one_replicated_chunk_needs_no_allreduce():
+    # transpose: the encoder's one chunk is held by both devices; a weight tied within that chunk is one
+    # parameter per device (the replicas' own all-reduce sums it), so no ALLREDUCE tied is expected
+    from hyperparallel.mpipe.ir import Tied
+    plan = _transpose("owner")
+    (c,) = [c for c in plan.chunks if c.region == "vision"]
+    assert len(c.devices) == 2
+    plan.tied.append(Tied("patch", "vision", (0, 0), tuple(c.devices)))
+    assert check_tied(plan, _Structure(plan)) == []
+
+
+def test_tied_plan_without_a_chunk_table_is_checked_from_its_actions():
+    plan = _tied_1f1b()
+    plan.chunks = []
+    assert check(plan) == []
+
+
+def test_tied_allreduce_before_the_weight_grad_right_after_it_names_that_one():
+    # device 1's ALLREDUCE tied moved to just before its last BW: the only weight grad it misses is the next
+    # action
+    plan = _tied_1f1b()
+    p1 = plan.programs[1]
+    ar = p1.pop(_index(p1, lambda a: a.kind == ALLREDUCE and a.tensor == "tied"))
+    b = max(i for i, a in enumerate(p1) if a.kind == BW)
+    p1.insert(b, ar)
+    assert check_tied(plan, _Structure(plan)) == [
+        f"device 1 action {b} (ALLREDUCE tied llm group=[0, 1]): before {p1[b + 1].label()} (action {b + 1}), whose "
+        "weight grads of embed it must sum"]
+    assert p1[b + 1].kind == BW   # the last one: late is [b + 1] alone
+
+
+def test_tied_allreduce_early_names_the_first_weight_grad_after_it():
+    plan = _tied_1f1b()
+    p0 = plan.programs[0]
+    ar = p0.pop(_index(p0, lambda a: a.kind == ALLREDUCE and a.tensor == "tied"))
+    p0.insert(0, ar)
+    w = _index(p0, lambda a: a.kind == BW)
+    assert check_tied(plan, _Structure(plan)) == [
+        f"device 0 action 0 (ALLREDUCE tied llm group=[0, 1]): before {p0[w].label()} (action {w}), whose "
+        "weight grads of embed it must sum"]
+
+
+def test_tied_allreduce_twice_on_a_device_and_every_unmatched_one_are_reported():
+    plan = _tied_1f1b()
+    p0 = plan.programs[0]
+    p0.append(p0[_index(p0, lambda a: a.kind == ALLREDUCE and a.tensor == "tied")])
+    assert check_tied(plan, _Structure(plan)) == [
+        "device 0: 2 ALLREDUCE tied of tied[0] (embed) over devices [0, 1], expected exactly one"]
+    n = len(p0)
+    p0 += [Action(ALLREDUCE, "llm", tensor="tied", group=(0,))] * 2
+    errs = check_tied(plan, _Structure(plan))
+    assert errs[:2] == [f"device 0 action {n + i} (ALLREDUCE tied llm group=[0]): no tied weight of the plan has "
+                        "copies on exactly these devices" for i in (0, 1)]

@@ -5,6 +5,12 @@ per file and every mutant the fast tests did not kill, with its diff and, where 
 equivalent. Not part of CI (it takes minutes on 2 cores); rerun when check.py or cost.py change.
 
     python tools/mutation_report.py [--out docs/mutation.md] [--keep DIR]
+    python tools/mutation_report.py --rerun DIR   # after new tests: re-run only what DIR's run did not kill
+
+``--rerun DIR`` takes a run kept with ``--keep DIR`` (check.py and cost.py must be unchanged since), copies the
+current tests in and re-runs only the mutants that run did not kill (a killed mutant stays killed when tests are
+added), then writes the page naming both commits. ``--notes-only DIR`` rewrites the page from DIR's results (after
+editing ``tools/mutation_equivalent.txt``).
 """
 from __future__ import annotations
 
@@ -60,10 +66,14 @@ def _commit() -> str:
         return "unknown"
 
 
-def report(work: str, commit: str = "") -> str:
+def _status(work: str) -> dict:
     res = _mutmut("results", "--all", "true", cwd=work)
     rows = [ln.strip().rsplit(": ", 1) for ln in res.stdout.splitlines() if ": " in ln]
-    status = {name: st for name, st in rows}
+    return {name: st for name, st in rows}
+
+
+def report(work: str, commit: str = "") -> str:
+    status = _status(work)
     per_file = defaultdict(Counter)
     for name, st in status.items():
         per_file[_file_of(name)][st] += 1
@@ -95,12 +105,55 @@ def report(work: str, commit: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+MUTATED = ("hyperparallel/mpipe/check.py", "hyperparallel/mpipe/cost.py")
+
+
+def _commit_file(work: str) -> str:
+    return os.path.join(work, "mutation-commit.txt")
+
+
+def rerun(work: str, max_children: int) -> str:
+    """Re-run the mutants a kept run did not kill against the current tests; return the page's commit line."""
+    for rel in MUTATED:
+        with open(os.path.join(ROOT, rel)) as a, open(os.path.join(work, rel)) as b:
+            if a.read() != b.read():
+                raise SystemExit(f"error: {rel} changed since the run kept in {work}: run the whole mutation again")
+    for dst in (work, os.path.join(work, "mutants")):
+        shutil.copytree(os.path.join(ROOT, "tests"), os.path.join(dst, "tests"), dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    left = [n for n, st in sorted(_status(work).items()) if st in ("survived", "no tests", "timeout")]
+    if left:
+        run = _mutmut("run", "--max-children", str(max_children), *left, cwd=work)
+        if run.returncode != 0:
+            print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"error: mutmut run failed (exit {run.returncode})")
+    first = open(_commit_file(work)).read().strip() if os.path.exists(_commit_file(work)) else "unknown"
+    return f"{first} (all mutants); the {len(left)} still not killed re-run on {_commit()}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "mutation.md"))
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (default: a temporary folder)")
+    ap.add_argument("--rerun", metavar="DIR",
+                    help="re-run what the run kept in DIR did not kill, with the current tests")
+    ap.add_argument("--notes-only", metavar="DIR", help="rewrite the page from the run kept in DIR")
     ap.add_argument("--max-children", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.rerun or args.notes_only:
+        work = args.rerun or args.notes_only
+        line = rerun(work, args.max_children) if args.rerun else None
+        if line:
+            with open(os.path.join(work, "mutation-commit-line.txt"), "w") as f:
+                f.write(line)
+        elif os.path.exists(os.path.join(work, "mutation-commit-line.txt")):
+            line = open(os.path.join(work, "mutation-commit-line.txt")).read().strip()
+        else:
+            line = open(_commit_file(work)).read().strip() if os.path.exists(_commit_file(work)) else ""
+        with open(args.out, "w") as f:
+            f.write(report(work, line))
+        print(f"wrote {args.out}")
+        return 0
     work = args.keep or tempfile.mkdtemp(prefix="hp-mutation-")
     try:
         for name in COPY:
@@ -110,6 +163,8 @@ def main(argv=None) -> int:
             else:
                 shutil.copy(src, dst)
         commit = _commit()
+        with open(_commit_file(work), "w") as f:
+            f.write(commit)
         run = _mutmut("run", "--max-children", str(args.max_children), cwd=work)
         if run.returncode != 0:
             print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
