@@ -480,7 +480,7 @@ def test_collectives_after_a_data_parallel_allreduce_are_still_checked():
 
 def test_assert_valid_of_a_single_finding_adds_no_count():
     from hyperparallel.mpipe import assert_valid
-    from hyperparallel.mpipe.errors import PlanError
+    from hyperparallel.errors import PlanError
     plan = _1f1b()
     plan.programs[0].insert(0, Action("FLY"))
     errs = check(plan)

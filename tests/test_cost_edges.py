@@ -7,7 +7,7 @@ import pytest
 
 from hyperparallel.mpipe import check, derive, parse_profile
 from hyperparallel.mpipe.cost import CostReport, DeviceCost, Durations, ring_ms, simulate, static_memory
-from hyperparallel.mpipe.errors import SpecError
+from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.ir import ALLGATHER, ALLREDUCE, BROADCAST, F, RECV, WGRAD, Action
 from hyperparallel.mpipe.profile import LinkProfile
 
