@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from helpers import ROOT, recipe, run_main
+from helpers import ROOT, recipe, run_cli, run_main
 
 MF = recipe("mf_llama_mllm.yaml")
 
@@ -466,7 +466,7 @@ def _note_once(p, tmp_path):
 
 def test_a_mindformers_spelling_is_said_once_on_the_console_before_training(tmp_path):
     """``train --reference``: the note comes from the front end, before the first step, once."""
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path / "d"), 8, seed=1)
     data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
     p = run_cli("train", QWEN, *data, "--set=model.model_config.text_config.num_layers=4", "--reference",
@@ -479,7 +479,7 @@ def test_a_mindformers_spelling_is_said_once_on_the_console_before_training(tmp_
 @pytest.mark.msrun
 def test_a_mindformers_spelling_is_said_once_not_once_per_rank(tmp_path):
     """A pipeline run of two ranks: the launcher's console says it once; no rank's log says it."""
-    from make_demo_data import write_demo
+    from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path / "d"), 8, seed=1)
     data = [f"--set=data.{k}={v}" for k, v in sorted(paths.items())]
     p = run_cli("train", QWEN, *data, "--set=model.model_config.text_config.num_layers=4", "--steps", "1",

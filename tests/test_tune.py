@@ -338,8 +338,9 @@ def test_overlay_trains_as_is_on_two_ranks_like_its_reference(cli, tmp_path):
     out = str(tmp_path / "tuned.yaml")
     d = _json(cli, recipe("bench_encoder_heavy.yaml"), "--top", "1", "--out", out)
     first = d["candidates"][0]
-    r = cli("train", out, "--steps", "2", "--run-dir", str(tmp_path / "run"), "--set", "train.optimizer_compile=eager", "--compile", "eager",
-            timeout=300)
+    from helpers import run_cli   # train launches ranks: a subprocess, as users run it
+    r = run_cli("train", out, "--steps", "2", "--run-dir", str(tmp_path / "run"), "--set",
+                "train.optimizer_compile=eager", "--compile", "eager", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"schedule {first['schedule']}, P=2 D=1 M={first['M']}" in r.stdout, r.stdout[:500]
     with open(tmp_path / "run" / "metrics.jsonl") as f:
