@@ -27,9 +27,10 @@ test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --junitxml=$(TEST_REPORT) tests \
 		|| { rc=$$?; $(PY) tools/test_recap.py $(TEST_REPORT); exit $$rc; }
 
-# the fast subset for the inner loop: every test that launches no msrun job
+# the fast subset for the inner loop: every test that launches no msrun job and trains no model in process
+# (markers msrun and slow, pytest.ini); make test runs them all
 test-fast: install
-	$(PY) -m pytest -q -m "not msrun" tests
+	$(PY) -m pytest -q -n 2 -m "not msrun and not slow" tests
 
 # the fuzz test's longer mode (CI runs a bounded number of examples): HP_FUZZ_EXAMPLES per fuzz test
 fuzz: install

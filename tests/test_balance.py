@@ -215,6 +215,7 @@ def test_replay_scales_only_the_work_dependent_share_of_the_encoder(skewed):
     assert "mpipe.profile.regions[0].fixed_share" in _one_line(p, "mpipe.profile.regions[0].fixed_share")
 
 
+@pytest.mark.slow
 def test_encoder_scaling_tool_fits_fixed_and_per_image_time(skewed, tmp_path):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     tool = [sys.executable, os.path.join(ROOT, "tools", "encoder_scaling.py"), SKEWED]

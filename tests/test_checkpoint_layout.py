@@ -425,6 +425,7 @@ def _refused(p, flag, *parts):
         assert part in p.stderr, p.stderr
 
 
+@pytest.mark.slow
 def test_merge_refuses_the_checkpoint_itself_and_existing_files(saved, tmp_path):
     """``--merge OUT`` onto a step's own file (the newest checkpoint destroyed: ``--resume`` would go back a
     step without a word) is refused even with --force; inside the save directory or over an existing file
@@ -461,6 +462,7 @@ def test_merge_refuses_the_checkpoint_itself_and_existing_files(saved, tmp_path)
     assert cf.resolve(d).path == s3 and cf.verdict(s3) == ""
 
 
+@pytest.mark.slow
 def test_export_hf_refuses_checkpoints_files_and_non_empty_folders(saved, tmp_path):
     """``--export-hf OUT`` into a step (its config.json rewritten), into the save directory itself (it would
     then read as a Hugging Face model: --resume from step 0), onto a file, or into a folder with the
@@ -517,6 +519,7 @@ def qwen_step(tmp_path_factory):
     return d, {p.name: p.asnumpy() for p in net.get_parameters()}
 
 
+@pytest.mark.slow
 def test_export_hf_force_replaces_the_previous_model_and_keeps_the_other_files(qwen_step, tmp_path):
     """``--export-hf OUT --force`` into a folder holding a previous, sharded export and the user's own
     files: the previous config.json, index and shards are replaced (none left that a loader would read
@@ -568,6 +571,7 @@ def _auto_processor():
     return AutoProcessor
 
 
+@pytest.mark.slow
 def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_training_did(qwen_step, tmp_path,
                                                                                         monkeypatch):
     """A step whose meta.json records the run's processor (what the Saver records for a conversations

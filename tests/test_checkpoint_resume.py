@@ -212,6 +212,7 @@ def test_reference_resumed_from_a_step_equals_the_uninterrupted_one(resumed, ref
     np.testing.assert_allclose([r["loss"] for r in m], ref_losses[2:4], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_reference_started_from_a_single_process_file(pretrained, ref_losses, tmp_path):
     """A plain MindSpore file (no step, no optimizer state): the reference starts at step 0 from its weights
     with a fresh optimizer, not from the initial weights."""

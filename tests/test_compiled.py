@@ -316,6 +316,7 @@ def one_device_runs(ms_cpu):
 
 
 @pytest.mark.parametrize("sched", ["1f1b", "interleaved_zb"])
+@pytest.mark.slow
 def test_compiled_chunks_train_like_the_reference(one_device_runs, sched):
     res, stats, lines, plan = one_device_runs[(sched, "jit")]
     ref = one_device_runs["reference"]

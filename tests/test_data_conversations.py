@@ -276,6 +276,7 @@ def test_tokenizer_ids_with_gaps_size_the_vocabulary_by_the_largest_id(tmp_path,
         data_config(_raw(paths, ["data.vocab=100"]))
 
 
+@pytest.mark.slow
 def test_data_check_on_an_animated_gif_writes_nothing_into_the_working_folder(tmp_path, clean):
     from PIL import Image
     root = tmp_path / "root"
@@ -419,6 +420,7 @@ def test_cost_replay_counts_the_padded_images(clean):
     assert all(b >= a - 1e-9 for a, b in zip(plain, padded)) and sum(padded) > sum(plain) + 1e-6, (plain, padded)
 
 
+@pytest.mark.slow
 def test_shape_buckets_leave_losses_and_gradients_exact(clean):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     plain_losses, plain_grads, _ = _reference(clean, ["data.shape_buckets=none"])
@@ -492,6 +494,7 @@ def test_shape_facts_need_no_pixels_and_stream_equals_eager(clean):
     streamed.close()
 
 
+@pytest.mark.slow
 def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
     """The bench times data apart from compute through the interpreter's hooks: every pixel load (lazy,
     on the model input's first read) happens inside a callable the interpreter wrapped as ``data``."""
@@ -526,6 +529,7 @@ def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
     assert len(seen) == plan.num_micro and all(s and s[-1] == "data" for s in seen), seen
 
 
+@pytest.mark.slow
 def test_loss_falls_on_the_demo_data(clean):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.runtime import compat

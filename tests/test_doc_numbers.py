@@ -3,12 +3,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import doc_numbers  # noqa: E402
 
 
+@pytest.mark.slow
 def test_every_marked_figure_matches_its_command():
     """Simulated blocks re-run `hyperparallel simulate`; measured ones re-render docs/bench*.json."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "doc_numbers.py"), "--check"], cwd=ROOT,

@@ -48,6 +48,7 @@ def test_trace_has_one_process_per_device_and_schedule_with_real_durations(tmp_p
     assert end_us == pytest.approx(results[0][1].makespan_ms * 1000, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_png_is_written_and_not_trivial(tmp_path):
     pytest.importorskip("matplotlib")
     import matplotlib.image as mpimg
@@ -70,6 +71,7 @@ def test_cli_writes_trace_and_png(cli, tmp_path):
     assert json.loads(t.read_text())["traceEvents"] and p.stat().st_size > 20_000
 
 
+@pytest.mark.slow
 def test_cli_draws_the_zero_bubble_and_v_shape_orders(cli, tmp_path):
     pytest.importorskip("matplotlib")
     import matplotlib.image as mpimg

@@ -289,6 +289,7 @@ def test_msrun_killed_under_its_ranks_leaves_no_orphan(tmp_path):
 
 
 @pytest.mark.parametrize("stopped", [0, 1])
+@pytest.mark.slow
 def test_a_sigstopped_rank_is_named_not_the_rank_blocked_on_it(tmp_path, stopped):
     """SIGSTOP of rank S in a receive from its peer, which is blocked in a send to S and got stuck first: the
     heartbeats alone make a wait cycle (a send waits on its receiver) whose longest-stuck rank is the peer;
@@ -339,6 +340,7 @@ def _wait_none_left(path, timeout):
     return _left(path)
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path):
     """SIGKILL of the launcher: msrun dies of its parent-death signal, but its ``tail -f`` log followers (its
     own children) and ranks that do not stop (mode ``ignore``) would live on for ever, parent 1. The launcher's

@@ -177,6 +177,7 @@ def damage_text(draw, text: str) -> bytes:
 
 @_settings(600)
 @given(data=st.data())
+@pytest.mark.slow
 def test_mutated_recipes_are_refused_or_planned_cleanly(data, raws, workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     name = data.draw(st.sampled_from(FUZZ_RECIPES))
@@ -190,6 +191,7 @@ def test_mutated_recipes_are_refused_or_planned_cleanly(data, raws, workdir, mon
 
 @_settings(300)
 @given(data=st.data())
+@pytest.mark.slow
 def test_random_set_flags_are_refused_or_planned_cleanly(data, raws, workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     name = data.draw(st.sampled_from(FUZZ_RECIPES))
@@ -207,6 +209,7 @@ def test_random_set_flags_are_refused_or_planned_cleanly(data, raws, workdir, mo
 
 @_settings(800)
 @given(data=st.data())
+@pytest.mark.slow
 def test_mutated_plans_are_refused_or_checked_cleanly(data, plans, workdir):
     obj = mutate_tree(data.draw, data.draw(st.sampled_from(plans)))
     text = damage_text(data.draw, json.dumps(obj))

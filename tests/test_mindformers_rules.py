@@ -378,6 +378,7 @@ for L, off, P, V, inter, sched in json.loads(sys.argv[1]):
 
 
 @pytest.mark.skipif(not HAVE_MF, reason="mindformers is not installed (requirements.txt pins 1.9.0)")
+@pytest.mark.slow
 def test_layout_equals_mindformers_layer_setting(tmp_path):
     env = dict(os.environ, GLOG_v="3")
     r = subprocess.run([sys.executable, "-c", LAYER_SETTING, json.dumps(CASES)], cwd=str(tmp_path),

@@ -507,6 +507,7 @@ def test_apply_is_a_noop_off_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["25", "3"])
+@pytest.mark.slow
 def test_sdpa_attention_needs_no_more_patches(kind):
     """attn_implementation 'sdpa' runs on CPU with the same patches and gives eager's loss."""
     from mindone.transformers import Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration
@@ -555,6 +556,7 @@ def fd_check(kind, groups, grids, text_lens, eps=1e-2, rtol=1e-2):
         assert abs(fd - analytic) <= rtol * max(abs(fd), abs(analytic)) + 1e-4, (prefix, analytic, fd)
 
 
+@pytest.mark.slow
 def test_qwen25_whole_model_gradients_finite_difference():
     fd_check("25", ["model.visual.patch_embed.", "model.visual.blocks.0.", "model.visual.blocks.1.",
                     "model.visual.merger.", "model.language_model.embed_tokens.", "model.language_model.layers.0.",
@@ -562,6 +564,7 @@ def test_qwen25_whole_model_gradients_finite_difference():
              [(1, 8, 12), (1, 4, 4), None], [(3, 4), (2, 6), (5, 2)])
 
 
+@pytest.mark.slow
 def test_qwen3_whole_model_gradients_finite_difference():
     fd_check("3", ["model.visual.patch_embed.", "model.visual.pos_embed.", "model.visual.blocks.0.",
                    "model.visual.deepstack_merger_list.0.", "model.visual.merger.", "model.language_model.layers.0.",
@@ -569,6 +572,7 @@ def test_qwen3_whole_model_gradients_finite_difference():
              [(1, 8, 12), (1, 4, 4), None], [(3, 4), (2, 6), (5, 2)])
 
 
+@pytest.mark.slow
 def test_mindone_decoder_layer_still_does_not_compile(tmp_path):
     """Why mindone's Qwen-VL chunks run eager under ``mpipe.compile: jit`` (``qwen_vl.EAGER_REASON``, the
     adapter's ``compile_reason``, docs/training.md): its decoder layer does not compile under ``mindspore.jit``. Fails,

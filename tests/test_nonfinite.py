@@ -97,6 +97,7 @@ def _cli(*args, timeout=120):
     (MF, "lr_schedule.learning_rate=1e-4", "error: lr_schedule.learning_rate: '1e-4' is a string to YAML; write "
                                            "1.0e-4"),
 ])
+@pytest.mark.slow
 def test_refused_before_launch(tmp_path, recipe, override, words):
     p = _cli("train", recipe, "--set", override, "--run-dir", str(tmp_path / "run"), timeout=60)
     lines = p.stderr.strip().splitlines()
@@ -132,6 +133,7 @@ def test_metrics_line_is_strict_json():
 
 # -- the single-process reference (in process) ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_reference_stops_at_the_first_non_finite_step(tmp_path, capfd):
     # capfd: the reference sends other libraries' output to its log at the file-descriptor level, and
     # its own lines to the console's descriptors

@@ -90,6 +90,7 @@ def test_random_specs_derive_valid_plans_or_are_refused(rng):
     outcome(draw_spec(rng))
 
 
+@pytest.mark.slow
 def test_most_random_specs_derive_and_some_are_refused():
     rng = random.Random(11)
     results = [outcome(draw_spec(rng)) for _ in range(300)]

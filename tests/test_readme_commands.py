@@ -130,6 +130,7 @@ def _reads_produced_data(argv) -> bool:
 
 
 @pytest.mark.parametrize("line,argv", COMMANDS, ids=[n for n, _ in COMMANDS])
+@pytest.mark.slow
 def test_readme_command_works_as_printed(line, argv, tmp_path):
     env = [a for a in argv if re.match(r"^[A-Z_]+=", a)]
     argv = argv[len(env):]

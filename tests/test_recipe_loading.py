@@ -108,6 +108,7 @@ def shipped_recipes():
 
 
 @needs_mf
+@pytest.mark.slow
 def test_every_shipped_recipe_loads_as_mindformers_own_class_loads_it(family, tmp_path):
     """Conformance: the built-in merge == MindFormerConfig._file2dict + MindFormerConfig(**d), file by file;
     and MindFormers' template accepts the Ascend recipes and refuses the CPU recipes' interleave spelling."""

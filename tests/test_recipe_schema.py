@@ -47,6 +47,7 @@ def mindformers_keys():
     return json.loads(line[len("PROBE"):])
 
 
+@pytest.mark.slow
 def test_key_lists_are_mindformers_template(mindformers_keys):
     k = mindformers_keys
     assert sorted(schema.SECTIONS) == k["sections"]

@@ -182,6 +182,7 @@ def _quiet(p, log):
     return open(log).read()
 
 
+@pytest.mark.slow
 def test_reference_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_demo, tmp_path):
     run = tmp_path / "ref"
     p = subprocess.run([sys.executable, "-m", "hyperparallel", "train", QWEN, "--reference", "--steps", "1",
@@ -193,6 +194,7 @@ def test_reference_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_
     assert len(metrics(run)) == 1
 
 
+@pytest.mark.slow
 def test_export_hf_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_demo, tmp_path):
     """A one-device checkpoint of the tiny Qwen2.5-VL (saved in this process), exported: the console has the
     project's lines only, mindone's and transformers' output is in ``OUT.log`` beside the directory."""

@@ -71,6 +71,7 @@ def test_profile_at_another_micro_batch_size():
 @pytest.mark.parametrize("name,sets", [("mllm_frozen_vit.yaml", []),
                                        ("mllm_frozen_vit.yaml", ["mpipe.profile.regions.0.trainable=true"]),
                                        ("bench_encoder_heavy.profile.yaml", []), ("llm_pipeline.yaml", [])])
+@pytest.mark.slow
 def test_bounds_never_exceed_what_the_cost_model_reports(name, sets):
     sp = Space(load_recipe(recipe(name), sets))
     n, bodies = 0, {}
@@ -122,6 +123,7 @@ def test_spellings_of_one_plan_are_one_candidate_named_once():
     assert [(s.name, s.same_plan) for s in full.table] == [(s.name, s.same_plan) for s in out.table]
 
 
+@pytest.mark.slow
 def test_memory_limit_drops_candidates_and_every_kept_one_fits():
     sp = Space(load_recipe(recipe("paper_8dev_qwen_vit.yaml")))
     out = search(sp, limit_mb=100_000, top=3, refine=0)
