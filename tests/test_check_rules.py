@@ -5,8 +5,10 @@ import dataclasses
 import pytest
 
 from hyperparallel.mpipe import Action, Plan, check, derive
+from hyperparallel.errors import PlanError
 from hyperparallel.mpipe.check import (check_chunks, check_collectives, check_completeness, check_deadlock, check_tied,
                                        check_dependencies, check_fifo, check_structure, _Structure)
+from hyperparallel.mpipe.execute import execute
 from hyperparallel.mpipe.ir import ALLREDUCE, B, BW, F, GRAD, R, RECV, SEND, W, WGRAD
 
 from helpers import mllm, profile
@@ -583,6 +585,10 @@ def test_check_refuses_a_collective_over_a_named_group_other_than_data_parallel(
     k = len(plan.programs[0])
     plan.programs[0].append(Action(ALLREDUCE, "llm", tensor=WGRAD, group="tp"))
     assert check(plan) == [f"device 0 action {k} (ALLREDUCE llm group=tp): device 0 is not a member of group tp"]
+    # the executor (cost model, timing estimate) run on such a plan unchecked: a clear refusal, not a KeyError
+    with pytest.raises(PlanError, match=rf"^device 0 action {k} \(ALLREDUCE llm group=tp\): group 'tp' is not a "
+                                        r"group: give 'dp' or a tuple of devices$"):
+        execute(plan, lambda a: 1.0, lambda a: 1.0)
 
 
 def _central_three_regions():

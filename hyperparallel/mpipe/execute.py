@@ -118,6 +118,9 @@ def execute(plan: Plan, compute_ms: Callable[[Action], float], comm_ms: Callable
                 elif a.kind in COLLECTIVE_KINDS:
                     if a.group == DP_GROUP or not a.group or a.group == (d,):
                         members = [d]
+                    elif isinstance(a.group, str):   # only "dp" names a group; any other name has no member list
+                        raise PlanError(f"device {d} action {i % n[d]} ({a.label()}): group {a.group!r} is not "
+                                        f"a group: give {DP_GROUP!r} or a tuple of devices")
                     else:
                         members = list(a.group)
                     ready = True
