@@ -46,7 +46,7 @@ def data_source(cfg, seed: int, data_format) -> DataSource:
     from .formats import QWEN_VL
     fmt = cfg.check_format(data_format)
     if fmt.name == QWEN_VL:
-        from .qwen_source import QwenVLSource
+        from ..models.qwen_vl.source import QwenVLSource
         return QwenVLSource(cfg, fmt, seed)
     from .conversations import ConversationsSource
     return ConversationsSource(cfg, fmt, seed)

@@ -83,7 +83,7 @@ from .index import Problem, Sample, check_image, read_records, summary
 from .index import build_index as _build_index
 from .indexed import IndexedSource
 from .merge_layout import MergeLayout
-from .qwen_layout import QwenLayout
+from ..models.qwen_vl.layout import QwenLayout
 from .text import SampleProblem
 
 # problems only a full decode finds: a run with on_bad_sample skip cannot leave their samples out

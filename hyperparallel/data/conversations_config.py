@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 from .batch import PatchGeometry
 from .formats import QWEN_VL, resolve_format
 from .index import LINE_DEFAULT, LINE_FACTOR, LINE_SLACK
-from .qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, check_geometry, read_preprocessor_config
+from ..models.qwen_vl.image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, check_geometry, read_preprocessor_config
 from .text import IMAGE, VIDEO, Tok
 from ..errors import SpecError, is_whole, unknown_key, whole
 

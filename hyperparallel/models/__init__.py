@@ -20,11 +20,11 @@ from .base import ModelAdapter, Region, TensorSpec
 from ..errors import SpecError
 
 # family name -> "module:Class" (imported only when chosen)
-BUILTIN: Dict[str, str] = {"tiny_mllm": "hyperparallel.models.tiny_mllm:TinyMLLM"}
+BUILTIN: Dict[str, str] = {"tiny_mllm": "hyperparallel.models.tiny_mllm.adapter:TinyMLLM"}
 # MindFormers ``model.arch.type`` -> "module:Class"
-MINDFORMERS_ARCHS: Dict[str, str] = {"LlamaForCausalLM": "hyperparallel.models.mf_llama:MFLlamaMLLM"}
+MINDFORMERS_ARCHS: Dict[str, str] = {"LlamaForCausalLM": "hyperparallel.models.mf_llama.adapter:MFLlamaMLLM"}
 # mindone.transformers class -> "module:Class"
-MINDONE_ARCHS: Dict[str, str] = {a: "hyperparallel.models.qwen_vl:QwenVL" for a in
+MINDONE_ARCHS: Dict[str, str] = {a: "hyperparallel.models.qwen_vl.adapter:QwenVL" for a in
                                  ("Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")}
 
 

@@ -21,7 +21,7 @@ from typing import Tuple
 
 import numpy as np
 
-from ..errors import SpecError
+from ...errors import SpecError
 
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 28 * 28 * 16384

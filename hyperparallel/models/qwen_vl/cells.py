@@ -19,8 +19,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ..errors import SpecError
-from . import qwen_vl_side as side
+from ...errors import SpecError
+from . import side
 
 
 # -- the network -------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ from . import qwen_vl_side as side
 def build_network(adapter):
     """The whole mindone model of ``adapter`` (CPU compatibility applied first on CPU), its weights
     from ``adapter.pretrained`` when given."""
-    from . import mindone_cpu
+    from . import cpu as mindone_cpu
     mindone_cpu.apply()   # no-op off CPU; must precede building (mindone creates Parameters with mint ops)
     import mindone.transformers as mt
     cfg = copy.deepcopy(adapter.cfg)
@@ -46,7 +46,7 @@ def build_network(adapter):
 def load_hf_weights(net, path: str, rename) -> None:
     """Every parameter of ``net`` from the directory's safetensors files, by name (either spelling)."""
     values = {}
-    from .hf_dir import weight_files
+    from ..hf_dir import weight_files
     for f in weight_files(path):
         for name, v in ms.load_checkpoint(f, format="safetensors").items():
             values[rename(name)] = v
@@ -120,7 +120,7 @@ class QwenTensors:
             else:
                 d = side.qwen3_vision_side(self.grid, v, inv_freq=inv)
                 out = {k: _t(d[k]) for k in ("cu_seqlens", "pos_idx", "pos_wts")}
-            from .mindone_cpu import vision_cos_sin
+            from .cpu import vision_cos_sin
             out["rotary"] = vision_cos_sin(d["angles"])
             self._vision = out
         return self._vision

@@ -22,7 +22,7 @@ def processor_record(cfg) -> Optional[dict]:
     """What ``meta.json`` records of a run's processor from its data config (a ``conversations``
     :class:`~.conversations_config.ConversationsConfig`, its values in effect: recipe keys over
     ``preprocessor_config`` over Qwen's defaults); None for data without a tokenizer (synthetic)."""
-    from .conversations_config import ConversationsConfig
+    from ...data.conversations_config import ConversationsConfig
     if not isinstance(cfg, ConversationsConfig):
         return None
     return {"tokenizer": os.path.abspath(cfg.tokenizer), "min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels,

@@ -12,11 +12,11 @@ from typing import List
 
 import numpy as np
 
-from .batch import QwenVLBatch
-from .conversations import layout_for
-from .conversations_config import ConversationsConfig
-from .indexed import IndexedSource
-from .qwen_layout import QwenLayout
+from ...data.batch import QwenVLBatch
+from ...data.conversations import layout_for
+from ...data.conversations_config import ConversationsConfig
+from ...data.indexed import IndexedSource
+from .layout import QwenLayout
 
 IGNORE = -100
 
@@ -31,7 +31,7 @@ class QwenVLSource(IndexedSource):
         super().__init__(cfg, layout, seed)
         self.fmt, self.special = layout.fmt, layout.special
         self.filler_patches = int(np.prod(self.filler_grid))
-        from .pixels import PixelStream
+        from ...data.pixels import PixelStream
         self.pixels = PixelStream(self.files_of, lambda: [layout.pixels()], cfg.num_parallel_workers, cfg.prefetch,
                                   outputs=("pixel_values", "grid"))
 

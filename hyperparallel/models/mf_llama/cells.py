@@ -5,7 +5,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 
-from .cells import MicroTensors
+from ..cells import MicroTensors
 
 
 class LlamaTensors(MicroTensors):

@@ -2,10 +2,10 @@
 the chat layout (:mod:`.qwen_chat`) with that many image pads, and the full check of ``data check``."""
 from __future__ import annotations
 
-from .index import Sample, check_image, image_path
-from .qwen_chat import QwenEncoded, QwenTokens, encode_chat
-from .qwen_image import QwenPixels, image_grid, image_tokens
-from .text import SampleProblem, Tok, image_files
+from ...data.index import Sample, check_image, image_path
+from .chat import QwenEncoded, QwenTokens, encode_chat
+from .image import QwenPixels, image_grid, image_tokens
+from ...data.text import SampleProblem, Tok, image_files
 
 
 class QwenLayout:
@@ -58,7 +58,7 @@ class QwenLayout:
 
     def decode_check(self, path: str) -> None:
         """Run the processor on one image; SampleProblem if it fails or its grid is not the header's."""
-        from .pixels import decode_eager
+        from ...data.pixels import decode_eager
         try:
             _, grid = decode_eager(path, [self.pixels()])
         except RuntimeError as e:

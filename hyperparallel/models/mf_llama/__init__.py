@@ -1,0 +1,5 @@
+"""The MindFormers Llama MLLM family: the project's ViT feeding MindFormers' ``LlamaForCausalLM``.
+
+:mod:`.adapter` (pure Python) and :mod:`.cells` (the MindSpore side). Importing this package imports no
+MindSpore.
+"""
