@@ -13,7 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from hyperparallel.data import QwenVLBatch, data_config, data_source
+from hyperparallel.data import data_config, data_source
+from hyperparallel.models.qwen_vl.batch import QwenVLBatch   # the family registers its qwen_vl layout
 from hyperparallel.data.conversations import build_index, scan
 from hyperparallel.data.index import check_image
 from hyperparallel.models.qwen_vl.image import own_smart_resize

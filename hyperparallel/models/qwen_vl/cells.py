@@ -83,7 +83,7 @@ def _t(a) -> Tensor:
 
 
 class QwenTensors:
-    """A :class:`~hyperparallel.data.batch.QwenVLBatch` as the tensors every chunk reads, plus the loss
+    """A :class:`~.batch.QwenVLBatch` as the tensors every chunk reads, plus the loss
     scale. Vision side inputs and pixels are built when first read (ranks without the encoder never
     build them)."""
 

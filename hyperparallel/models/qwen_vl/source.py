@@ -12,7 +12,7 @@ from typing import List
 
 import numpy as np
 
-from ...data.batch import QwenVLBatch
+from .batch import QwenVLBatch
 from ...data.conversations import layout_for
 from ...data.conversations_config import ConversationsConfig
 from ...data.indexed import IndexedSource
