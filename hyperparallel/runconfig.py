@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .data import DataSection, DataSource, data_config, data_source
-from .models import ModelAdapter, adapter_for
+from .models import ModelAdapter, adapter_for, families
 from .errors import SpecError
 from .recipe import schema
 from .recipe.recipe import compile_settings, device_of
@@ -34,6 +34,7 @@ class RunConfig:
         # training only (plan reads the config as given): MindFormers trains one micro-batch with one stage
         one_micro_batch_without_pipeline(raw, pc.get("pipeline_stage", 1), pc.get("micro_batch_num", 1))
         train = TrainConfig.from_raw(raw)
+        families()   # every family's data layouts are registered before the data section is read
         data = data_config(_with_batch_size(raw))
         schema.check_batch_size(raw, data.micro_batch_size)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
