@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple
 
 from .batch import PatchGeometry
@@ -92,9 +92,8 @@ class ConversationsConfig(DataSection, PatchGeometry):
     @staticmethod
     def defaults() -> Dict[str, Any]:
         """Every key's default: the fields', then the registered layouts' own keys'."""
-        import dataclasses
-        out = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-               for f in dataclasses.fields(ConversationsConfig)}
+        out = {f.name: (f.default if f.default is not MISSING else f.default_factory())
+               for f in fields(ConversationsConfig)}
         for lay in LAYOUTS.values():
             out.update(lay.defaults())
         return out

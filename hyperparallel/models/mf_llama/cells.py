@@ -1,4 +1,4 @@
-"""MindSpore side of :mod:`.mf_llama`: a chunk of MindFormers' ``LlamaForCausalLM`` and its side inputs."""
+"""MindSpore side of :mod:`.adapter`: a chunk of MindFormers' ``LlamaForCausalLM`` and its side inputs."""
 from __future__ import annotations
 
 import numpy as np

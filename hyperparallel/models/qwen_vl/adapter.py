@@ -17,11 +17,11 @@ rotary set-up with the first chunk, the merger and the reverse reordering with t
 the image features with the first chunk, final norm + LM head + loss with the last). Qwen3-VL's
 deepstack features cross every boundary before the layer that adds them, packed into the one
 boundary tensor. Every chunk's side inputs come from the micro-batch's token ids and
-``image_grid_thw`` alone (:mod:`.qwen_vl_side`), so a boundary spec never needs pixels.
+``image_grid_thw`` alone (:mod:`.side`), so a boundary spec never needs pixels.
 
 Everything here is pure Python (the ``transformers`` config classes, no MindSpore): a config that
 is missing, inconsistent or cannot train on the recipe's device is refused before launch, naming
-the key. The MindSpore side is :mod:`.qwen_vl_cells`.
+the key. The MindSpore side is :mod:`.cells`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MindSpore side of :mod:`.qwen_vl`: mindone's whole Qwen2.5-VL / Qwen3-VL model, its chunks, the
+"""MindSpore side of :mod:`.adapter`: mindone's whole Qwen2.5-VL / Qwen3-VL model, its chunks, the
 micro-batch's side inputs as tensors, and the model as users call it (the reference).
 
 Chunks are made of the network's own cells (shared, not copied), so parameter names stay the
@@ -8,7 +8,7 @@ of ``Qwen2_5_VisionTransformerPretrainedModel.construct``, ``Qwen3VLVisionModel.
 language models' ``construct`` in their order, with the side inputs they compute inside (window
 index, cu_seqlens, rotary tables, M-RoPE positions, the causal mask, the scatter of the image
 features) computed on the host from the micro-batch's token ids and grids
-(:mod:`.qwen_vl_side`).
+(:mod:`.side`).
 """
 from __future__ import annotations
 

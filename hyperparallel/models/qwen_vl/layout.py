@@ -1,5 +1,5 @@
 """The ``qwen_vl`` layout's index side: each image's grid from its header size (no pixels decoded),
-the chat layout (:mod:`.qwen_chat`) with that many image pads, and the full check of ``data check``."""
+the chat layout (:mod:`.chat`) with that many image pads, and the full check of ``data check``."""
 from __future__ import annotations
 
 from ...data.index import Sample, check_image, image_path
@@ -9,8 +9,8 @@ from ...data.text import SampleProblem, Tok, image_files
 
 
 class QwenLayout:
-    """``parse(where, record, check_files)`` -> :class:`~.index.Sample` (``enc``: a
-    :class:`~.qwen_chat.QwenEncoded`); ``fmt``: a :class:`~.formats.QwenVL`."""
+    """``parse(where, record, check_files)`` -> :class:`~hyperparallel.data.index.Sample` (``enc``: a
+    :class:`~.chat.QwenEncoded`); ``fmt``: a :class:`~.format.QwenVL`."""
 
     def __init__(self, cfg, fmt, tok: Tok):
         self.cfg, self.fmt, self.tok = cfg, fmt, tok

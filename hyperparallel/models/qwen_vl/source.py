@@ -1,7 +1,7 @@
 """The ``qwen_vl`` source: conversations as Qwen's processor lays them out (:class:`~.batch.QwenVLBatch`).
 
 Token ids, labels and image grids come from the index (grids from the image headers); the pixels
-are transformers' ``Qwen2VLImageProcessor`` output, computed in the :class:`~.pixels.PixelStream`
+are transformers' ``Qwen2VLImageProcessor`` output, computed in the :class:`~hyperparallel.data.pixels.PixelStream`
 read-ahead pipeline or eagerly with the same callable, on the first read of ``pixel_values``.
 An image whose decoded grid is not its header's stops the run (RuntimeError naming the file;
 ``data check`` reports it as ``grid_mismatch``).
