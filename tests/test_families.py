@@ -3,7 +3,8 @@
 A family written here into a temporary package, with its own data layout, is refused by ``model.type``
 until its package is listed in ``hyperparallel.models.FAMILIES``; with that one line it builds, its layout's
 keys are read and checked, its source yields the micro-batches of the layout it reuses, and the
-single-process reference trains it to the very losses of the model it derives from. The static half: no
+single-process reference trains it to the very losses of the model it derives from. A data source is one
+file and one ``hyperparallel.data.TYPES`` line, the same way. The static half: no
 module outside a family's folder imports it (the two named seams aside), and the data layer names no family.
 """
 import ast
@@ -215,3 +216,51 @@ def test_the_data_layer_names_no_family_and_no_family_layout():
             for s in _code_strings(ast.parse(open(path).read(), path)):
                 hits += [f"{m}: {s!r}" for n in names if n in s.lower()]
     assert not hits, "\n".join(hits)
+
+
+# -- a data source: one file and one TYPES line ---------------------------------------------------
+
+SOURCE = '''"""A data source outside the package: the synthetic generator's micro-batches under another type."""
+from dataclasses import dataclass
+
+from hyperparallel.data import DataSection
+from hyperparallel.data.synthetic import DataConfig, SyntheticSource
+
+
+@dataclass(frozen=True)
+class ReplayConfig(DataSection):
+    type = "replay"
+    inner: DataConfig = None
+
+    @classmethod
+    def from_recipe(cls, section, raw):
+        return cls(DataConfig.from_section(section))
+
+    @property
+    def micro_batch_size(self):
+        return self.inner.micro_batch_size
+
+    def shapes(self):
+        return self.inner.shapes()
+
+    def source(self, seed, data_format):
+        return SyntheticSource(self.inner, seed)
+'''
+
+
+def test_a_new_data_source_is_one_file_and_one_registry_line(tmp_path, monkeypatch):
+    import hyperparallel.data as data
+    from hyperparallel.commands.data import precheck
+    (tmp_path / "hp_demo_source.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
+    raw = load_recipe(recipe, overrides=["data.type=replay"]).raw
+    with pytest.raises(ValueError, match=r"^data.type: 'replay' unknown \(known: synthetic, conversations\)$"):
+        RunConfig.from_raw(raw)
+    monkeypatch.setitem(data.TYPES, "replay", "hp_demo_source:ReplayConfig")   # the registry line
+    rc, want = RunConfig.from_raw(raw), RunConfig.from_raw(load_recipe(recipe).raw)
+    assert type(rc.data).__name__ == "ReplayConfig" and rc.data.balance == "none"
+    assert precheck(rc, recipe) == ("", None)   # no files to check before launch
+    a, b = rc.source().micro_batch(2, 1), want.source().micro_batch(2, 1)
+    assert np.array_equal(a.text_ids, b.text_ids) and np.array_equal(a.patches, b.patches)
+    sys.modules.pop("hp_demo_source", None)
