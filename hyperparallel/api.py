@@ -75,7 +75,7 @@ class Runtime:
         refuse_over_memory_limit(recipe, plan)
         rc = run_config_of(recipe)
         refuse_sharded_optimizer(plan, rc.train)
-        if getattr(rc.data, "balance", "none") != "none":
+        if rc.data.balance != "none":
             from .errors import SpecError
             raise SpecError("data.balance", f"{rc.data.balance}: Runtime.step trains the micro-batches it is given "
                                             "as they are (no data source to regroup); give data.balance: none")

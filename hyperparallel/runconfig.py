@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .data import DataConfig, DataSource, data_config, data_source
-from .models import ModelAdapter, adapter_for
+from .data import DataSection, DataSource, data_config, data_source
+from .models import ModelAdapter, adapter_for, families
 from .errors import SpecError
 from .recipe import schema
 from .recipe.recipe import compile_settings, device_of
@@ -20,7 +20,7 @@ from .recipe.train import TrainConfig, one_micro_batch_without_pipeline
 @dataclass(frozen=True)
 class RunConfig:
     model: ModelAdapter
-    data: object   # DataConfig (synthetic) or ConversationsConfig
+    data: DataSection   # the data.type's config (hyperparallel.data.TYPES)
     train: TrainConfig
     device: str = "CPU"
     compile: str = "jit"              # mpipe.compile: jit | eager
@@ -34,13 +34,14 @@ class RunConfig:
         # training only (plan reads the config as given): MindFormers trains one micro-batch with one stage
         one_micro_batch_without_pipeline(raw, pc.get("pipeline_stage", 1), pc.get("micro_batch_num", 1))
         train = TrainConfig.from_raw(raw)
+        families()   # every family's data layouts are registered before the data section is read
         data = data_config(_with_batch_size(raw))
         schema.check_batch_size(raw, data.micro_batch_size)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
-        _check_data_fits(data, model)
+        data.check_model(model)   # the data section can lay out micro-batches the way this model reads them
         mode, fallback = compile_settings(raw)
-        if getattr(data, "balance", "none") == "encoder" and train.loss_normalization != "tokens":
+        if data.balance == "encoder" and train.loss_normalization != "tokens":
             where = dict(train.keys).get("loss", "train.loss_normalization")
             raise SpecError("data.balance", f"encoder needs train.loss_normalization: tokens (or MindFormers' "
                                             f"calculate_per_token_loss: true; with {train.loss_normalization}, from "
@@ -56,7 +57,7 @@ class RunConfig:
     def check_plan(self, plan) -> None:
         """What the data settings need from the plan, before launch (``data.balance: encoder``: owners)."""
         from .data.balance import check_plan
-        check_plan(plan, getattr(self.data, "balance", "none"))
+        check_plan(plan, self.data.balance)
 
 
 def _with_batch_size(raw: dict) -> dict:
@@ -68,23 +69,6 @@ def _with_batch_size(raw: dict) -> dict:
                                                                                 not isinstance(data, dict)):
         return raw
     return dict(raw, data=dict(data or {}, micro_batch_size=found[0][1]))
-
-
-def _check_data_fits(data, model: ModelAdapter) -> None:
-    """The data section can lay out micro-batches the way this model reads them (checked before launch)."""
-    if isinstance(data, DataConfig):   # synthetic: the merge-index layout of the project's own models
-        try:
-            fmt = model.data_format()
-        except NotImplementedError:
-            return   # a user's adapter without image placeholders reads what the generator makes
-        if fmt.get("format") != "merge_index":
-            raise SpecError("data.type", f"synthetic data cannot feed {model.family} (it reads {fmt.get('format')} "
-                                         "micro-batches); use data.type: conversations")
-        return
-    try:
-        data.check_format(model.data_format)
-    except NotImplementedError as e:
-        raise SpecError("model", str(e)) from None
 
 
 def check_regions(model: ModelAdapter, regions: Sequence, where: str = "mpipe.profile.regions") -> None:

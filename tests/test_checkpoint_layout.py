@@ -583,11 +583,11 @@ def test_export_hf_writes_the_recipes_processor_that_lays_a_conversation_out_as_
     from hyperparallel.data.demo import write_demo
     from hyperparallel.data.conversations_config import ConversationsConfig
     from hyperparallel.data.formats import resolve_format
-    from hyperparallel.data.qwen_layout import QwenLayout
+    from hyperparallel.models.qwen_vl.layout import QwenLayout
     from hyperparallel.data.pixels import decode_eager
     from hyperparallel.data.text import Tok
     from hyperparallel.models import adapter_for
-    from hyperparallel.data.hf_processor import processor_record
+    from hyperparallel.models.qwen_vl.processor import processor_record
     step0, _ = qwen_step
     demo = write_demo(str(tmp_path / "demo"), 8, seed=1)
     raw = load_recipe(QWEN).raw
@@ -636,7 +636,7 @@ def test_processor_record_is_what_the_data_layer_uses(tmp_path):
     over its preprocessor_config.json over Qwen's defaults) and system_prompt; None for synthetic data."""
     from hyperparallel.data import data_config
     from hyperparallel.data.conversations_config import ConversationsConfig
-    from hyperparallel.data.hf_processor import processor_record
+    from hyperparallel.models.qwen_vl.processor import processor_record
     from hyperparallel.data.demo import write_demo
     demo = write_demo(str(tmp_path / "demo"), 4, seed=1)
     pre = tmp_path / "preprocessor_config.json"
@@ -653,7 +653,7 @@ def test_processor_record_is_what_the_data_layer_uses(tmp_path):
 def test_processor_files_not_written_say_why(tmp_path):
     """No record (an older step), a model without a processor writer, a tokenizer gone since the run: nothing
     written, and the reason the export prints."""
-    from hyperparallel.data.hf_processor import write_processor
+    from hyperparallel.models.qwen_vl.processor import write_processor
     qwen = {"architectures": ["Qwen2_5_VLForConditionalGeneration"]}
     rec = {"tokenizer": str(tmp_path / "gone.json"), "min_pixels": 256, "max_pixels": 1024,
            "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "system_prompt": None}

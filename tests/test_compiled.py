@@ -64,7 +64,7 @@ def test_banner_says_per_region_whether_chunks_compile_and_why_before_launch():
     line says why (the reason the ranks' chunks then carry); the tiny MLLM's compile; ``eager`` says so; an
     adapter that does not say leaves it to its chunk Cells, and the line says that."""
     from hyperparallel.commands.train import compile_line
-    from hyperparallel.models.qwen_vl import EAGER_REASON
+    from hyperparallel.models.qwen_vl.adapter import EAGER_REASON
     from hyperparallel.models.base import ModelAdapter, Region
     model, mode = _model(QWEN)
     assert mode == "jit" and model.compile_reason("vision") == model.compile_reason("llm") == EAGER_REASON

@@ -13,10 +13,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from hyperparallel.data import QwenVLBatch, data_config, data_source
+from hyperparallel.data import data_config, data_source
+from hyperparallel.models.qwen_vl.batch import QwenVLBatch   # the family registers its qwen_vl layout
 from hyperparallel.data.conversations import build_index, scan
 from hyperparallel.data.index import check_image
-from hyperparallel.data.qwen_image import own_smart_resize
+from hyperparallel.models.qwen_vl.image import own_smart_resize
 from hyperparallel.data.text import Tok
 from hyperparallel.data.demo import write_demo
 
@@ -434,7 +435,7 @@ def test_data_check_on_a_qwen_format_recipe(tmp_path, demo, with_video):
 
 
 def test_scan_reports_a_grid_the_processor_disagrees_with(demo, monkeypatch):
-    from hyperparallel.data import qwen_image
+    from hyperparallel.models.qwen_vl import image as qwen_image
 
     real = qwen_image.QwenPixels.__call__
 

@@ -240,7 +240,7 @@ def test_tied_checkpoint_exports_hugging_faces_tied_form(two_rank, tmp_path):
     with open(out / "config.json") as f:
         assert json.load(f)["text_config"]["tie_word_embeddings"] is True
     from hyperparallel.runtime import compat
-    from hyperparallel.models import mindone_cpu
+    from hyperparallel.models.qwen_vl import cpu as mindone_cpu
     compat.setup_device("CPU")
     mindone_cpu.apply()
     import mindspore as ms
@@ -300,14 +300,14 @@ def test_hugging_face_export_loads_with_from_pretrained_and_gives_the_pipelines_
     names = set(safetensors_header(str(out / "model.safetensors")))
     assert "lm_head.weight" in names and any(n.startswith("visual.") for n in names)   # the hub's spelling
     from hyperparallel.runtime import compat
-    from hyperparallel.models import mindone_cpu
+    from hyperparallel.models.qwen_vl import cpu as mindone_cpu
     from hyperparallel.runconfig import run_config_of
     compat.setup_device("CPU")
     mindone_cpu.apply()
     from mindone.transformers import Qwen2_5_VLForConditionalGeneration
     net = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(out))
     rc = run_config_of(load_recipe(Q25, _overrides(demo, False)))
-    from hyperparallel.models.qwen_vl_cells import WholeModel
+    from hyperparallel.models.qwen_vl.cells import WholeModel
     whole = WholeModel(rc.model)
     whole.net = net
     src = rc.source()

@@ -20,8 +20,8 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, mint, ops  # noqa: E402
 
 from hyperparallel.runtime.compat import setup_device  # noqa: E402
-from hyperparallel.models import mindone_cpu as mc  # noqa: E402
-from hyperparallel.models import qwen_vl_side as side  # noqa: E402
+from hyperparallel.models.qwen_vl import cpu as mc  # noqa: E402
+from hyperparallel.models.qwen_vl import side  # noqa: E402
 
 setup_device("CPU")
 mc.apply()

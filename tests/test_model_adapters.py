@@ -263,7 +263,7 @@ def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_fi
     """The ranks build the model and refuse weights of another shape (SpecError -> 'input refused' -> exit 2)."""
     pytest.importorskip("mindone", reason="mindone is not installed")
     from hyperparallel.runtime import compat
-    from hyperparallel.models.qwen_vl_cells import load_hf_weights
+    from hyperparallel.models.qwen_vl.cells import load_hf_weights
     from hyperparallel.errors import SpecError
     from hyperparallel.recipe import load_recipe
     from hyperparallel.runconfig import run_config_of

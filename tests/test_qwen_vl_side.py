@@ -19,8 +19,8 @@ pytest.importorskip("mindone")
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, ops  # noqa: E402
 
-from hyperparallel.models import mindone_cpu as mc  # noqa: E402
-from hyperparallel.models import qwen_vl_side as side  # noqa: E402
+from hyperparallel.models.qwen_vl import cpu as mc  # noqa: E402
+from hyperparallel.models.qwen_vl import side  # noqa: E402
 from test_mindone_cpu import (IMAGE, VIDEO, VISION_END, VISION_START, make_batch, tensors, tiny_config,  # noqa: E402
                               tiny_model)
 
@@ -307,7 +307,7 @@ def test_torch_linspace():
 
 
 def test_importable_without_mindspore():
-    code = ("import sys; sys.modules['mindspore'] = None; import hyperparallel.models.qwen_vl_side as s; "
+    code = ("import sys; sys.modules['mindspore'] = None; import hyperparallel.models.qwen_vl.side as s; "
             "print(s.rope_index([[12, 13]], [[1, 1]], spatial_merge_size=2, image_token_id=10, video_token_id=11, "
             "vision_start_token_id=8)[0].tolist())")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -34,6 +34,13 @@ def summary(path: str) -> str:
     return para[:end].replace("``", "`").replace("|", "\\|")
 
 
+def _subpackages(folder: str):
+    """(name, its modules) of the packages inside ``folder`` (a model family's folder)."""
+    for d in sorted(os.listdir(folder)):
+        if os.path.isfile(os.path.join(folder, d, "__init__.py")):
+            yield d, sorted(f[:-3] for f in os.listdir(os.path.join(folder, d)) if f.endswith(".py") and f != "__init__.py")
+
+
 def rows():
     """(layer, name, summary, modules) for every package and top-level module the layering test names."""
     out = []
@@ -41,6 +48,7 @@ def rows():
         pkg, mod = os.path.join(PKG, name, "__init__.py"), os.path.join(PKG, name + ".py")
         if os.path.isfile(pkg):
             mods = sorted(f[:-3] for f in os.listdir(os.path.dirname(pkg)) if f.endswith(".py") and f != "__init__.py")
+            mods += [f"{d}/ ({', '.join(sub)})" for d, sub in _subpackages(os.path.dirname(pkg))]
             out.append((layer, f"`hyperparallel/{name}/`", summary(pkg), ", ".join(mods)))
         elif os.path.isfile(mod) and name not in ("__init__", "__main__"):
             out.append((layer, f"`hyperparallel/{name}.py`", summary(mod), ""))

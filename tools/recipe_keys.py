@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from hyperparallel.data.conversations_config import ConversationsConfig  # noqa: E402
+import hyperparallel.models  # noqa: E402,F401  (the model families register their data layouts and keys)
 from hyperparallel.data.synthetic import DataConfig  # noqa: E402
 from hyperparallel.recipe import schema  # noqa: E402
 from hyperparallel.recipe.train import TRAIN_DEFAULTS, TrainConfig  # noqa: E402
@@ -151,19 +152,20 @@ def train() -> str:
 
 def data() -> str:
     syn = _fields(DataConfig)
-    conv = _fields(ConversationsConfig)
+    conv = ConversationsConfig.defaults()   # the fields' and the registered layouts' keys
     syn_keys = ["type"] + list(syn)
     _meanings(SYNTHETIC, syn_keys, "synthetic data:")
-    _meanings(CONVERSATIONS, ConversationsConfig.RECIPE_KEYS, "conversations data:")
+    conv_keys = ConversationsConfig.recipe_keys()
+    _meanings(CONVERSATIONS, conv_keys, "conversations data:")
     rows = ["| `data:` key | generated data (`type: synthetic`) | conversations (`type: conversations`) | meaning |",
             "|---|---|---|---|"]
-    keys = syn_keys + [k for k in ConversationsConfig.RECIPE_KEYS if k not in syn_keys]
+    keys = syn_keys + [k for k in conv_keys if k not in syn_keys]
     for k in keys:
         s = "`synthetic`" if k == "type" else (_default(syn[k]) if k in syn else "not a key")
         c = "`conversations`" if k == "type" else (
-            _default(conv[k]) if k in ConversationsConfig.RECIPE_KEYS else "not a key")
+            _default(conv[k]) if k in conv_keys else "not a key")
         a = SYNTHETIC.get(k) if k in syn_keys else None
-        b = CONVERSATIONS.get(k) if k in ConversationsConfig.RECIPE_KEYS else None
+        b = CONVERSATIONS.get(k) if k in conv_keys else None
         meaning = "the data source" if k == "type" else (
             a if b in (None, a) else b if a is None else f"{a}; conversations: {b}")
         rows.append(f"| `{k}` | {s} | {c} | {meaning} |")

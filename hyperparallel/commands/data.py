@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ..data.conversations import LATE_KINDS, ConversationsConfig, layout_for, scan, summary
+from ..data.conversations import LATE_KINDS, layout_for, scan, summary
 from ..errors import SpecError
 from ..recipe import load_recipe
 from ..runconfig import run_config_of
@@ -25,7 +25,7 @@ def _data_format(rc) -> dict:
 def precheck(rc, recipe_path: str, overrides=()):
     """Before launch: SpecError if the data has problems the run would stop on; else (a summary line, the
     usable samples) (``('', None)`` for generated data)."""
-    if not isinstance(rc.data, ConversationsConfig):
+    if not rc.data.checks_files:
         return "", None
     n, samples, problems = scan(rc.data, _data_format(rc))
     sets = "".join(f" --set {shlex.quote(o)}" for o in overrides)   # the hint repeats the user's --set flags
@@ -52,8 +52,8 @@ def precheck(rc, recipe_path: str, overrides=()):
 
 def run(args) -> int:
     rc = run_config_of(load_recipe(args.recipe, args.overrides))   # SpecError -> exit 2 (cli.main)
-    if not isinstance(rc.data, ConversationsConfig):
-        print(f"data check {args.recipe}: data.type synthetic is generated; nothing to check")
+    if not rc.data.checks_files:
+        print(f"data check {args.recipe}: data.type {rc.data.type} is generated; nothing to check")
         return 0
     layout = layout_for(rc.data, _data_format(rc))   # a key or tokenizer the model's layout refuses: exit 2
     try:

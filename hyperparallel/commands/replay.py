@@ -31,7 +31,7 @@ def replay_case(recipe, rc, plan, steps: int) -> List[float]:
         raise SpecError("--data-steps", "needs a data source with per-sample encoder work (data.type: "
                                         "conversations); the synthetic generator has none")
     try:
-        if getattr(rc.data, "balance", "none") == "encoder":
+        if rc.data.balance == "encoder":
             source.balance_by(owner_ranks(plan))
         B, M, D = rc.data.micro_batch_size, plan.num_micro, max(1, plan.data_parallel)
         mean = source.mean_patches() * B

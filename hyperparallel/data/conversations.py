@@ -37,10 +37,10 @@ A sample: ``{"id": ..., "image": "a.png" | [...], "video": [frame files],
 
 **Layouts.** The model adapter's ``data_format()`` (:mod:`.formats`) picks the micro-batch:
 ``merge_index`` (:class:`~.batch.MicroBatch`, this module's source; turns as in :mod:`.text`,
-images resized to ``image_size``) or ``qwen_vl`` (:class:`~.batch.QwenVLBatch`,
-:mod:`.qwen_source`; Qwen's chat layout :mod:`.qwen_chat`, each image's grid from its own size
-:mod:`.qwen_image`; video samples are refused as ``unsupported_video``). A key of the other
-layout that the recipe sets is refused (:meth:`ConversationsConfig.check_format`).
+images resized to ``image_size``) or a layout a model family registers (``qwen_vl``:
+``hyperparallel/models/qwen_vl/``, Qwen's chat layout, each image's grid from its own size; video samples
+are refused as ``unsupported_video``). A key of another layout that the recipe sets is refused
+(:meth:`ConversationsConfig.check_format`).
 
 **The index.** Every rank reads the file, tokenizes every sample and checks that each
 image file exists and has a valid image header (``PIL.Image.verify``; pixels are not
@@ -78,12 +78,11 @@ import numpy as np
 
 from .batch import MicroBatch, patchify
 from .conversations_config import DEMO_HINT, POLICIES, ConversationsConfig, bucket
-from .formats import QWEN_VL
+from .formats import layout_of
 from .index import Problem, Sample, check_image, read_records, summary
 from .index import build_index as _build_index
 from .indexed import IndexedSource
 from .merge_layout import MergeLayout
-from .qwen_layout import QwenLayout
 from .text import SampleProblem
 
 # problems only a full decode finds: a run with on_bad_sample skip cannot leave their samples out
@@ -93,13 +92,10 @@ LATE_KINDS = ("undecodable_image", "grid_mismatch")
 def layout_for(cfg: ConversationsConfig, data_format):
     """The index layout of the model's format (``data_format``: see :func:`~.formats.resolve_format`,
     or a layout this function made, returned as is), after :meth:`ConversationsConfig.check_format`."""
-    if isinstance(data_format, (MergeLayout, QwenLayout)):
+    if hasattr(data_format, "parse") and hasattr(data_format, "decode_check"):
         return data_format
     fmt = cfg.check_format(data_format)
-    tok = cfg.load_tokenizer()
-    if fmt.name == QWEN_VL:
-        return QwenLayout(cfg, fmt, tok)
-    return MergeLayout(cfg, fmt.image_tokens, tok)
+    return layout_of(fmt).index(cfg, fmt, cfg.load_tokenizer())
 
 
 def build_index(cfg: ConversationsConfig, data_format, check_files=check_image):
@@ -140,7 +136,8 @@ class ConversationsSource(IndexedSource):
     def __init__(self, cfg: ConversationsConfig, data_format, seed: int):
         layout = layout_for(cfg, data_format)
         if not isinstance(layout, MergeLayout):
-            raise TypeError("ConversationsSource lays out merge_index micro-batches; qwen_vl: QwenVLSource")
+            raise TypeError("ConversationsSource lays out merge_index micro-batches; another layout has its own "
+                            "source (data.formats.LAYOUTS)")
         super().__init__(cfg, layout, seed)
         self.k = layout.k
         self.vocab = cfg.shapes()["vocab"]

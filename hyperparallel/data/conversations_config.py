@@ -1,29 +1,28 @@
 """The recipe ``data:`` section of ``type: conversations`` (keys and defaults: :mod:`.conversations`).
 
 Some keys belong to one micro-batch layout only (:mod:`.formats`): ``image_size``, ``patch``,
-``mean``, ``std``, ``shape_buckets`` to ``merge_index``; ``min_pixels``, ``max_pixels``,
-``image_mean``, ``image_std``, ``preprocessor_config``, ``system_prompt`` to ``qwen_vl``. :meth:`ConversationsConfig.check_format`
-refuses a key the recipe sets that the model's layout does not read.
+``mean``, ``std``, ``shape_buckets`` to ``merge_index`` (fields here); a layout a model family registers
+declares its own keys, with their defaults and checks (``Layout.keys``; their values are
+``layout_keys`` and read as attributes). :meth:`ConversationsConfig.check_format` refuses a key the recipe
+sets that the model's layout does not read.
 """
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Dict, List, Optional, Tuple
 
 from .batch import PatchGeometry
-from .formats import QWEN_VL, resolve_format
+from .config import DataSection
+from .formats import LAYOUTS, layout_of, resolve_format
 from .index import LINE_DEFAULT, LINE_FACTOR, LINE_SLACK
-from .qwen_image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS, check_geometry, read_preprocessor_config
-from .text import IMAGE, VIDEO, Tok
+from .text import Tok
 from ..errors import SpecError, is_whole, unknown_key, whole
 
 DEMO_HINT = "for the demo set run: python tools/make_demo_data.py data/demo"
 POLICIES = ("error", "skip")
-MERGE_ONLY = ("image_size", "patch", "mean", "std", "shape_buckets")
 SHAPE_BUCKETS = ("none", "pow2")   # data.shape_buckets (:func:`bucket`)
-QWEN_ONLY = ("min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config", "system_prompt")
 
 
 MAX_SEED = 2 ** 32 - 1   # numpy's and MindSpore's seeds are 32-bit
@@ -32,7 +31,7 @@ INT_BOUNDS = {"seq_len": 1 << 20, "micro_batch_size": 65_536, "image_size": 16_3
               "num_parallel_workers": 256, "prefetch": 4096}
 
 
-def _check_rgb(key: str, v, positive: bool = False) -> None:
+def check_rgb(key: str, v, positive: bool = False) -> None:
     if not isinstance(v, list) or len(v) != 3 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                          and math.isfinite(x) for x in v):
         raise SpecError(f"data.{key}", f"a list of 3 numbers (R, G, B), got {v!r}")
@@ -48,8 +47,11 @@ def bucket(n: int, cap: int) -> int:
 
 
 @dataclass(frozen=True)
-class ConversationsConfig(PatchGeometry):
+class ConversationsConfig(DataSection, PatchGeometry):
     """Recipe ``data:`` section of ``type: conversations`` (see :mod:`.conversations`)."""
+
+    type = "conversations"   # not a field: the registry key (hyperparallel.data.TYPES)
+    checks_files = True
 
     path: str = ""
     tokenizer: str = ""
@@ -63,12 +65,6 @@ class ConversationsConfig(PatchGeometry):
     channels: int = 3
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    min_pixels: int = MIN_PIXELS
-    max_pixels: int = MAX_PIXELS
-    image_mean: List[float] = field(default_factory=lambda: list(CLIP_MEAN))
-    image_std: List[float] = field(default_factory=lambda: list(CLIP_STD))
-    preprocessor_config: Optional[str] = None
-    system_prompt: Optional[str] = None
     shuffle: bool = True
     seed: Optional[int] = None
     num_parallel_workers: int = 1
@@ -79,25 +75,75 @@ class ConversationsConfig(PatchGeometry):
     shape_buckets: str = "none"   # none | pow2 (:func:`bucket`; merge_index)
     micro_per_step: int = 1   # set from parallel_config (micro_batch_num x data_parallel), not a recipe key
     given: Tuple[str, ...] = ()   # the recipe keys the section sets, not a recipe key
+    layout_keys: Dict[str, Any] = field(default_factory=dict)   # keys registered layouts declare, not a recipe key
 
-    RECIPE_KEYS = ("type", "path", "tokenizer", "image_root", "seq_len", "micro_batch_size", "image_size", "patch",
-                   "mean", "std", "min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config",
-                   "system_prompt", "shuffle", "seed", "num_parallel_workers", "prefetch", "on_bad_sample", "vocab",
-                   "balance", "shape_buckets", "allow_outside_root", "max_line_bytes")
+    # the keys of every conversations section; each registered layout adds its own (:meth:`recipe_keys`)
+    OWN_KEYS = ("type", "path", "tokenizer", "image_root", "seq_len", "micro_batch_size", "image_size", "patch",
+                "mean", "std", "shuffle", "seed", "num_parallel_workers", "prefetch", "on_bad_sample", "vocab",
+                "balance", "shape_buckets", "allow_outside_root", "max_line_bytes")
+
+    @staticmethod
+    def recipe_keys() -> Tuple[str, ...]:
+        """The section's keys: its own, then those of every registered layout (:mod:`.formats`)."""
+        out = list(ConversationsConfig.OWN_KEYS)
+        out += [k for lay in LAYOUTS.values() for k in lay.keys if k not in out]
+        return tuple(out)
+
+    @staticmethod
+    def defaults() -> Dict[str, Any]:
+        """Every key's default: the fields', then the registered layouts' own keys'."""
+        out = {f.name: (f.default if f.default is not MISSING else f.default_factory())
+               for f in fields(ConversationsConfig)}
+        for lay in LAYOUTS.values():
+            out.update(lay.defaults())
+        return out
+
+    def __getattr__(self, name: str):
+        """A key a registered layout declares reads as an attribute (``cfg.min_pixels``)."""
+        keys = self.__dict__.get("layout_keys")
+        if keys is not None and name in keys:
+            return keys[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @classmethod
+    def from_recipe(cls, section: dict, raw: dict) -> "ConversationsConfig":
+        """``micro_per_step`` from ``parallel_config`` (micro_batch_num x data_parallel)."""
+        pc = raw.get("parallel_config") or {}
+        try:
+            mps = int(pc.get("micro_batch_num", 1)) * int(pc.get("data_parallel", 1) or 1)
+        except (TypeError, ValueError):
+            mps = 1
+        return ConversationsConfig.from_section(section, max(1, mps))
+
+    def check_model(self, model) -> None:
+        try:
+            self.check_format(model.data_format)
+        except NotImplementedError as e:
+            raise SpecError("model", str(e)) from None
+
+    def source(self, seed: int, data_format):
+        """The source of the model's layout (the registry entry of its ``data_format()``)."""
+        fmt = self.check_format(data_format)
+        return layout_of(fmt).source(self, fmt, seed)
 
     @staticmethod
     def from_section(sec: dict, micro_per_step: int) -> "ConversationsConfig":
         sec = dict(sec or {})
-        bad = sorted(set(sec) - set(ConversationsConfig.RECIPE_KEYS))
+        keys = ConversationsConfig.recipe_keys()
+        bad = sorted(set(sec) - set(keys))
         if bad:
-            raise unknown_key("data", sec, ConversationsConfig.RECIPE_KEYS, "for data.type conversations")
+            raise unknown_key("data", sec, keys, "for data.type conversations")
         sec.pop("type", None)
         given = tuple(sec)   # in the recipe's order
-        if sec.get("preprocessor_config") is not None:
-            for k, v in read_preprocessor_config(sec["preprocessor_config"]).items():
-                if k in QWEN_ONLY:
+        layout_keys: Dict[str, Any] = {}
+        for lay in LAYOUTS.values():
+            for k, v in lay.file_defaults(sec).items():
+                if k in lay.keys:
                     sec.setdefault(k, v)   # the file's values are defaults: explicit keys win
-        cfg = ConversationsConfig(micro_per_step=int(micro_per_step), given=given, **sec)
+            layout_keys.update(lay.defaults())
+        own = {f.name for f in fields(ConversationsConfig)}
+        layout_keys.update({k: sec.pop(k) for k in list(sec) if k not in own})
+        cfg = ConversationsConfig(micro_per_step=int(micro_per_step), given=given, layout_keys=layout_keys, **sec)
         cfg.validate()
         return cfg
 
@@ -148,9 +194,10 @@ class ConversationsConfig(PatchGeometry):
             raise SpecError("data.patch", "must divide data.image_size")
         if self.channels != 3:
             raise SpecError("data.channels", "images are decoded to RGB (3)")
-        _check_rgb("mean", self.mean)
-        _check_rgb("std", self.std, positive=True)
-        self._validate_qwen()
+        check_rgb("mean", self.mean)
+        check_rgb("std", self.std, positive=True)
+        for lay in LAYOUTS.values():
+            lay.validate(self)   # the keys a registered layout declares
         if not isinstance(self.shuffle, bool):
             raise SpecError("data.shuffle", f"true or false, got {self.shuffle!r}")
         if self.seed is not None and (not is_whole(self.seed) or not 0 <= self.seed <= MAX_SEED):
@@ -165,33 +212,18 @@ class ConversationsConfig(PatchGeometry):
             raise SpecError("data.vocab", f"{self.vocab} is smaller than the vocabulary of the tokenizer "
                              f"{self.tokenizer} ({size} tokens); remove data.vocab or raise it to >= {size}")
 
-    def _validate_qwen(self) -> None:
-        for k in ("min_pixels", "max_pixels"):
-            whole(f"data.{k}", getattr(self, k))
-        if self.min_pixels > self.max_pixels:
-            raise SpecError("data.min_pixels", f"{self.min_pixels} > data.max_pixels {self.max_pixels}")
-        _check_rgb("image_mean", self.image_mean)
-        _check_rgb("image_std", self.image_std, positive=True)
-        if self.system_prompt is not None:
-            if not isinstance(self.system_prompt, str):
-                raise SpecError("data.system_prompt", f"a string (or null: none), got {self.system_prompt!r}")
-            if IMAGE in self.system_prompt or VIDEO in self.system_prompt:
-                raise SpecError("data.system_prompt", f"no {IMAGE} or {VIDEO} placeholder here (a sample's "
-                                                      "images go in its own turns)")
-
     def check_format(self, data_format):
         """The model's layout (:func:`~.formats.resolve_format` of ``data_format``), after refusing a key
         the recipe sets that this layout does not read, and a ``preprocessor_config`` whose patch
         geometry is not the model's."""
         fmt = resolve_format(data_format)
-        qwen = fmt.name == QWEN_VL
-        wrong, right = (MERGE_ONLY, QWEN_ONLY) if qwen else (QWEN_ONLY, MERGE_ONLY)
+        right = layout_of(fmt).keys
+        wrong = {k for lay in LAYOUTS.values() if lay.name != fmt.name for k in lay.keys if k not in right}
         bad = [k for k in self.given if k in wrong]
         if bad:
             raise SpecError(f"data.{bad[0]}", f"does not apply to this model's {fmt.name} micro-batches "
                                               f"(its image keys: {', '.join(right)}); remove it")
-        if qwen and self.preprocessor_config is not None:
-            check_geometry(self.preprocessor_config, fmt)
+        layout_of(fmt).check(self, fmt)
         return fmt
 
     def load_tokenizer(self) -> Tok:

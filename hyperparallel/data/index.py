@@ -1,6 +1,6 @@
 """The index of a conversations file: every sample read, laid out and checked, pixels never decoded.
 
-A *layout* (:mod:`.merge_layout`, :mod:`.qwen_layout`) turns one record into a :class:`Sample`
+A *layout* (:mod:`.merge_layout`, or a model family's, :mod:`.formats`) turns one record into a :class:`Sample`
 (``layout.parse(where, record, check_files)``, SampleProblem if it cannot be used) and checks one
 image file fully for ``data check`` (``layout.decode_check(path)``). ``check_files(path)`` is the
 header check (:func:`check_image`: the file exists and PIL verifies it; returns its (width, height)).
@@ -27,7 +27,7 @@ class Sample:
     where: str               # "FILE:LINE" (jsonl) or "FILE sample N" (json list)
     id: str
     files: Tuple[str, ...]   # image files in encoder order (images, then video frames), absolute
-    enc: Any                 # the layout's encoded sample (text.Encoded, qwen_chat.QwenEncoded)
+    enc: Any                 # the layout's encoded sample (text.Encoded, or a family layout's own)
 
     @property
     def loss_tokens(self) -> int:

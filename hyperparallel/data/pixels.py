@@ -4,7 +4,7 @@ A layout names its ops (a zero-argument factory of a list of ``mindspore.dataset
 callables, applied in order to a file's bytes): ``merge_index`` uses :func:`transforms`,
 ``vision.Decode -> Resize((S, S)) -> Rescale(1/255) -> Normalize(mean, std) -> HWC2CHW`` (grey and
 RGBA files decode to RGB); ``qwen_vl`` one python callable, transformers' image processor
-(:class:`~.qwen_image.QwenPixels`, two outputs: pixel values and grid). A :class:`PixelStream`
+(``hyperparallel/models/qwen_vl/image.py``, two outputs: pixel values and grid). A :class:`PixelStream`
 runs the ops in a ``GeneratorDataset``/``map`` pipeline (``num_parallel_workers`` threads,
 ``prefetch`` rows buffered per stage) over the images of the micro-batches this process will
 feed to the encoder, step after step, while the pipeline computes; a request outside that

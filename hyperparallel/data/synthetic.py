@@ -25,14 +25,17 @@ import math
 import numpy as np
 
 from .batch import MicroBatch, PatchGeometry, patchify
+from .config import DataSection
 from .source import DataSource
 from ..errors import SpecError, unknown_key, whole
 from ..recipe.schema import SYNTHETIC_IMAGES
 
 
 @dataclass(frozen=True)
-class DataConfig(PatchGeometry):
+class DataConfig(DataSection, PatchGeometry):
     """Recipe ``data:`` section of the synthetic source (``data.type: synthetic``, the default)."""
+
+    type = "synthetic"   # not a field: the registry key (hyperparallel.data.TYPES)
 
     micro_batch_size: int = 2
     text_len: int = 8
@@ -46,6 +49,24 @@ class DataConfig(PatchGeometry):
     video_prob: float = SYNTHETIC_IMAGES["video_prob"]
     video_frames: int = SYNTHETIC_IMAGES["video_frames"]
     balance: str = "none"   # data.balance: none only (the generator has no per-sample encoder work)
+
+    @classmethod
+    def from_recipe(cls, section: dict, raw: dict) -> "DataConfig":
+        return DataConfig.from_section(section)
+
+    def check_model(self, model) -> None:
+        """The merge-index layout of the project's own models (or a user's adapter without image
+        placeholders, which reads what the generator makes)."""
+        try:
+            fmt = model.data_format()
+        except NotImplementedError:
+            return
+        if fmt.get("format") != "merge_index":
+            raise SpecError("data.type", f"synthetic data cannot feed {model.family} (it reads {fmt.get('format')} "
+                                         "micro-batches); use data.type: conversations")
+
+    def source(self, seed: int, data_format=None) -> "SyntheticSource":
+        return SyntheticSource(self, seed)
 
     @staticmethod
     def from_section(sec: dict) -> "DataConfig":

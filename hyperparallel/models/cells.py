@@ -1,5 +1,5 @@
 """MindSpore cells of the project's own models: the building blocks, the ViT encoder chunk
-(:mod:`.vit`), the tiny MLLM's LLM chunk (:mod:`.tiny_mllm`), and the micro-batch as tensors.
+(:mod:`.vit`), the tiny MLLM's LLM chunk (:mod:`.tiny_mllm.adapter`), and the micro-batch as tensors.
 
 Every parameter is initialised from ``(seed, region, layer, name)`` only (:class:`Init`), so any
 cut of the layers into chunks, on any rank, yields the same values as the single-process

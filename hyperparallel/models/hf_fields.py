@@ -9,7 +9,7 @@ under MindFormers' name, same meaning and value: read as that field, and said on
 the front end; :func:`map_spellings`) and :data:`MINDFORMERS_SPELLINGS` (refused, with the reason).
 
 Pure Python (the ``transformers`` config classes, no MindSpore): checked before launch by the
-mindone adapter (:mod:`.qwen_vl`), for the fields the recipe writes inline (``model.model_config``).
+mindone adapter (:mod:`.qwen_vl.adapter`), for the fields the recipe writes inline (``model.model_config``).
 A ``config.json`` (``model.config``, ``model.pretrained``) is the file Hugging Face wrote and reads,
 older spellings included (the public Qwen2.5-VL files carry ``in_chans``): it is not checked.
 """

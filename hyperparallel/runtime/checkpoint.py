@@ -384,7 +384,7 @@ def export_hf(src: Source, out: str, say=print) -> int:
     command refuses that without ``--force``): the previous weights there are replaced
     (:func:`~hyperparallel.models.hf_dir.install`), the rest kept. The processor files (tokenizer, chat
     template, preprocessor configs) come too when ``meta.json`` records the run's tokenizer
-    (:mod:`~hyperparallel.data.hf_processor`); ``say`` tells which, or why none. Returns the number of tensors."""
+    (:mod:`~hyperparallel.models.qwen_vl.processor`); ``say`` tells which, or why none. Returns the number of tensors."""
     from hyperparallel.models import adapter_for
     cfg_path = os.path.join(src.path, "config.json")
     if not os.path.isfile(cfg_path):
@@ -419,7 +419,7 @@ def export_hf(src: Source, out: str, say=print) -> int:
 def _write_processor(src: Source, cfg: dict, tmp: str, say) -> None:
     """The processor files of the step's recorded tokenizer into the export's folder ``tmp``; ``say``
     names them, or says why none were written (the directory then lacks what ``AutoProcessor`` reads)."""
-    from hyperparallel.data import hf_processor
+    from hyperparallel.models.qwen_vl import processor as hf_processor
     try:
         names, why = hf_processor.write_processor((src.meta or {}).get("processor"), cfg, tmp)
     except (ImportError, OSError, ValueError, TypeError, KeyError) as e:   # e.g. a tokenizer file transformers refuses

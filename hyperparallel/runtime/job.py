@@ -73,7 +73,7 @@ def _rank_log(name: str):
 
 
 def balancing(rc) -> bool:
-    return getattr(rc.data, "balance", "none") == "encoder"
+    return rc.data.balance == "encoder"
 
 
 def encoder_record(rc, rt, raw: dict):

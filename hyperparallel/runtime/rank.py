@@ -231,7 +231,7 @@ class RankRuntime:
         """The saver of this rank's part of ``SAVE_DIR/step_<N>/`` (``meta``: recipe hash, schedule,
         optimizer name for ``meta.json``, and the data's processor: where its tokenizer came from;
         ``digests``: record every file's SHA-256)."""
-        from ..data.hf_processor import processor_record
+        from ..models.qwen_vl.processor import processor_record
         meta = dict(meta or {})
         meta.setdefault("optimizer", self.train.optimizer)
         meta.setdefault("processor", processor_record(getattr(self.source, "cfg", None)))   # ckpt --export-hf

@@ -1,7 +1,7 @@
 """A user adapter (``model.adapter: wrong_boundary:WrongBoundary``) whose boundary spec is wrong:
 the tiny MLLM with one sequence position too many in the LLM's boundary shape."""
 from hyperparallel.models.base import TensorSpec
-from hyperparallel.models.tiny_mllm import LLM, TinyMLLM
+from hyperparallel.models.tiny_mllm.adapter import LLM, TinyMLLM
 
 
 class WrongBoundary(TinyMLLM):

@@ -63,7 +63,7 @@ import mindspore.mint as _mint
 import mindspore.mint.nn.functional as _F
 from mindspore import Tensor, ops
 
-from .qwen_vl_side import rope_index, torch_linspace
+from .side import rope_index, torch_linspace
 
 __all__ = ["apply", "remove", "is_applied", "needed", "original", "vision_cos_sin", "MODULES", "REPLACED"]
 

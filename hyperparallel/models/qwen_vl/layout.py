@@ -1,16 +1,16 @@
 """The ``qwen_vl`` layout's index side: each image's grid from its header size (no pixels decoded),
-the chat layout (:mod:`.qwen_chat`) with that many image pads, and the full check of ``data check``."""
+the chat layout (:mod:`.chat`) with that many image pads, and the full check of ``data check``."""
 from __future__ import annotations
 
-from .index import Sample, check_image, image_path
-from .qwen_chat import QwenEncoded, QwenTokens, encode_chat
-from .qwen_image import QwenPixels, image_grid, image_tokens
-from .text import SampleProblem, Tok, image_files
+from ...data.index import Sample, check_image, image_path
+from .chat import QwenEncoded, QwenTokens, encode_chat
+from .image import QwenPixels, image_grid, image_tokens
+from ...data.text import SampleProblem, Tok, image_files
 
 
 class QwenLayout:
-    """``parse(where, record, check_files)`` -> :class:`~.index.Sample` (``enc``: a
-    :class:`~.qwen_chat.QwenEncoded`); ``fmt``: a :class:`~.formats.QwenVL`."""
+    """``parse(where, record, check_files)`` -> :class:`~hyperparallel.data.index.Sample` (``enc``: a
+    :class:`~.chat.QwenEncoded`); ``fmt``: a :class:`~.format.QwenVL`."""
 
     def __init__(self, cfg, fmt, tok: Tok):
         self.cfg, self.fmt, self.tok = cfg, fmt, tok
@@ -58,7 +58,7 @@ class QwenLayout:
 
     def decode_check(self, path: str) -> None:
         """Run the processor on one image; SampleProblem if it fails or its grid is not the header's."""
-        from .pixels import decode_eager
+        from ...data.pixels import decode_eager
         try:
             _, grid = decode_eager(path, [self.pixels()])
         except RuntimeError as e:

@@ -1,7 +1,7 @@
 """The ``qwen_vl`` source: conversations as Qwen's processor lays them out (:class:`~.batch.QwenVLBatch`).
 
 Token ids, labels and image grids come from the index (grids from the image headers); the pixels
-are transformers' ``Qwen2VLImageProcessor`` output, computed in the :class:`~.pixels.PixelStream`
+are transformers' ``Qwen2VLImageProcessor`` output, computed in the :class:`~hyperparallel.data.pixels.PixelStream`
 read-ahead pipeline or eagerly with the same callable, on the first read of ``pixel_values``.
 An image whose decoded grid is not its header's stops the run (RuntimeError naming the file;
 ``data check`` reports it as ``grid_mismatch``).
@@ -13,10 +13,10 @@ from typing import List
 import numpy as np
 
 from .batch import QwenVLBatch
-from .conversations import layout_for
-from .conversations_config import ConversationsConfig
-from .indexed import IndexedSource
-from .qwen_layout import QwenLayout
+from ...data.conversations import layout_for
+from ...data.conversations_config import ConversationsConfig
+from ...data.indexed import IndexedSource
+from .layout import QwenLayout
 
 IGNORE = -100
 
@@ -31,7 +31,7 @@ class QwenVLSource(IndexedSource):
         super().__init__(cfg, layout, seed)
         self.fmt, self.special = layout.fmt, layout.special
         self.filler_patches = int(np.prod(self.filler_grid))
-        from .pixels import PixelStream
+        from ...data.pixels import PixelStream
         self.pixels = PixelStream(self.files_of, lambda: [layout.pixels()], cfg.num_parallel_workers, cfg.prefetch,
                                   outputs=("pixel_values", "grid"))
 

@@ -21,7 +21,7 @@ from typing import Tuple
 
 import numpy as np
 
-from ..errors import SpecError
+from ...errors import SpecError
 
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 28 * 28 * 16384
@@ -74,7 +74,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 def image_grid(height: int, width: int, fmt, min_pixels: int, max_pixels: int) -> Tuple[int, int, int]:
-    """(t, h, w) in patches of an image of ``height x width`` pixels (``fmt``: a :class:`~.formats.QwenVL`)."""
+    """(t, h, w) in patches of an image of ``height x width`` pixels (``fmt``: a :class:`~.format.QwenVL`)."""
     h, w = smart_resize(height, width, fmt.factor, min_pixels, max_pixels)
     return 1, h // fmt.patch_size, w // fmt.patch_size
 

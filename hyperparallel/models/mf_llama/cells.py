@@ -1,11 +1,11 @@
-"""MindSpore side of :mod:`.mf_llama`: a chunk of MindFormers' ``LlamaForCausalLM`` and its side inputs."""
+"""MindSpore side of :mod:`.adapter`: a chunk of MindFormers' ``LlamaForCausalLM`` and its side inputs."""
 from __future__ import annotations
 
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 
-from .cells import MicroTensors
+from ..cells import MicroTensors
 
 
 class LlamaTensors(MicroTensors):

@@ -20,8 +20,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .text import IMAGE, VIDEO, SampleProblem, Tok
-from ..errors import SpecError
+from ...data.text import IMAGE, VIDEO, SampleProblem, Tok
+from ...errors import SpecError
 
 ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
 SPECIAL = {"im_start": "<|im_start|>", "im_end": "<|im_end|>", "vision_start": "<|vision_start|>",

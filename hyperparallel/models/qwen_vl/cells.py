@@ -1,4 +1,4 @@
-"""MindSpore side of :mod:`.qwen_vl`: mindone's whole Qwen2.5-VL / Qwen3-VL model, its chunks, the
+"""MindSpore side of :mod:`.adapter`: mindone's whole Qwen2.5-VL / Qwen3-VL model, its chunks, the
 micro-batch's side inputs as tensors, and the model as users call it (the reference).
 
 Chunks are made of the network's own cells (shared, not copied), so parameter names stay the
@@ -8,7 +8,7 @@ of ``Qwen2_5_VisionTransformerPretrainedModel.construct``, ``Qwen3VLVisionModel.
 language models' ``construct`` in their order, with the side inputs they compute inside (window
 index, cu_seqlens, rotary tables, M-RoPE positions, the causal mask, the scatter of the image
 features) computed on the host from the micro-batch's token ids and grids
-(:mod:`.qwen_vl_side`).
+(:mod:`.side`).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ..errors import SpecError
-from . import qwen_vl_side as side
+from ...errors import SpecError
+from . import side
 
 
 # -- the network -------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ from . import qwen_vl_side as side
 def build_network(adapter):
     """The whole mindone model of ``adapter`` (CPU compatibility applied first on CPU), its weights
     from ``adapter.pretrained`` when given."""
-    from . import mindone_cpu
+    from . import cpu as mindone_cpu
     mindone_cpu.apply()   # no-op off CPU; must precede building (mindone creates Parameters with mint ops)
     import mindone.transformers as mt
     cfg = copy.deepcopy(adapter.cfg)
@@ -46,7 +46,7 @@ def build_network(adapter):
 def load_hf_weights(net, path: str, rename) -> None:
     """Every parameter of ``net`` from the directory's safetensors files, by name (either spelling)."""
     values = {}
-    from .hf_dir import weight_files
+    from ..hf_dir import weight_files
     for f in weight_files(path):
         for name, v in ms.load_checkpoint(f, format="safetensors").items():
             values[rename(name)] = v
@@ -83,7 +83,7 @@ def _t(a) -> Tensor:
 
 
 class QwenTensors:
-    """A :class:`~hyperparallel.data.batch.QwenVLBatch` as the tensors every chunk reads, plus the loss
+    """A :class:`~.batch.QwenVLBatch` as the tensors every chunk reads, plus the loss
     scale. Vision side inputs and pixels are built when first read (ranks without the encoder never
     build them)."""
 
@@ -120,7 +120,7 @@ class QwenTensors:
             else:
                 d = side.qwen3_vision_side(self.grid, v, inv_freq=inv)
                 out = {k: _t(d[k]) for k in ("cu_seqlens", "pos_idx", "pos_wts")}
-            from .mindone_cpu import vision_cos_sin
+            from .cpu import vision_cos_sin
             out["rotary"] = vision_cos_sin(d["angles"])
             self._vision = out
         return self._vision

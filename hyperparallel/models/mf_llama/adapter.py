@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from .base import Region
-from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
-from ..errors import SpecError, unknown_key, whole
-from ..recipe.mindformers import WORD_EMBEDDINGS
+from ..base import Region
+from ..vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
+from ...errors import SpecError, unknown_key, whole
+from ...recipe.mindformers import WORD_EMBEDDINGS
 
 MODEL_KEYS = ("arch", "model_config", "vision")
 VISION_KEYS = ("type", "num_layers", "hidden_size", "num_heads", "mlp_ratio", "init_std")
@@ -176,9 +176,9 @@ class MFLlamaMLLM(VitLLMAdapter):
         return self.hidden
 
     def build_llm_chunk(self, start: int, stop: int):
-        from .mf_llama_cells import LlamaChunk
+        from .cells import LlamaChunk
         return LlamaChunk(self.network(), start, stop, self.num_layers)
 
     def tensors(self, micro_batch, loss_scale: float):
-        from .mf_llama_cells import LlamaTensors
+        from .cells import LlamaTensors
         return LlamaTensors(micro_batch, loss_scale)

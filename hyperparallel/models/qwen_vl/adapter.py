@@ -17,11 +17,11 @@ rotary set-up with the first chunk, the merger and the reverse reordering with t
 the image features with the first chunk, final norm + LM head + loss with the last). Qwen3-VL's
 deepstack features cross every boundary before the layer that adds them, packed into the one
 boundary tensor. Every chunk's side inputs come from the micro-batch's token ids and
-``image_grid_thw`` alone (:mod:`.qwen_vl_side`), so a boundary spec never needs pixels.
+``image_grid_thw`` alone (:mod:`.side`), so a boundary spec never needs pixels.
 
 Everything here is pure Python (the ``transformers`` config classes, no MindSpore): a config that
 is missing, inconsistent or cannot train on the recipe's device is refused before launch, naming
-the key. The MindSpore side is :mod:`.qwen_vl_cells`.
+the key. The MindSpore side is :mod:`.cells`.
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ import json
 import os
 from typing import List, Optional
 
-from ..errors import SpecError, unknown_key, whole
-from ..recipe.mindformers import WORD_EMBEDDINGS, model_config
-from .base import ModelAdapter, Region, TensorSpec
+from ...errors import SpecError, unknown_key, whole
+from ...recipe.mindformers import WORD_EMBEDDINGS, model_config
+from ..base import ModelAdapter, Region, TensorSpec
 
 VISION, LLM = "vision", "llm"
 
@@ -94,7 +94,7 @@ class QwenVL(ModelAdapter):
         self.kind = ARCHS[self.arch][0]
         self.pretrained: Optional[str] = sec.get("pretrained")
         if self.pretrained is not None:
-            from .hf_dir import is_hf_dir, weight_files
+            from ..hf_dir import is_hf_dir, weight_files
             if not is_hf_dir(str(self.pretrained)):
                 raise SpecError("model.pretrained", f"{self.pretrained}: not a Hugging Face model directory "
                                                     "(config.json with model.safetensors or its shard index)")
@@ -129,7 +129,7 @@ class QwenVL(ModelAdapter):
         text fields of the older flat layout too, where the class reads them) and its ``text_config`` /
         ``vision_config``.
         Every rank builds its adapter from the same recipe, so maps the same; only the front end prints."""
-        from .hf_fields import fields_of, map_spellings, reads_flat_text
+        from ..hf_fields import fields_of, map_spellings, reads_flat_text
         cls = _config_class(self.arch)
         subs = cls.sub_configs
         flat = "text_config" not in merged and reads_flat_text(cls)
@@ -154,7 +154,7 @@ class QwenVL(ModelAdapter):
         """Every field the recipe writes in ``model.model_config`` (and its ``text_config`` /
         ``vision_config``) is one the config class reads, or the recipe's own: else refused, named
         (:mod:`.hf_fields`)."""
-        from .hf_fields import check_section
+        from ..hf_fields import check_section
         cls = _config_class(self.arch)
         subs = cls.sub_configs
         check_section(inline, "model.model_config", cls, RECIPE_KEYS, ("freeze_",), flat_text=subs["text_config"],
@@ -285,7 +285,7 @@ class QwenVL(ModelAdapter):
         (every rank's chunks are slices of it, bit-identical to the single-process model), with
         ``model.pretrained``'s weights when given."""
         if self._net is None:
-            from .qwen_vl_cells import build_network
+            from .cells import build_network
             self._net = build_network(self)
         return self._net
 
@@ -293,19 +293,19 @@ class QwenVL(ModelAdapter):
         if not 0 <= start < stop <= self.depth(region):
             raise ValueError(f"{self.family}: layers [{start}, {stop}) outside region {region!r} "
                              f"(0..{self.depth(region)})")
-        from .qwen_vl_cells import LLMChunk, VisionChunk
+        from .cells import LLMChunk, VisionChunk
         cls = VisionChunk if region == VISION else LLMChunk
         return cls(self, start, stop)
 
     def tensors(self, micro_batch, loss_scale: float):
-        from .qwen_vl_cells import QwenTensors
+        from .cells import QwenTensors
         return QwenTensors(self, micro_batch, loss_scale)
 
     def model_input(self, tensors):
         return tensors.pixel_values
 
     def reference(self):
-        from .qwen_vl_cells import WholeModel
+        from .cells import WholeModel
         return WholeModel(self)
 
     def tied_weights(self) -> dict:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import List
 
-from .base import Region
-from .vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
-from ..errors import SpecError, unknown_key, whole
+from ..base import Region
+from ..vit import LLM, REGION as VISION, VitConfig, VitLLMAdapter
+from ...errors import SpecError, unknown_key, whole
 
 
 
@@ -82,9 +82,9 @@ class TinyMLLM(VitLLMAdapter):
         return self.cfg.llm_dim
 
     def build_llm_chunk(self, start: int, stop: int):
-        from .cells import TinyLLMChunk
+        from ..cells import TinyLLMChunk
         return TinyLLMChunk(self.cfg, start, stop, self.seed)
 
     def tensors(self, micro_batch, loss_scale: float):
-        from .cells import MicroTensors
+        from ..cells import MicroTensors
         return MicroTensors(micro_batch, loss_scale)

@@ -1,5 +1,5 @@
 """The processor files of an exported Hugging Face directory (``ckpt --export-hf``): the tokenizer, the
-chat template of the project's Qwen layout (:mod:`hyperparallel.data.qwen_chat`) and the image and video
+chat template of the project's Qwen layout (:mod:`.chat`) and the image and video
 preprocessor configs, so ``AutoProcessor.from_pretrained(OUT)`` lays a conversation out as training did.
 
 At save time a run of a ``conversations`` recipe records in ``meta.json`` under ``processor``
@@ -20,9 +20,9 @@ PROCESSORS = {"Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLProcessor"}
 
 def processor_record(cfg) -> Optional[dict]:
     """What ``meta.json`` records of a run's processor from its data config (a ``conversations``
-    :class:`~.conversations_config.ConversationsConfig`, its values in effect: recipe keys over
+    :class:`~hyperparallel.data.conversations_config.ConversationsConfig`, its values in effect: recipe keys over
     ``preprocessor_config`` over Qwen's defaults); None for data without a tokenizer (synthetic)."""
-    from .conversations_config import ConversationsConfig
+    from ...data.conversations_config import ConversationsConfig
     if not isinstance(cfg, ConversationsConfig):
         return None
     return {"tokenizer": os.path.abspath(cfg.tokenizer), "min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels,
@@ -31,7 +31,7 @@ def processor_record(cfg) -> Optional[dict]:
 
 
 def chat_template(system_prompt: Optional[str] = None) -> str:
-    """A Jinja chat template laying messages out as :func:`~hyperparallel.data.qwen_chat.encode_chat`
+    """A Jinja chat template laying messages out as :func:`~.chat.encode_chat`
     does: ``<|im_start|>ROLE\\n CONTENT <|im_end|>\\n`` per turn, an image part as
     ``<|vision_start|><|image_pad|><|vision_end|>`` (the processor repeats the pad per merged patch), the
     recipe's ``system_prompt`` first when the messages have no system turn (no default one otherwise)."""

@@ -1,0 +1,66 @@
+"""The ``qwen_vl`` layout's micro-batch (:mod:`.format`): token ids, labels and image grids now, pixels on
+demand (``pixel_values`` is loaded on first access, so a rank that never runs the encoder's first chunk
+never decodes an image)."""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import numpy as np
+
+
+class QwenVLBatch:
+    """One micro-batch as Qwen-VL models take it (Hugging Face names), numpy arrays.
+
+    * ``input_ids`` int64 (B, S): Qwen's chat layout, right-padded with ``<|endoftext|>``;
+      ``attention_mask`` int64 (B, S): 1 on real tokens; ``labels`` int64 (B, S): the token id on
+      answer tokens, -100 elsewhere (the model shifts);
+    * ``image_grid_thw`` int64 (num_images, 3): (t, h, w) in patches of every image in sample
+      order, then the filler (``extra_images`` = 1: grid (1, m, m), zero pixels, no image token);
+    * ``pixel_values`` float32 (num_patches, C*tp*P*P): Qwen2VLImageProcessor's rows, loaded on
+      first access (``load()``); everything else is known without pixels.
+    """
+
+    def __init__(self, input_ids: np.ndarray, attention_mask: np.ndarray, labels: np.ndarray,
+                 image_grid_thw: np.ndarray, images_per_sample: List[int], merge_size: int,
+                 load: Callable[[], np.ndarray], extra_images: int = 0, sample_ids: Optional[List[str]] = None):
+        self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
+        self.image_grid_thw = np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
+        self.images_per_sample = [int(n) for n in images_per_sample]
+        self.extra_images = int(extra_images)
+        self.sample_ids = sample_ids
+        self.merge_size = int(merge_size)
+        self._pixels, self._load = None, load
+
+    @property
+    def loss_tokens(self) -> int:
+        """Positions the loss is a mean over: labels after the model's shift that are not -100."""
+        return int(np.count_nonzero(self.labels[:, 1:] != -100))
+
+    @property
+    def num_images(self) -> int:
+        """Images the encoder sees, the filler included."""
+        return int(self.image_grid_thw.shape[0])
+
+    @property
+    def num_patches(self) -> int:
+        """Rows of ``pixel_values``: sum of t*h*w over every image, the filler included."""
+        return int(self.image_grid_thw.prod(axis=1).sum())
+
+    @property
+    def num_image_tokens(self) -> int:
+        """LLM positions the real images fill (``<|image_pad|>`` tokens): their t*h*w / merge_size^2."""
+        real = self.image_grid_thw[:self.num_images - self.extra_images]
+        return int(real.prod(axis=1).sum()) // (self.merge_size ** 2)
+
+    @property
+    def pixels_loaded(self) -> bool:
+        return self._pixels is not None
+
+    @property
+    def pixel_values(self) -> np.ndarray:
+        if self._pixels is None:
+            p = self._load()
+            if p.shape[0] != self.num_patches:
+                raise RuntimeError(f"data: loaded {p.shape[0]} patch rows for a micro-batch of {self.num_patches}")
+            self._pixels, self._load = p, None
+        return self._pixels
