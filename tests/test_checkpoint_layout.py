@@ -16,6 +16,8 @@ import pytest
 from hyperparallel.runtime import ckpt_files as cf
 from hyperparallel.recipe import derive_recipe
 from hyperparallel.recipe import load_recipe
+from hyperparallel import testing
+from hyperparallel.testing import FakeComm, in_process_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -75,49 +77,14 @@ def test_check_names():
 
 
 # ---------------------------------------------------------------- written by the ranks' Saver
-class FakeComm:
-    """One rank of a 2-rank job, in this process (saving needs only barriers, which are no-ops here)."""
-
-    def __init__(self, rank, D=1):
-        self.rank, self.D, self.device, self.dp_index, self.world = rank, D, rank // D, rank % D, 2
-
-    def ensure_groups(self, groups):
-        pass
-
-    def barrier(self):
-        pass
-
-    def send(self, *a):
-        raise AssertionError("no communication in these tests")
-
-    recv = all_reduce = broadcast = send
-
-
 def _ranks(schedule="transpose", overrides=()):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import RunConfig
-    from hyperparallel.runtime.rank import RankRuntime
-    compat.setup_device("CPU")
-    recipe = load_recipe(RECIPE, overrides=list(overrides))
-    plan = derive_recipe(recipe, schedule)
-    rc = RunConfig.from_raw(recipe.raw)
-    out = []
-    for d in range(plan.num_devices):
-        rt = RankRuntime(plan, rc.model, rc.source(), rc.train, FakeComm(d))
-        out.append((rt.comm, rt.chunks, rt.optimizer, rt))
-    return recipe, plan, out
+    return in_process_ranks(RECIPE, schedule, overrides)
 
 
 def write_checkpoint(save_dir, step, fmt="safetensors", schedule="transpose", overrides=()):
-    from hyperparallel.runtime.checkpoint import recipe_hash
-    recipe, plan, ranks = _ranks(schedule, overrides)
-    meta = {"recipe_hash": recipe_hash(recipe.raw), "schedule": schedule}
-    savers = [rt.saver(save_dir, fmt, meta) for *_, rt in ranks]
-    for phase in ("begin", "write", "finish"):   # Saver.save's phases, a barrier between them
-        for s in savers:
-            getattr(s, phase)(step)
-    return cf.step_dir(save_dir, step), ranks
+    pytest.importorskip("mindspore", reason="mindspore is not installed")
+    return testing.write_checkpoint(RECIPE, save_dir, step, fmt, schedule, overrides)
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,11 @@ pytest.importorskip("mindspore", reason="mindspore is not installed")
 
 from helpers import assert_equivalent, job_case, launch_cases, reference_run  # noqa: E402
 from hyperparallel.recipe import load_recipe  # noqa: E402
+from hyperparallel.testing import EIGHT_RANKS  # noqa: E402  (tools/eight_ranks.py times the same layouts)
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "recipes", "tiny_mllm.yaml")
 STEPS = 3
-P8 = ("parallel_config.pipeline_stage=8", "parallel_config.micro_batch_num=8", "model.llm_layers=8",
-      "mpipe.profile.regions.1.layers=8")
-P4D2 = ("parallel_config.pipeline_stage=4", "parallel_config.data_parallel=2")
-CASES = {"p8_transpose": ("transpose", P8), "p8_1f1b": ("1f1b", P8), "p4_d2_transpose": ("transpose", P4D2)}
+CASES = EIGHT_RANKS
 
 
 @pytest.fixture(scope="module")

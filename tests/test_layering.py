@@ -1,6 +1,6 @@
 """The import graph of the package: layers only ever import downwards, and no two files import each other.
 
-Layers, from the ground up (docs/layout.md, generated from ``LAYERS`` by tools/layout.py): the algebra
+Layers, from the ground up (docs/layout.md, generated from ``LAYERS``, in :mod:`hyperparallel.testing`, by tools/layout.py): the algebra
 (``mpipe``), the recipe front end (``recipe``), models and data (siblings: neither imports the other), the run config, the MindSpore
 runtime (``runtime``), the front ends (CLI commands, bench, API, launcher). Every ``import`` of
 every file counts, at module level or inside a function.
@@ -10,12 +10,9 @@ import os
 
 import pytest
 
+from hyperparallel.testing import LAYERS, SIBLINGS   # tools/layout.py renders the same table
+
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hyperparallel")
-FRONT = 6
-LAYERS = {"mpipe": 1, "recipe": 2, "tune": 2, "models": 3, "data": 3, "runconfig": 4, "watch": 4, "runtime": 5, "errors": 1,
-          "commands": FRONT, "bench": FRONT, "cli": FRONT, "api": FRONT, "launch": FRONT, "util": FRONT, "runlock": FRONT, "fileio": 1,
-          "__main__": FRONT, "__init__": FRONT}
-SIBLINGS = {"models", "data"}
 
 
 def _modules():
@@ -130,3 +127,52 @@ def test_algebra_and_recipe_front_end_name_no_model_or_runtime(package):
             # absolute imports only: ``from .mindformers import ...`` is the recipe layer's own module
             names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
             assert not {x for x in names if x.split(".")[0] in ("mindspore", "mindformers", "mindone")}, m
+
+
+def test_only_the_tests_and_tools_import_the_testing_module():
+    """``hyperparallel.testing`` is the tests' and tools' shared scaffolding: no package module builds on it."""
+    users = sorted(m for m, deps in GRAPH.items() if "hyperparallel.testing" in deps and m != "hyperparallel.testing")
+    assert not users, users
+
+
+# ---------------------------------------------------------------- tools/ and tests/: tools never import tests
+CHECKOUT = os.path.dirname(ROOT)
+TEST_MODULES = {f[:-3] for f in os.listdir(os.path.join(CHECKOUT, "tests")) if f.endswith(".py")}
+TOOLS = sorted(f for f in os.listdir(os.path.join(CHECKOUT, "tools")) if f.endswith(".py"))
+
+
+def _test_code_used(source: str, tools=frozenset()):
+    """What of tests/ a tool's source imports: a module of tests/ (not also a tool's name), the ``tests``
+    package, or tests/ put on ``sys.path``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("insert", "append", "extend") and ast.unparse(node.func.value) == "sys.path"):
+            if any(isinstance(c, ast.Constant) and c.value == "tests" for a in node.args for c in ast.walk(a)):
+                found.append("sys.path: tests/")
+            continue
+        else:
+            continue
+        top = {n.split(".")[0] for n in names}
+        found += [n for n in top if n == "tests" or (n in TEST_MODULES and n not in tools)]
+    return sorted(found)
+
+
+def test_the_tools_reader_sees_test_imports():
+    """The check below passes on a reader that finds nothing: it must find each way a tool reached tests/."""
+    src = ('import sys, os\nsys.path.insert(0, os.path.join(ROOT, "tests"))\nfrom helpers import job_case\n'
+           'def f():\n    import test_layering\n    from tests.helpers import ROOT\nimport doc_numbers\n')
+    assert _test_code_used(src, {"doc_numbers"}) == ["helpers", "sys.path: tests/", "test_layering", "tests"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_no_tool_imports_test_code(tool):
+    """Tools may be run or imported by the tests, never the other way round: code both need lives in the
+    package (:mod:`hyperparallel.testing`) or in tools/."""
+    path = os.path.join(CHECKOUT, "tools", tool)
+    used = _test_code_used(open(path).read(), {t[:-3] for t in TOOLS})
+    assert not used, f"tools/{tool} imports test code: {used}"

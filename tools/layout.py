@@ -1,6 +1,6 @@
 """The package's layout as a Markdown table (docs/layout.md): the layers of ``tests/test_layering.py`` (the
-test that fails on an import pointing up), and for each package or top-level module the first sentence of
-its docstring and its modules. Generated, so it cannot drift from the code or the test.
+test that fails on an import pointing up; its table is ``hyperparallel.testing.LAYERS``), and for each
+package or top-level module the first sentence of its docstring and its modules. Generated, so it cannot drift from the code or the test.
 
     python tools/layout.py
 """
@@ -15,9 +15,9 @@ PKG = os.path.join(ROOT, "hyperparallel")
 
 
 def layers() -> dict:
-    """{top-level name: layer} as the layering test defines it."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from test_layering import LAYERS
+    """{top-level name: layer} as the layering test checks it (``hyperparallel.testing.LAYERS``)."""
+    sys.path.insert(0, ROOT)
+    from hyperparallel.testing import LAYERS
     return dict(LAYERS)
 
 
