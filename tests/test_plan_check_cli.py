@@ -58,7 +58,7 @@ BAD = [
     (["--set", "parallel_config.pipeline_stage=0"], "parallel_config.pipeline_stage: must be a whole number >= 1"),
     (["--set", "parallel_config.micro_batch_num=-2"], "parallel_config.micro_batch_num: must be a whole number >= 1"),
     (["--set", "parallel_config.pipeline_stage=16"], "mpipe.profile.regions[1].layers: 'llm' has 8 layers, cannot cut"),
-    (["--set", "mpipe.profile.regions.1.forward_ms=-1"], "mpipe.profile.regions[1].forward_ms: must be >= 0"),
+    (["--set", "mpipe.profile.regions.1.forward_ms=-1"], "mpipe.profile.regions[1].forward_ms: must be a number >= 0"),
     (["--set", "mpipe.profile.regions.0.color=red"], "mpipe.profile.regions[0].color: unknown key; allowed: name"),
     (["--set", "mpipe.speed=9"], "mpipe.speed: unknown key; allowed: schedule, profile"),
     (["--schedule", "1f1b", "--set", "parallel_config.pp_interleave_num=2"],

@@ -240,7 +240,7 @@ def test_a_model_that_cannot_be_planned_is_refused(cli):
                                 "pipeline_stage = 16 chunks: the model cannot be planned on these devices")
 
 
-@pytest.mark.parametrize("flag,value,msg", [("--top", "0", "error: --top: must be >= 1, got 0"),
+@pytest.mark.parametrize("flag,value,msg", [("--top", "0", "error: --top: must be a whole number >= 1, got 0"),
                                             ("--memory-limit", "-1", "error: --memory-limit: must be a number of GB "
                                                                      "> 0, got -1.0"),
                                             ("--out", "x.json", "error: --out: must name a .yaml file, got 'x.json'")])
@@ -435,7 +435,7 @@ def test_a_profile_spread_is_checked():
     from hyperparallel.errors import SpecError
     base = {"regions": [{"name": "llm", "layers": 2, "spread": {"forward_ms": 0.1}}]}
     assert parse_profile(base).regions[0].spread == (("forward_ms", 0.1),)
-    for bad, msg in (({"activation_mb": 0.1}, "unknown key"), ({"forward_ms": -1}, "must be >= 0"),
+    for bad, msg in (({"activation_mb": 0.1}, "unknown key"), ({"forward_ms": -1}, "must be a number >= 0, got -1"),
                      ([0.1], "must be a mapping of forward_ms")):
         with pytest.raises(SpecError, match=msg) as e:
             parse_profile({"regions": [{"name": "llm", "layers": 2, "spread": bad}]})

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 
 import yaml
 
-from ..errors import SpecError
+from ..errors import SpecError, whole
 from ..util import median, output_file, write_text
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
@@ -43,10 +43,8 @@ def prepare(args):
     if getattr(args, "in_pipeline", False) and sched is None:
         sched = DEFAULT_REFERENCE
     plan = checked_plan(recipe, sched)
-    if args.samples < 1:
-        raise SpecError("--samples", f"must be >= 1, got {args.samples}")
-    if args.repeats < 1:
-        raise SpecError("--repeats", f"must be >= 1, got {args.repeats}")
+    whole("--samples", args.samples)
+    whole("--repeats", args.repeats)
     if plan.num_devices * plan.data_parallel < 2:
         raise SpecError("parallel_config.pipeline_stage", "profile needs >= 2 ranks (the link is measured between two)")
     output_file("--out", args.out or default_out(args.recipe), inputs=(args.recipe,))   # before the measuring
