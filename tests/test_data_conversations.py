@@ -499,7 +499,7 @@ def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
     """The bench times data apart from compute through the interpreter's hooks: every pixel load (lazy,
     on the model input's first read) happens inside a callable the interpreter wrapped as ``data``."""
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.bench.measure import local_plan
+    from hyperparallel.bench.ranks.measure import local_plan
     from hyperparallel.runtime import compat
     from hyperparallel.runtime.comm import LocalComm
     from hyperparallel.runtime.hooks import Hooks

@@ -135,6 +135,41 @@ def test_only_the_tests_and_tools_import_the_testing_module():
     assert not users, users
 
 
+# ---------------------------------------------------------------- bench: the launcher side and the rank side
+BENCH_RANKS = "hyperparallel.bench.ranks"
+BENCH_LAUNCHER = sorted(m for m in MODULES if m.startswith("hyperparallel.bench.") and not m.startswith(BENCH_RANKS))
+
+
+def _absolute_imports(path: str) -> set:
+    tree = ast.parse(open(path).read(), path)
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+
+
+def test_bench_is_split_into_a_launcher_side_and_a_rank_side():
+    """The modules of hyperparallel/bench/ run in the launcher and never import MindSpore, the runtime or the
+    rank side (hyperparallel/bench/ranks/, what msrun runs), at module level or in a function; the rank side
+    is what imports the runtime."""
+    assert {"hyperparallel.bench.bench", "hyperparallel.bench.profile"} <= set(BENCH_LAUNCHER)
+    for m in BENCH_LAUNCHER:
+        bad = sorted(d for d in GRAPH[m] if d.startswith((BENCH_RANKS, "hyperparallel.runtime")))
+        bad += sorted(x for x in _absolute_imports(MODULES[m]) if x.split(".")[0] in ("mindspore", "mindformers", "mindone"))
+        assert not bad, f"{m} (the launcher side of bench) imports {bad}"
+    assert any(d.startswith("hyperparallel.runtime") for d in GRAPH[BENCH_RANKS + ".worker"])
+
+
+def test_the_launcher_side_of_bench_imports_without_mindspore():
+    """What the launcher side imports at module level, transitively, needs no MindSpore (blocked here)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['mindspore'] = None\n"
+            + "".join(f"import {m}\n" for m in BENCH_LAUNCHER)
+            + "print(sorted(m for m in sys.modules if m.startswith(('mindspore.', 'hyperparallel.runtime', "
+              "'hyperparallel.bench.ranks'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(ROOT), env=dict(os.environ, PYTHONPATH=os.path.dirname(ROOT)))
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr[-2000:] + r.stdout
+
 # ---------------------------------------------------------------- tools/ and tests/: tools never import tests
 CHECKOUT = os.path.dirname(ROOT)
 TEST_MODULES = {f[:-3] for f in os.listdir(os.path.join(CHECKOUT, "tests")) if f.endswith(".py")}

@@ -34,14 +34,20 @@ def summary(path: str) -> str:
     return para[:end].replace("``", "`").replace("|", "\\|")
 
 
+def _modules(folder: str) -> list:
+    """The modules of a package folder, a subpackage as ``name/ (its modules)``."""
+    mods = sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
+    subs = sorted(f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f, "__init__.py")))
+    return mods + [f"{s}/ ({', '.join(_modules(os.path.join(folder, s)))})" for s in subs]
+
+
 def rows():
     """(layer, name, summary, modules) for every package and top-level module the layering test names."""
     out = []
     for name, layer in layers().items():
         pkg, mod = os.path.join(PKG, name, "__init__.py"), os.path.join(PKG, name + ".py")
         if os.path.isfile(pkg):
-            mods = sorted(f[:-3] for f in os.listdir(os.path.dirname(pkg)) if f.endswith(".py") and f != "__init__.py")
-            out.append((layer, f"`hyperparallel/{name}/`", summary(pkg), ", ".join(mods)))
+            out.append((layer, f"`hyperparallel/{name}/`", summary(pkg), ", ".join(_modules(os.path.dirname(pkg)))))
         elif os.path.isfile(mod) and name not in ("__init__", "__main__"):
             out.append((layer, f"`hyperparallel/{name}.py`", summary(mod), ""))
     missing = {n for n in layers() if n not in ("__init__", "__main__")} - {r[1].strip("`").split("/")[1].split(".")[0]

@@ -1,7 +1,7 @@
 """``hyperparallel profile RECIPE``: measure the recipe's per-layer costs and the link on this machine.
 
 Every rank times every chunk of the recipe's cut through the rank runtime on a one-device program
-(the tight loop, :mod:`.measure`), ranks 0 and 1 ping-pong; :func:`build_profile` turns that into an
+(the tight loop, :mod:`.ranks.measure`), ranks 0 and 1 ping-pong; :func:`build_profile` turns that into an
 ``mpipe.profile`` block. ``--in-pipeline`` then takes the compute costs from a real run of a
 reference schedule with every action timed (:func:`apply_pipeline_costs`, :func:`runtime_overheads`).
 The output is a recipe inheriting the measured one (``base_config``) with its own ``mpipe.profile``.
@@ -25,7 +25,7 @@ from ..util import median, output_file, write_text
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
 PIPELINE_KINDS = ("F", "B", "W", "BW")  # compute actions whose in-pipeline times set the costs
-BENCH_WORKER = "hyperparallel.bench.worker"   # the msrun entry (a module: launch runs python -m it)
+BENCH_WORKER = "hyperparallel.bench.ranks.worker"   # the msrun entry (a module: launch runs python -m it)
 
 
 def prepare(args):

@@ -160,7 +160,7 @@ def profile_rank(job: dict, comm) -> dict:
     cells = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
     local = LocalComm(comm.rank)
     steps, warmup, passes = int(job.get("steps", 4)), int(job.get("warmup", 1)), int(job.get("passes", 3))
-    from .machine import this_machine
+    from ..machine import this_machine
     out: dict = {"rank": comm.rank, "actions": [], "data_ms": [], "output_bytes": {r: [] for r in plan.regions()},
                  "machine": this_machine(rc.device)}
     for mode, order in LOCAL_ORDERS.items():

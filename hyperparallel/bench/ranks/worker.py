@@ -1,11 +1,11 @@
 """msrun entry of ``hyperparallel profile`` and ``hyperparallel bench``:
-``msrun ... python -m hyperparallel.bench.worker JOB.json``.
+``msrun ... python -m hyperparallel.bench.ranks.worker JOB.json``.
 
 ``JOB.json`` (written by :mod:`hyperparallel.bench.profile` or :mod:`hyperparallel.bench.bench`):
 ``{"mode": "profile" | "bench", "device": "CPU", "out_dir": DIR, ...}``, or
 ``{"mode": "rotation", "profile": PROFILE_JOB | null, "cases": [BENCH_CASE, ...]}`` (the cases
 stepped in rotation in one launch); every rank writes ``DIR/rank_N.json`` per job or case with its
-measurements (:mod:`hyperparallel.bench.measure`).
+measurements (:mod:`hyperparallel.bench.ranks.measure`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     from hyperparallel.runtime.job import end_job, start_job
     job = start_job(sys.argv[1:] if argv is None else argv)
     from hyperparallel.runtime.comm import Comm
-    from hyperparallel.bench import measure
+    from hyperparallel.bench.ranks import measure
     comm = Comm(int(job.get("data_parallel", 1)))
     if job["mode"] == "profile":
         write(job["out_dir"], comm.rank, measure.profile_rank(job, comm))
