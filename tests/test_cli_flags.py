@@ -14,7 +14,7 @@ from hyperparallel.commands import train as T
 from hyperparallel.launch import LaunchResult
 
 from helpers import ROOT, recipe
-from test_bench import FakeLauncher
+from fake_bench import FakeLauncher
 
 TINY = recipe("tiny_mllm.yaml")
 HEAVY = recipe("bench_encoder_heavy.yaml")
