@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 #: the layer of every package and top-level module of hyperparallel, from the ground up: an import only ever
-#: points down or within its layer (tests/test_layering.py checks it; tools/layout.py writes docs/layout.md)
+#: points down or within its layer (tests/unit/test_layering.py checks it; tools/layout.py writes docs/layout.md)
 FRONT = 6
 LAYERS = {"mpipe": 1, "recipe": 2, "tune": 2, "models": 3, "data": 3, "runconfig": 4, "watch": 4, "runtime": 5, "errors": 1,
           "commands": FRONT, "bench": FRONT, "cli": FRONT, "api": FRONT, "launch": FRONT, "util": FRONT, "runlock": FRONT, "fileio": 1,
@@ -15,7 +15,7 @@ LAYERS = {"mpipe": 1, "recipe": 2, "tune": 2, "models": 3, "data": 3, "runconfig
           "__main__": FRONT, "__init__": FRONT}
 SIBLINGS = {"models", "data"}   # neither imports the other
 
-#: the layouts of the 8-rank launch (tests/test_eight_ranks.py checks them, tools/eight_ranks.py times them):
+#: the layouts of the 8-rank launch (tests/integration/test_eight_ranks.py checks them, tools/eight_ranks.py times them):
 #: name -> (schedule, overrides)
 P8 = ("parallel_config.pipeline_stage=8", "parallel_config.micro_batch_num=8", "model.llm_layers=8",
       "mpipe.profile.regions.1.layers=8")

@@ -1,4 +1,4 @@
-"""How long one 8-rank launch takes on this machine: the three layouts tests/test_eight_ranks.py runs.
+"""How long one 8-rank launch takes on this machine: the three layouts tests/integration/test_eight_ranks.py runs.
 
     python tools/eight_ranks.py [--out docs/eight_ranks.json] [--steps 3]
 

@@ -1,4 +1,4 @@
-"""The package's layout as a Markdown table (docs/layout.md): the layers of ``tests/test_layering.py`` (the
+"""The package's layout as a Markdown table (docs/layout.md): the layers of ``tests/unit/test_layering.py`` (the
 test that fails on an import pointing up; its table is ``hyperparallel.testing.LAYERS``), and for each
 package or top-level module the first sentence of its docstring and its modules. Generated, so it cannot drift from the code or the test.
 
@@ -53,7 +53,7 @@ def rows():
     missing = {n for n in layers() if n not in ("__init__", "__main__")} - {r[1].strip("`").split("/")[1].split(".")[0]
                                                                           for r in out}
     if missing:
-        raise SystemExit(f"tests/test_layering.py names {sorted(missing)}, which hyperparallel/ does not have")
+        raise SystemExit(f"tests/unit/test_layering.py names {sorted(missing)}, which hyperparallel/ does not have")
     return sorted(out, key=lambda r: (r[0], r[1]))
 
 

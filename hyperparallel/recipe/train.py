@@ -20,7 +20,7 @@ own ``train:`` recipes keep their defaults (seed 0, Adam at 0.01, no clipping, t
 
 Giving a setting in both places is refused (``give it in one place``), and so is every field MindFormers'
 class would not take (its learning-rate classes swallow unknown keyword arguments silently). The field
-lists are MindFormers 1.9.0's / MindSpore 2.9.0's signatures (``tests/test_recipe_schema.py`` checks them).
+lists are MindFormers 1.9.0's / MindSpore 2.9.0's signatures (``tests/unit/test_recipe_schema.py`` checks them).
 """
 from __future__ import annotations
 
