@@ -18,6 +18,7 @@ demo: install
 	test -f data/demo/train.jsonl || $(PY) tools/make_demo_data.py data/demo
 	$(VENV)/bin/hyperparallel train recipes/qwen2_5_vl_tiny.yaml --run-dir runs/demo
 
+# tests/unit/ launches no msrun job, tests/integration/ holds the modules that do (docs/layout.md).
 # the suite in TEST_WORKERS pytest processes, one test module per process at a time (module-scoped msrun
 # launches run once); TEST_WORKERS=0 runs it in this process. On a failure the failed tests and why are
 # printed last (tools/test_recap.py, from pytest's JUnit report), so a CI log's tail names them.
@@ -34,7 +35,7 @@ test-fast: install
 
 # the fuzz test's longer mode (CI runs a bounded number of examples): HP_FUZZ_EXAMPLES per fuzz test
 fuzz: install
-	HP_FUZZ_EXAMPLES=$${HP_FUZZ_EXAMPLES:-2000} $(PY) -m pytest -q tests/test_fuzz.py
+	HP_FUZZ_EXAMPLES=$${HP_FUZZ_EXAMPLES:-2000} $(PY) -m pytest -q tests/unit/test_fuzz.py
 
 # mutation testing of the checker and the cost model (mutmut, setup.cfg [mutmut]); writes docs/mutation.md.
 # Not in CI (minutes on 2 cores): rerun when hyperparallel/mpipe/check.py or cost.py change.

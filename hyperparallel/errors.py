@@ -1,5 +1,6 @@
 """Bad input, refused: one error type for bad user input (recipe, schedule spec, CLI, plan files), the
 plan checker's error, and the few checks every layer shares (one message per rule). The bottom layer."""
+import math
 from typing import Optional
 
 
@@ -33,6 +34,22 @@ def whole(field: str, value, minimum: int = 1, maximum: Optional[int] = None, sh
     if maximum is not None and value > maximum:
         raise SpecError(field, f"must be a whole number {minimum}..{maximum:,}, got {shown(value)}")
     return value
+
+
+def is_number(value) -> bool:
+    """An ``int`` or ``float`` that is not a ``bool``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def number(field: str, value, least: float = 0.0, strict: bool = False) -> float:
+    """``value`` as a float if it is a finite number ``> least`` (``strict``) or ``>= least``, else the
+    refusal naming ``field`` (a NaN or an infinity: "must be a finite number")."""
+    bound = f"{'>' if strict else '>='} {least:g}"
+    if is_number(value) and not math.isfinite(value):
+        raise SpecError(field, f"must be a finite number {bound}, got {value!r}")
+    if not is_number(value) or (value <= least if strict else value < least):
+        raise SpecError(field, f"must be a number {bound}, got {value!r}")
+    return float(value)
 
 
 def nearest(key: str, known) -> str:

@@ -9,6 +9,7 @@ import sys
 from typing import NamedTuple
 
 from hyperparallel.mpipe import parse_profile
+from hyperparallel.testing import job_case  # noqa: F401  (the tests import it from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
@@ -144,30 +145,6 @@ def case_name(text: str) -> str:
     if len(name) <= 96:
         return name
     return name[:80].rstrip("_") + "_" + hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def job_case(tmp: str, recipe_path: str, schedule, name: str, overrides=(), steps: int = 3,
-             chunks: str = "eager", **kw) -> dict:
-    """One case of a worker job: the recipe (``--set`` overrides applied), its plan for ``schedule``,
-    ``steps`` steps, losses and step-0 gradients dumped under ``tmp/dump/NAME``; ``kw`` adds job keys
-    (``save_dir``, ``resume``, ``resume_from``, ``run_dir``, ...). ``chunks``: the ``mpipe.compile`` of a
-    case whose overrides do not give one: ``eager`` for the suites about other things (no compile per
-    chunk, shape and process); the equivalence suites ask for ``jit``, the default of a real run."""
-    import os
-    from hyperparallel.recipe import derive_recipe, load_recipe
-    overrides = list(overrides)
-    if not any(o.startswith("mpipe.compile=") for o in overrides):
-        overrides.append(f"mpipe.compile={chunks}")
-    if not any(o.startswith("train.optimizer_compile=") for o in overrides):
-        # short cases: the optimizer's update op by op (bit-identical to its jit graph, which the
-        # references keep), saving a ~1 s compile per case and rank
-        overrides.append("train.optimizer_compile=eager")
-    recipe = load_recipe(recipe_path, overrides=overrides)
-    plan = derive_recipe(recipe, schedule)
-    case = dict(name=name, raw=recipe.raw, plan=plan.to_json(), steps=steps, schedule=schedule,
-                dump_dir=os.path.join(tmp, "dump", name))
-    case.update(kw)
-    return case
 
 
 def launch_cases(tmp: str, cases, world: int, timeout: float = 400):

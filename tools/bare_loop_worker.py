@@ -153,7 +153,7 @@ def schedule_of(plan) -> str:
 def timed_step(loop, opt, comm, step: int) -> dict:
     """One optimizer step of the bare loop, timed as the rank runtime times its own (program,
     optimizer, loss all-reduce)."""
-    from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
+    from hyperparallel.bench.ranks.measure import cpu_ticks, foreign_cpu_s
     c0 = cpu_ticks()
     t0 = time.perf_counter()
     part = loop.run_step(step)
@@ -166,7 +166,7 @@ def timed_step(loop, opt, comm, step: int) -> dict:
 
 
 def runtime_step(rt, step: int) -> dict:
-    from hyperparallel.bench.measure import cpu_ticks, foreign_cpu_s
+    from hyperparallel.bench.ranks.measure import cpu_ticks, foreign_cpu_s
     c0 = cpu_ticks()
     res = rt.step(step)
     return {"step": step, "step_s": res.step_s, "loss": res.loss, "foreign_cpu_s": foreign_cpu_s(c0, cpu_ticks()),

@@ -17,7 +17,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
 
 
 def _median_s(fn, repeats):
@@ -36,9 +36,9 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     from hyperparallel.runtime import ckpt_files as cf
-    from test_checkpoint_layout import write_checkpoint   # the in-process save of the layout tests
+    from hyperparallel.testing import write_checkpoint   # the in-process save of the layout tests
     with tempfile.TemporaryDirectory() as d:
-        path, _ = write_checkpoint(d, 1)
+        path, _ = write_checkpoint(RECIPE, d, 1)
         size = sum(os.path.getsize(os.path.join(path, f)) for f in cf.read_meta(path)["files"])
         with_digest = _median_s(lambda: cf.verdict(path, True), 5)
         without = _median_s(lambda: cf.verdict(path, False), 5)

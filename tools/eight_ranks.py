@@ -1,4 +1,4 @@
-"""How long one 8-rank launch takes on this machine: the three layouts tests/test_eight_ranks.py runs.
+"""How long one 8-rank launch takes on this machine: the three layouts tests/integration/test_eight_ranks.py runs.
 
     python tools/eight_ranks.py [--out docs/eight_ranks.json] [--steps 3]
 
@@ -18,7 +18,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
 
@@ -28,8 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "eight_ranks.json"))
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)
-    from test_eight_ranks import CASES   # the test's layouts: one source for both
-    from helpers import job_case
+    from hyperparallel.testing import EIGHT_RANKS as CASES, job_case   # the test's layouts: one source for both
     from hyperparallel.launch import launch
     tmp = tempfile.mkdtemp(prefix="hp_eight_")
     cases = [job_case(tmp, RECIPE, sched, name, list(ov) + [f"train.steps={args.steps}"], steps=args.steps)

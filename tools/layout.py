@@ -1,6 +1,6 @@
-"""The package's layout as a Markdown table (docs/layout.md): the layers of ``tests/test_layering.py`` (the
-test that fails on an import pointing up), and for each package or top-level module the first sentence of
-its docstring and its modules. Generated, so it cannot drift from the code or the test.
+"""The package's layout as a Markdown table (docs/layout.md): the layers of ``tests/unit/test_layering.py`` (the
+test that fails on an import pointing up; its table is ``hyperparallel.testing.LAYERS``), and for each
+package or top-level module the first sentence of its docstring and its modules. Generated, so it cannot drift from the code or the test.
 
     python tools/layout.py
 """
@@ -15,9 +15,9 @@ PKG = os.path.join(ROOT, "hyperparallel")
 
 
 def layers() -> dict:
-    """{top-level name: layer} as the layering test defines it."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from test_layering import LAYERS
+    """{top-level name: layer} as the layering test checks it (``hyperparallel.testing.LAYERS``)."""
+    sys.path.insert(0, ROOT)
+    from hyperparallel.testing import LAYERS
     return dict(LAYERS)
 
 
@@ -34,11 +34,11 @@ def summary(path: str) -> str:
     return para[:end].replace("``", "`").replace("|", "\\|")
 
 
-def _subpackages(folder: str):
-    """(name, its modules) of the packages inside ``folder`` (a model family's folder)."""
-    for d in sorted(os.listdir(folder)):
-        if os.path.isfile(os.path.join(folder, d, "__init__.py")):
-            yield d, sorted(f[:-3] for f in os.listdir(os.path.join(folder, d)) if f.endswith(".py") and f != "__init__.py")
+def _modules(folder: str) -> list:
+    """The modules of a package folder, a subpackage as ``name/ (its modules)``."""
+    mods = sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "__init__.py")
+    subs = sorted(f for f in os.listdir(folder) if os.path.isfile(os.path.join(folder, f, "__init__.py")))
+    return mods + [f"{s}/ ({', '.join(_modules(os.path.join(folder, s)))})" for s in subs]
 
 
 def rows():
@@ -47,15 +47,13 @@ def rows():
     for name, layer in layers().items():
         pkg, mod = os.path.join(PKG, name, "__init__.py"), os.path.join(PKG, name + ".py")
         if os.path.isfile(pkg):
-            mods = sorted(f[:-3] for f in os.listdir(os.path.dirname(pkg)) if f.endswith(".py") and f != "__init__.py")
-            mods += [f"{d}/ ({', '.join(sub)})" for d, sub in _subpackages(os.path.dirname(pkg))]
-            out.append((layer, f"`hyperparallel/{name}/`", summary(pkg), ", ".join(mods)))
+            out.append((layer, f"`hyperparallel/{name}/`", summary(pkg), ", ".join(_modules(os.path.dirname(pkg)))))
         elif os.path.isfile(mod) and name not in ("__init__", "__main__"):
             out.append((layer, f"`hyperparallel/{name}.py`", summary(mod), ""))
     missing = {n for n in layers() if n not in ("__init__", "__main__")} - {r[1].strip("`").split("/")[1].split(".")[0]
                                                                           for r in out}
     if missing:
-        raise SystemExit(f"tests/test_layering.py names {sorted(missing)}, which hyperparallel/ does not have")
+        raise SystemExit(f"tests/unit/test_layering.py names {sorted(missing)}, which hyperparallel/ does not have")
     return sorted(out, key=lambda r: (r[0], r[1]))
 
 

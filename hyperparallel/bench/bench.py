@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from ..errors import PlanError, SpecError
+from ..errors import PlanError, SpecError, whole
 from ..util import error, median, output_file, quantile, slug, write_text
 from ..recipe.cases import split_case
 from .profile import BENCH_WORKER
@@ -283,8 +283,7 @@ def prepare(args):
 
     for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
                         ("--profile-samples", args.profile_samples, 1)):
-        if v < lo:
-            raise SpecError(flag, f"must be >= {lo}, got {v}")
+        whole(flag, v, lo)
     if not 0 < args.max_contention <= 1:
         raise SpecError("--max-contention", f"must be in (0, 1], got {args.max_contention}")
     for flag, path, ext in (("--out", args.out, ".json"), ("--png", args.png, ".png")):

@@ -1,7 +1,7 @@
 """``hyperparallel profile RECIPE``: measure the recipe's per-layer costs and the link on this machine.
 
 Every rank times every chunk of the recipe's cut through the rank runtime on a one-device program
-(the tight loop, :mod:`.measure`), ranks 0 and 1 ping-pong; :func:`build_profile` turns that into an
+(the tight loop, :mod:`.ranks.measure`), ranks 0 and 1 ping-pong; :func:`build_profile` turns that into an
 ``mpipe.profile`` block. ``--in-pipeline`` then takes the compute costs from a real run of a
 reference schedule with every action timed (:func:`apply_pipeline_costs`, :func:`runtime_overheads`).
 The output is a recipe inheriting the measured one (``base_config``) with its own ``mpipe.profile``.
@@ -20,12 +20,12 @@ from typing import Dict, List, Tuple
 
 import yaml
 
-from ..errors import SpecError
+from ..errors import SpecError, whole
 from ..util import median, output_file, write_text
 
 DEFAULT_REFERENCE = "gpipe"  # reference schedule of an in-pipeline profile
 PIPELINE_KINDS = ("F", "B", "W", "BW")  # compute actions whose in-pipeline times set the costs
-BENCH_WORKER = "hyperparallel.bench.worker"   # the msrun entry (a module: launch runs python -m it)
+BENCH_WORKER = "hyperparallel.bench.ranks.worker"   # the msrun entry (a module: launch runs python -m it)
 
 
 def prepare(args):
@@ -43,10 +43,8 @@ def prepare(args):
     if getattr(args, "in_pipeline", False) and sched is None:
         sched = DEFAULT_REFERENCE
     plan = checked_plan(recipe, sched)
-    if args.samples < 1:
-        raise SpecError("--samples", f"must be >= 1, got {args.samples}")
-    if args.repeats < 1:
-        raise SpecError("--repeats", f"must be >= 1, got {args.repeats}")
+    whole("--samples", args.samples)
+    whole("--repeats", args.repeats)
     if plan.num_devices * plan.data_parallel < 2:
         raise SpecError("parallel_config.pipeline_stage", "profile needs >= 2 ranks (the link is measured between two)")
     output_file("--out", args.out or default_out(args.recipe), inputs=(args.recipe,))   # before the measuring

@@ -2,7 +2,7 @@
 one ``bench`` launch on the recipe's ranks, measured against the order the cost model predicted.
 
 Every case is the candidate's own recipe (its M, micro-batch size, V, split: what ``--out`` writes)
-and its checked plan; the launch steps them in rotation (:func:`hyperparallel.bench.measure.bench_rotation`,
+and its checked plan; the launch steps them in rotation (:func:`hyperparallel.bench.ranks.measure.bench_rotation`,
 as ``bench --rotate steps``), so all of them meet the same drift of the machine. The medians leave
 out warm-up steps and steps disturbed by other processes as ``bench`` does. Predictions are the ones
 ``tune`` ranked by (the measured profiles, at each case's micro-batch size: a ``--profile`` measured

@@ -3,7 +3,7 @@ the path), before anything runs: ``train --reference --save-dir D`` saves nothin
 
 A flag counts as given when it is on the command line (:func:`given_flags`: a second parse with every
 default suppressed), whatever its value, so ``tune --steps 8`` without ``--verify`` is refused too.
-``tests/test_cli_flags.py`` walks every flag of ``train``, ``bench``, ``profile`` and ``tune`` over
+``tests/unit/test_cli_flags.py`` walks every flag of ``train``, ``bench``, ``profile`` and ``tune`` over
 their paths against :data:`NOT_HONOURED`.
 """
 from __future__ import annotations

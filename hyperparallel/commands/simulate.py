@@ -15,7 +15,7 @@ import sys
 
 from ..mpipe import bounds
 from ..mpipe.cost import simulate
-from ..errors import SpecError
+from ..errors import SpecError, whole
 from ..mpipe.table import text_table
 from ..recipe import checked_plan, load_recipe, memory_excess, memory_warning, steady_steps
 from ..util import output_file
@@ -33,9 +33,8 @@ def run_simulate(args) -> int:
         output_file("--trace", args.trace, inputs=(args.recipe,))
     if args.png:
         output_file("--png", args.png, (".png", ".svg", ".pdf"), inputs=(args.recipe,))
-    if args.steps is not None and args.steps < 1:
-        raise SpecError("--steps", f"must be >= 1, got {args.steps}")
     if args.steps is not None:
+        whole("--steps", args.steps)
         bounds.at_most("--steps", args.steps, bounds.MAX_SIM_STEPS, "(the steady state shows after 3 steps)")
     recipe = load_recipe(args.recipe, args.overrides)
     from .plan import check_generated_data

@@ -24,7 +24,7 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from ..mpipe.cost import simulate
-from ..errors import PlanError, SpecError
+from ..errors import PlanError, SpecError, whole
 from ..mpipe.profile import parse_profile, profile_spread
 from ..mpipe.table import text_table
 from ..recipe import checked_plan, load_raw, load_recipe
@@ -42,15 +42,14 @@ GB = 1000.0   # MB per GB, as README's peak-memory figures
 
 
 def _check_args(args) -> None:
-    if args.top < 1:
-        raise SpecError("--top", f"must be >= 1, got {args.top}")
+    whole("--top", args.top)
     if args.memory_limit is not None and not args.memory_limit > 0:
         raise SpecError("--memory-limit", f"must be a number of GB > 0, got {args.memory_limit}")
     if args.verify < 0:
         raise SpecError("--verify", f"must be >= 0 (candidates to run), got {args.verify}")
-    if args.verify and (args.steps < 1 or args.warmup < 0):
-        raise SpecError("--steps" if args.steps < 1 else "--warmup",
-                        f"must be >= {1 if args.steps < 1 else 0}, got {args.steps if args.steps < 1 else args.warmup}")
+    if args.verify:
+        whole("--steps", args.steps)
+        whole("--warmup", args.warmup, 0)
     if args.out is not None:
         if not args.out.endswith((".yaml", ".yml")):
             raise SpecError("--out", f"must name a .yaml file, got {args.out!r}")

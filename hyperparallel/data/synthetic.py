@@ -27,7 +27,7 @@ import numpy as np
 from .batch import MicroBatch, PatchGeometry, patchify
 from .config import DataSection
 from .source import DataSource
-from ..errors import SpecError, unknown_key, whole
+from ..errors import SpecError, is_number, number, unknown_key, whole
 from ..recipe.schema import SYNTHETIC_IMAGES
 
 
@@ -94,12 +94,10 @@ class DataConfig(DataSection, PatchGeometry):
             if v > 1 << 20:
                 raise SpecError(f"data.{k}", f"{v} is above the bound {1 << 20:,}")
         for k in ("noise", "video_prob"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise SpecError(f"data.{k}", f"must be a finite number >= 0, got {v!r}")
+            number(f"data.{k}", getattr(self, k))
         ps = self.images_per_sample
         if not isinstance(ps, list) or not ps or len(ps) > 64 or any(
-                isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in ps):
+                not is_number(x) or not math.isfinite(x) for x in ps):
             raise SpecError("data.images_per_sample", f"must be a list of probabilities summing to 1, got {ps!r}")
         p = np.asarray(self.images_per_sample, float)
         if p.ndim != 1 or len(p) < 1 or (p < 0).any() or abs(p.sum() - 1) > 1e-6:

@@ -7,8 +7,6 @@ time bounded: a plan at the task bound derives, checks and simulates in about 20
 """
 from __future__ import annotations
 
-import math
-
 from ..errors import SpecError
 
 MAX_PIPELINE_STAGE = 4096      # P
@@ -41,9 +39,3 @@ def check_plan_size(P: int, V: int, M: int, regions: int, field: str = "parallel
                                f"upstream regions) = {tasks:,} forwards is above the bound {MAX_TASKS:,}; "
                                "lower micro_batch_num, pipeline_stage or pp_interleave_num")
 
-
-def finite(field: str, value: float) -> float:
-    """``value`` unless it is NaN or infinite (refused naming ``field``)."""
-    if not math.isfinite(value):
-        raise SpecError(field, f"must be a finite number, got {value!r}")
-    return value

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..errors import SpecError
+from ..errors import SpecError, is_whole
 from .ir import Chunk
 from .orders import device_of
 from .profile import ModelProfile
@@ -32,7 +32,7 @@ def pipe_layers(region: str, layers: int, given, P: int, V: int, where: str) -> 
                                f"pp_interleave_num = {P} x {V} = {n}")
     if sum(given) != layers:
         raise SpecError(field, f"{given} sums to {sum(given)}; region {region!r} has {layers} layers")
-    if any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in given):
+    if any(not is_whole(x) or x < 1 for x in given):
         raise SpecError(field, f"{given}: every chunk needs a whole number >= 1 of layers")
     return given
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from . import bounds
-from ..errors import SpecError, unknown_key
+from ..errors import SpecError, is_whole, number, unknown_key, whole
 
 COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
              "head_forward_ms", "head_backward_ms", "head_weight_ms")
@@ -129,18 +129,15 @@ class ModelProfile:
         return self._index[self.region(name).name]
 
 
-def _number(where: str, value, integer: bool = False, minimum: float = 0.0, maximum: Optional[float] = None):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(where, f"must be a {'whole ' if integer else ''}number, got {value!r}")
-    if isinstance(value, float):
-        bounds.finite(where, value)
-    if integer and int(value) != value:
-        raise SpecError(where, f"must be a whole number, got {value!r}")
-    if value < minimum:
-        raise SpecError(where, f"must be >= {minimum:g}, got {value!r}")
-    if maximum is not None:
-        bounds.at_most(where, value, maximum)
-    return int(value) if integer else float(value)
+def _at_most(where: str, value, maximum: float) -> float:
+    """A number >= 0 of the profile (:func:`~hyperparallel.errors.number`) that is at most ``maximum``."""
+    return bounds.at_most(where, number(where, value), maximum)
+
+
+def _count(where: str, value, maximum: Optional[int] = None) -> int:
+    """A whole number >= 1 of the profile (:func:`~hyperparallel.errors.whole`), at most ``maximum``."""
+    whole(where, value)
+    return value if maximum is None else bounds.at_most(where, value, maximum)
 
 
 def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
@@ -175,13 +172,13 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         trainable = r.get("trainable", True)
         if not isinstance(trainable, bool):
             raise SpecError(f"{w}.trainable", f"must be true or false, got {trainable!r}")
-        kw = {k: _number(f"{w}.{k}", r[k], maximum=bounds.MAX_COST) for k in COST_KEYS if k in r}
+        kw = {k: _at_most(f"{w}.{k}", r[k], bounds.MAX_COST) for k in COST_KEYS if k in r}
         if "fixed_share" in r:
-            kw["fixed_share"] = _number(f"{w}.fixed_share", r["fixed_share"], maximum=1.0)
+            kw["fixed_share"] = _at_most(f"{w}.fixed_share", r["fixed_share"], 1.0)
         if "spread" in r:
             kw["spread"] = parse_spread(r["spread"], f"{w}.spread")
         seen.add(name)
-        regions.append(RegionProfile(name=name, layers=_number(f"{w}.layers", r["layers"], True, 1, bounds.MAX_LAYERS),
+        regions.append(RegionProfile(name=name, layers=_count(f"{w}.layers", r["layers"], bounds.MAX_LAYERS),
                                      trainable=trainable, **kw))
     link_obj = obj.get("link", {}) or {}
     if not isinstance(link_obj, dict):
@@ -189,24 +186,23 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     unknown = set(link_obj) - {"latency_ms", "bandwidth_gb_s"}
     if unknown:
         raise unknown_key(f"{where}.link", link_obj, ("latency_ms", "bandwidth_gb_s"))
-    link = LinkProfile(**{k: _number(f"{where}.link.{k}", v) for k, v in link_obj.items()})
-    opt = _number(f"{where}.optimizer_factor", obj.get("optimizer_factor", 2.0))
+    link = LinkProfile(**{k: number(f"{where}.link.{k}", v) for k, v in link_obj.items()})
+    opt = number(f"{where}.optimizer_factor", obj.get("optimizer_factor", 2.0))
     scale = obj.get("device_scale", []) or []
     if not isinstance(scale, list):
         raise SpecError(f"{where}.device_scale", f"must be a list of numbers > 0 (one per pipeline device), got {scale!r}")
     for i, v in enumerate(scale):
-        if _number(f"{where}.device_scale[{i}]", v) <= 0:
-            raise SpecError(f"{where}.device_scale[{i}]", f"must be > 0, got {v!r}")
+        number(f"{where}.device_scale[{i}]", v, 0.0, strict=True)
     return ModelProfile(regions=tuple(regions), link=link, optimizer_factor=opt,
                         measured_on=_measured_on(obj.get("measured_on"), f"{where}.measured_on"),
                         device_scale=tuple(float(v) for v in scale),
-                        action_overhead_ms=_number(f"{where}.action_overhead_ms", obj.get("action_overhead_ms", 0.0)),
-                        step_overhead_ms=_number(f"{where}.step_overhead_ms", obj.get("step_overhead_ms", 0.0)),
+                        action_overhead_ms=number(f"{where}.action_overhead_ms", obj.get("action_overhead_ms", 0.0)),
+                        step_overhead_ms=number(f"{where}.step_overhead_ms", obj.get("step_overhead_ms", 0.0)),
                         micro_batch_size=(None if obj.get("micro_batch_size") is None else
-                                          _number(f"{where}.micro_batch_size", obj["micro_batch_size"], True, 1)),
+                                          _count(f"{where}.micro_batch_size", obj["micro_batch_size"])),
                         tied=parse_tied(obj.get("tied", []), {r.name: r.layers for r in regions}, f"{where}.tied"),
                         repeats=(None if obj.get("repeats") is None else
-                                 _number(f"{where}.repeats", obj["repeats"], True, 1)))
+                                 _count(f"{where}.repeats", obj["repeats"])))
 
 
 def parse_spread(obj, where: str) -> Tuple[Tuple[str, float], ...]:
@@ -215,7 +211,7 @@ def parse_spread(obj, where: str) -> Tuple[Tuple[str, float], ...]:
         raise SpecError(where, f"must be a mapping of {', '.join(TIME_KEYS)} to relative spreads, got {obj!r}")
     if set(obj) - set(TIME_KEYS):
         raise unknown_key(where, obj, TIME_KEYS)
-    return tuple((k, _number(f"{where}.{k}", obj[k], maximum=bounds.MAX_COST)) for k in TIME_KEYS if k in obj)
+    return tuple((k, _at_most(f"{where}.{k}", obj[k], bounds.MAX_COST)) for k in TIME_KEYS if k in obj)
 
 
 def profile_spread(profile: ModelProfile) -> Optional[Tuple[float, str]]:
@@ -254,13 +250,13 @@ def parse_tied(obj, depths: dict, where: str = "mpipe.profile.tied") -> Tuple[Ti
             raise SpecError(f"{w}.region", f"{t['region']!r} unknown; allowed: {', '.join(depths)}")
         layers = t["layers"]
         if (not isinstance(layers, list) or len(set(map(repr, layers))) < 2
-                or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < depths[t["region"]]
+                or any(not is_whole(x) or not 0 <= x < depths[t["region"]]
                        for x in layers)):
             raise SpecError(f"{w}.layers", f"{layers!r}: give two or more distinct layers of {t['region']!r} "
                                            f"(0..{depths[t['region']] - 1}), one per copy")
         names.add(t["name"])
         out.append(TiedWeight(t["name"], t["region"], tuple(layers),
-                              _number(f"{w}.param_mb", t.get("param_mb", 0.0), maximum=bounds.MAX_COST)))
+                              _at_most(f"{w}.param_mb", t.get("param_mb", 0.0), bounds.MAX_COST)))
     return tuple(out)
 
 

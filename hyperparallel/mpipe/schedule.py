@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple, Union
 
-from ..errors import SpecError
+from ..errors import SpecError, is_whole
 from .orders import ORDER_NAMES
 from .profile import ModelProfile
 
@@ -207,7 +207,7 @@ def _layers(field: str, value) -> Optional[Tuple[int, ...]]:
     if value is None:
         return None
     if not isinstance(value, (list, tuple)) or not value or any(
-            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value):
+            not is_whole(n) or n < 1 for n in value):
         raise SpecError(field, f"must be a list of whole numbers >= 1 (layers of every chunk), got {value!r}")
     return tuple(value)
 
@@ -238,7 +238,7 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1
                      layers=_layers(f"{w}.layers", it.get("layers")))
         elif sk == "place":
             dev = it.get("device", 0)
-            if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
+            if not is_whole(dev) or dev < 0:
                 raise SpecError(f"{w}.device", f"must be a device index >= 0, got {dev!r}")
             s = Place(device=dev)
         else:

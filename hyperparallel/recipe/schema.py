@@ -14,7 +14,7 @@ A recipe is a MindFormers config plus hyperparallel's sections. Its keys fall in
   evaluation and prediction settings): ``train`` names them once (:func:`unused_keys`).
 
 The key lists are MindFormers 1.9.0's own config template (``mindformers/tools/register/template.py``:
-``GeneralConfig``, ``ParallelConfig``, ``RunnerConfig``, ...); ``tests/test_recipe_schema.py`` checks
+``GeneralConfig``, ``ParallelConfig``, ``RunnerConfig``, ...); ``tests/unit/test_recipe_schema.py`` checks
 them against the installed MindFormers.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ own ``train:`` recipes keep their defaults (seed 0, Adam at 0.01, no clipping, t
 
 Giving a setting in both places is refused (``give it in one place``), and so is every field MindFormers'
 class would not take (its learning-rate classes swallow unknown keyword arguments silently). The field
-lists are MindFormers 1.9.0's / MindSpore 2.9.0's signatures (``tests/test_recipe_schema.py`` checks them).
+lists are MindFormers 1.9.0's / MindSpore 2.9.0's signatures (``tests/unit/test_recipe_schema.py`` checks them).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple
 
-from ..errors import SpecError, unknown_key, whole
+from ..errors import SpecError, number, unknown_key, whole
 
 OPTIMIZERS = ("adam", "sgd")
 #: ``train.loss_normalization``: the step loss is the mean over the step's answer tokens (``tokens``,
@@ -112,14 +112,9 @@ def _not_a_string(key: str, v) -> None:
 
 
 def _number(key: str, v, least: float = 0.0, strict: bool = False) -> float:
-    """``v`` as a finite float ``> least`` (``strict``) or ``>= least``; refused naming ``key`` otherwise."""
+    """:func:`~hyperparallel.errors.number`, after saying how to write a number YAML read as a string."""
     _not_a_string(key, v)
-    bound = f"{'>' if strict else '>='} {least:g}"
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
-        raise SpecError(key, f"must be a finite number {bound}, got {v!r}")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (v <= least if strict else v < least):
-        raise SpecError(key, f"must be a number {bound}, got {v!r}")
-    return float(v)
+    return number(key, v, least, strict)
 
 
 MAX_SEED = 2 ** 32 - 1        # numpy's and MindSpore's seeds are 32-bit

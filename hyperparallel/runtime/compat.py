@@ -1,7 +1,7 @@
 """MindSpore-on-CPU workarounds and the tape autograd wrapper, in one place.
 
 Every internal API or behaviour we rely on is named here, so that a MindSpore
-upgrade breaks exactly this module and ``tests/test_mindspore_compat.py`` says so.
+upgrade breaks exactly this module and ``tests/integration/test_mindspore_compat.py`` says so.
 
 Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
 
@@ -31,7 +31,7 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   (input and weights as ``inputs``), but its backward does not split: after an input-grad call with
   ``keep_graph=True`` the later weight-grad call returns None for every parameter (2.9.0, CPU).
   :data:`JIT_SPLITS_BACKWARD` says so; a compiled chunk's ``B`` then computes its weight grads too
-  and ``W`` adds them (:mod:`.compiled`). ``tests/test_compiled.py`` fails when this changes.
+  and ``W`` adds them (:mod:`.compiled`). ``tests/unit/test_compiled.py`` fails when this changes.
 * ``mint.distributed.barrier`` ends with ``mindspore.runtime.synchronize()``, which on CPU logs
   ``[ERROR] ... CPU device is not supported`` (``mindspore/runtime/device.py``, ``_is_supported``)
   and does nothing else: harmless, but it alarms every user at the end of every job. On CPU
@@ -60,7 +60,7 @@ from typing import Sequence, Tuple
 import mindspore as ms
 from mindspore import ops
 
-# Internal APIs (checked by tests/test_mindspore_compat.py).
+# Internal APIs (checked by tests/integration/test_mindspore_compat.py).
 from mindspore._c_expression import run_backward as _run_backward
 from mindspore.graph.api import _pynative_executor as _executor
 

@@ -41,7 +41,7 @@ VISION, LLM = "vision", "llm"
 #: inputs): mindone's decoder layer does not compile under ``mindspore.jit``: its attention's torch-style
 #: ``Tensor.transpose(1, 2)`` is read as a full permutation in graph mode ("the number of axes must be equal
 #: to the dimension"), and its rotary embedding's ``expand(..., -1, 1)`` fails shape inference; rewriting
-#: mindone's layers here would no longer run mindone's own model classes (tests/mindone_jit_probe.py).
+#: mindone's layers here would no longer run mindone's own model classes (tests/unit/mindone_jit_probe.py).
 EAGER_REASON = ("no tensor-only body: mindone's Qwen-VL layers do not compile under mindspore.jit "
                 "(torch-style Tensor.transpose(1, 2) in their attention; docs/training.md, compiled chunk bodies)")
 # mindone class -> (family key, transformers config class, model_type)

@@ -3,7 +3,7 @@
 
 mindone 0.5.0 computes these inside the whole model's ``construct``; a pipeline chunk holds only some
 layers, so each chunk is handed them instead. Every function names the mindone code it reproduces
-(``tests/test_qwen_vl_side.py`` checks each against it on tiny models).
+(``tests/unit/test_qwen_vl_side.py`` checks each against it on tiny models).
 
 Notation: ``grid_thw`` (n, 3) in patches per image (or video); N = sum t*h*w patches;
 m = ``spatial_merge_size``, u = m*m; M = N / u merged tokens (= image tokens in ``input_ids``).
