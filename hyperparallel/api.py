@@ -69,12 +69,11 @@ class Runtime:
     @classmethod
     def from_recipe(cls, path: str, schedule: Optional[str] = None, overrides: Sequence[str] = ()) -> "Runtime":
         """Model (its adapter), optimizer and plan from a recipe; SpecError/PlanError before any set-up."""
-        from .recipe import planned, refuse_over_memory_limit, refuse_sharded_optimizer
+        from .recipe import planned, refuse_over_memory_limit
         from .runconfig import run_config_of
         recipe, plan = planned(path, overrides, schedule)
         refuse_over_memory_limit(recipe, plan)
         rc = run_config_of(recipe)
-        refuse_sharded_optimizer(plan, rc.train)
         if rc.data.balance != "none":
             from .errors import SpecError
             raise SpecError("data.balance", f"{rc.data.balance}: Runtime.step trains the micro-batches it is given "

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 SIZE = 512               # every heartbeat is one write of exactly this many bytes at offset 0
 FIRST_STEP_FACTOR = 5    # the first step's allowance, in hang timeouts
 REMOTE_FACTOR = 5        # ranks of this node waiting on a rank of another node: that many times the allowance
-WAITS = ("SEND", "RECV", "ALLREDUCE", "BROADCAST", "ALLGATHER", "reduce", "gather", "barrier")
+WAITS = ("SEND", "RECV", "ALLREDUCE", "BROADCAST", "ALLGATHER", "REDUCESCATTER", "reduce", "gather", "barrier")
 EXEMPT = ("save", "restore")
 STOPPED_STATES = {"T": "SIGSTOP?", "t": "traced: a debugger?"}   # /proc/<pid>/stat: a stopped process
 _NAME = re.compile(r"progress_(\d+)\.json$")

@@ -45,6 +45,9 @@ TRAIN = {
     "nonfinite": "a step whose loss or global grad norm is NaN or infinite, decided before its update on every "
                  "rank: `stop` (exit 65 naming the step; nothing of it saved) or `skip` (no rank updates in that "
                  "step, as MindSpore's loss-scale overflow check; logged and counted)",
+    "zero": "ZeRO over the `data_parallel` replicas of every region: `0` none; `1` optimizer state sharded "
+            "(MindFormers' `parallel_config.optimizer_shard: true` reads as 1); `2` gradients too (reduce-scatter); "
+            "needs `data_parallel` >= 2 (docs/training.md)",
 }
 
 SYNTHETIC = {

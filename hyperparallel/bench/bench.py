@@ -278,7 +278,7 @@ def prepare(args):
     """Everything checked before launch. Returns (recipe, run config, [(name, plan)]); with
     ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
     from ..launch import preflight
-    from ..recipe import checked_plan, refuse_over_memory_limit, refuse_sharded_optimizer
+    from ..recipe import checked_plan, refuse_over_memory_limit
     from ..runconfig import run_config_of
 
     for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
@@ -333,7 +333,6 @@ def prepare(args):
             args.case_raw[s] = rec.raw
         plan = checked_plan(rec, sched)
         refuse_over_memory_limit(rec, plan)
-        refuse_sharded_optimizer(plan, rc_.train)
         rc_.check_plan(plan)
         plans.append((s, plan))
     if getattr(args, "profile_schedule", None):

@@ -19,7 +19,7 @@ from ..util import error as _error, output_file, slug, writable_dir
 
 def _prepare(args):
     """Everything checked before launch: recipe, run config, plan, flags. Raises SpecError/PlanError."""
-    from ..recipe import checked_plan, load_recipe, refuse_over_memory_limit, refuse_sharded_optimizer
+    from ..recipe import checked_plan, load_recipe, refuse_over_memory_limit
     from ..runconfig import run_config_of
 
     from ..launch import preflight
@@ -28,7 +28,6 @@ def _prepare(args):
     rc = run_config_of(recipe)
     plan = checked_plan(recipe, args.schedule)
     refuse_over_memory_limit(recipe, plan)   # the predicted peak of every device within mpipe.memory_limit_gb
-    refuse_sharded_optimizer(plan, rc.train)
     rc.check_plan(plan)
     from ..recipe.train import MAX_STEPS
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .execute import Execution, execute
-from .ir import ALLGATHER, ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, SEND, TIED, W, Action, Plan
+from .ir import ALLGATHER, ALLREDUCE, B, BROADCAST, BW, DP_GROUP, F, R, REDUCESCATTER, SEND, TIED, W, Action, Plan
 from ..errors import SpecError
 from .profile import ModelProfile, task_ms
 
@@ -87,7 +87,7 @@ class Durations:
         link = self.profile.link
         if a.kind == SEND:
             return link.transfer_ms(self.profile.region(a.region).output_mb)
-        if a.kind not in (ALLREDUCE, BROADCAST, ALLGATHER) or link.bandwidth_gb_s <= 0:
+        if a.kind not in (ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER) or link.bandwidth_gb_s <= 0:
             return 0.0
         if a.group == DP_GROUP:
             g, mb = self.plan.data_parallel, self.held_param_mb(device, trainable_only=True)
@@ -104,7 +104,7 @@ def ring_ms(kind: str, g: int, mb: float, link) -> float:
     """Ring collective over ``g`` members moving a ``mb`` MB tensor (latency + bytes / bandwidth per hop).
 
     all-reduce: reduce-scatter then all-gather, 2(g-1) hops of mb/g each;
-    all-gather / gather: (g-1) hops of mb/g (``mb`` is the gathered total);
+    all-gather / gather / reduce-scatter: (g-1) hops of mb/g (``mb`` is the gathered or reduced total);
     broadcast: pipelined ring, (g-1) hop latencies plus one full transfer.
     """
     if g <= 1 or link.bandwidth_gb_s <= 0:
@@ -112,7 +112,7 @@ def ring_ms(kind: str, g: int, mb: float, link) -> float:
     full = link.transfer_ms(mb) - link.latency_ms
     if kind == ALLREDUCE:
         return 2 * (g - 1) * link.latency_ms + 2 * (g - 1) / g * full
-    if kind in (ALLGATHER, "GATHER"):
+    if kind in (ALLGATHER, "GATHER", REDUCESCATTER):
         return (g - 1) * link.latency_ms + (g - 1) / g * full
     if kind == BROADCAST:
         return (g - 1) * link.latency_ms + full
@@ -120,8 +120,15 @@ def ring_ms(kind: str, g: int, mb: float, link) -> float:
 
 
 def sharded_regions(plan: Plan) -> set:
-    """Regions whose optimizer state is sharded over their replicas (an ALLGATHER of their weights)."""
-    return {a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER}
+    """Regions whose optimizer state is sharded over their pipeline replicas (an ALLGATHER of their weights)."""
+    return {a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER and a.group != DP_GROUP}
+
+
+def zero_level(plan: Plan) -> int:
+    """The plan's ZeRO level over the data-parallel group: 2 (a REDUCESCATTER of the gradients), 1 (an
+    ALLGATHER of the weights over the group after an all-reduce), 0 (neither)."""
+    kinds = {a.kind for p in plan.programs.values() for a in p if a.group == DP_GROUP}
+    return 2 if REDUCESCATTER in kinds else (1 if ALLGATHER in kinds else 0)
 
 
 def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_factor: float,
@@ -133,9 +140,13 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
     included); grads (1x) and optimizer state (``optimizer_factor`` x) count for trainable chunks whose
     optimizer runs there (not the parameter-only replicas of a central backward). A region whose
     optimizer state is sharded (``transpose(optimizer=sharded)``) counts ``shard(size, replicas)`` of
-    it per replica (1/P by default; the runtime's padded flat share for exact bytes).
+    it per replica (1/P by default; the runtime's padded flat share for exact bytes). With ZeRO over the
+    D data-parallel replicas (:func:`zero_level`) every trained chunk's optimizer state counts
+    ``shard(size, D)`` per rank, and at level 2 its grads too (what a rank holds once the step's
+    gradients are reduced).
     """
     sharded = sharded_regions(plan)
+    zero, D = zero_level(plan), plan.data_parallel
     central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
     out = {}
     for d in range(plan.num_devices):
@@ -144,8 +155,10 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
             p = size(c.region, c.index)
             holds_state = plan.trainable.get(c.region, True) and not (central.get(c.region) and d != min(c.devices))
             params += p
-            grads += p if holds_state else 0.0
-            optim += (shard(p, len(c.devices)) if c.region in sharded else p) * optimizer_factor if holds_state else 0.0
+            if not holds_state:
+                continue
+            grads += shard(p, D) if zero == 2 else p
+            optim += (shard(p, len(c.devices)) if c.region in sharded else shard(p, D) if zero else p) * optimizer_factor
         out[d] = (params, grads, optim)
     return out
 
@@ -153,14 +166,16 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
 def tied_memory(plan: Plan, size: Callable[[str], float], optimizer_factor: float) -> Dict[int, Tuple[float, ...]]:
     """Per device: (parameters, grads, optimizer state) of the tied weights it holds a copy of (``size(name)``):
     every holder keeps a whole copy, its gradient and its optimizer state (the copies stay equal); a device
-    holding two copies holds one parameter."""
+    holding two copies holds one parameter. With ZeRO (:func:`zero_level`) its optimizer state, and at level
+    2 its gradient, count 1/D per rank, as the chunks' do."""
     out = {d: (0.0, 0.0, 0.0) for d in range(plan.num_devices)}
+    zero, D = zero_level(plan), plan.data_parallel
     for t in plan.tied:
         mb = size(t.name)
         state = mb if plan.trainable.get(t.region, True) else 0.0
         for d in t.devices:
             p, g, o = out[d]
-            out[d] = (p + mb, g + state, o + state * optimizer_factor)
+            out[d] = (p + mb, g + (state / D if zero == 2 else state), o + (state / D if zero else state) * optimizer_factor)
     return out
 
 

@@ -37,8 +37,9 @@ class Task(NamedTuple):
 class _Derivation:
     """Holds the intermediate state of one derivation; ``plan()`` returns the result."""
 
-    def __init__(self, profile: ModelProfile, schedule: Schedule, P: int, M: int, V: int, D: int):
+    def __init__(self, profile: ModelProfile, schedule: Schedule, P: int, M: int, V: int, D: int, zero: int = 0):
         self.profile, self.schedule, self.P, self.M, self.V, self.D = profile, schedule, P, M, V, D
+        self.zero = zero
         self.regions = RegionList(r for r, _ in schedule.parts)
         self.ridx = {r: i for i, r in enumerate(self.regions)}
         self.body, self.pipe = schedule.body
@@ -78,6 +79,10 @@ class _Derivation:
                 if sk.backward == "central":
                     raise SpecError(f"schedule.{r}.optimizer", "sharded needs backward=owner (central keeps the "
                                     "encoder's optimizer state on one device already); allowed: replicated")
+                if self.zero:
+                    raise SpecError(f"schedule.{r}.optimizer", f"sharded shards {r!r} over its pipeline replicas; "
+                                    f"ZeRO (train.zero {self.zero}) shards every region over the data-parallel "
+                                    "replicas: give one of them (optimizer=replicated, or train.zero: 0)")
             if sk.backward == "central" and self.needs_bwd[r]:
                 for u, usk in self.schedule.parts[:i]:
                     if not (isinstance(usk, Transpose) and usk.backward == "central"):
@@ -369,7 +374,7 @@ class _Derivation:
         return lowering.Facts(P=self.P, D=self.D, upstream=tuple(self.schedule.parts[:-1]), trainable=self.trainable,
                               body=self.body, body_root=self.forward_device(self.body, 0, 0),
                               tied_reduces=tuple(self.tied_reduces()), pairs=self.pairs, prev=self._prev,
-                              next=self._next)
+                              next=self._next, zero=self.zero)
 
     def lower(self, seqs: Dict[int, List[Task]]) -> Dict[int, List[Action]]:
         """Per-device programs of the compute sequences ``seqs``: the passes of :mod:`.lowering`."""
@@ -429,8 +434,26 @@ class BodyTiming(NamedTuple):
     gaps: List[List[Tuple[int, float]]]  # per device: (body index, idle before that task)
 
 
-def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int = 1) -> Plan:
-    """Derive the per-device programs of one optimizer step (see module docstring)."""
+#: ZeRO levels over the data-parallel group: 0 none, 1 optimizer state sharded, 2 gradients too
+ZERO_LEVELS = (0, 1, 2)
+
+
+def check_zero(zero, D: int, key: str = "train.zero") -> int:
+    """The ZeRO level ``zero`` (given by ``key``), checked: one of :data:`ZERO_LEVELS`, and above 0 only with
+    data-parallel replicas to shard over (``D`` > 1)."""
+    if isinstance(zero, bool) or zero not in ZERO_LEVELS:
+        raise SpecError(key, f"{zero!r} unknown; allowed: {', '.join(map(str, ZERO_LEVELS))}")
+    if zero and D < 2:
+        off = "false" if key.endswith("optimizer_shard") else "0"
+        raise SpecError(key, f"ZeRO {zero} shards over the data-parallel replicas, but parallel_config.data_parallel "
+                             f"is {D} (a single replica); allowed with data_parallel 1: {off} (or raise "
+                             "data_parallel to 2 or more)")
+    return int(zero)
+
+
+def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int = 1, zero: int = 0) -> Plan:
+    """Derive the per-device programs of one optimizer step (see module docstring). ``zero``: ZeRO over the
+    ``D`` data-parallel replicas (:data:`ZERO_LEVELS`)."""
     P = whole("parallel_config.pipeline_stage", P)
     M = whole("parallel_config.micro_batch_num", M)
     V = whole("parallel_config.pp_interleave_num", V)
@@ -441,5 +464,6 @@ def derive(profile: ModelProfile, schedule, P: int, M: int, V: int = 1, D: int =
                                 ("parallel_config.data_parallel", D, bounds.MAX_DATA_PARALLEL)):
         bounds.at_most(field, value, bound)
     bounds.check_plan_size(P, V, M, len(profile.regions))
+    zero = check_zero(zero, D)
     sched = parse_schedule(schedule, profile, V=V)
-    return _Derivation(profile, sched, P, M, V, D).plan()
+    return _Derivation(profile, sched, P, M, V, D, zero).plan()

@@ -26,11 +26,12 @@ RECV = "RECV"
 ALLREDUCE = "ALLREDUCE"
 BROADCAST = "BROADCAST"
 ALLGATHER = "ALLGATHER"   # sharded optimizer of a replicated region: update this device's share, gather all
+REDUCESCATTER = "REDUCESCATTER"   # ZeRO-2: sum the grads over the data-parallel group, keep this rank's share
 
 COMPUTE_KINDS = (F, B, W, BW, R)
 BACKWARD_KINDS = (B, W, BW, R)
 P2P_KINDS = (SEND, RECV)
-COLLECTIVE_KINDS = (ALLREDUCE, BROADCAST, ALLGATHER)
+COLLECTIVE_KINDS = (ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER)
 ALL_KINDS = COMPUTE_KINDS + P2P_KINDS + COLLECTIVE_KINDS
 
 # Tensor names carried by SEND/RECV/collectives.

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, SEND, WEIGHTS, WGRAD,
+from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, REDUCESCATTER, SEND, WEIGHTS, WGRAD,
                  Action)
 from .schedule import Transpose
 
@@ -66,6 +66,7 @@ class Facts(NamedTuple):
     pairs: Mapping[int, Mapping]                      # device -> overlap pair id of (kind, chunk, micro)
     prev: Callable[[str, int], Optional[Tuple[str, int]]]
     next: Callable[[str, int], Optional[Tuple[str, int]]]
+    zero: int = 0                                     # ZeRO level over the data-parallel group (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,10 @@ def fifo_receives(facts: Facts, s: Lowering) -> Lowering:
 def collectives(facts: Facts, s: Lowering) -> Lowering:
     """Adds ``head`` and ``tail``: the broadcast of each central-backward region's weights before the step;
     after it the all-reduce of each replicated region's gradients, of each tied weight's copies, of the
-    data-parallel group, then the all-gather of each sharded-optimizer region's updated weights."""
+    data-parallel group, then the all-gather of each sharded-optimizer region's updated weights. With ZeRO
+    over the data-parallel group (``zero`` 1: optimizer state sharded; 2: gradients too) the data-parallel
+    all-reduce is kept (1) or becomes a reduce-scatter (2), and an all-gather of the updated weights over
+    the group ends the step."""
     everyone = tuple(range(facts.P))
     head: List[Action] = []
     tail: List[Action] = []
@@ -191,13 +195,16 @@ def collectives(facts: Facts, s: Lowering) -> Lowering:
     # optimizer (the members only; every member reaches it at the same place: its program's end)
     tail.extend(facts.tied_reduces)
     if facts.D > 1:
-        tail.append(Action(ALLREDUCE, tensor=WGRAD, group=DP_GROUP))
+        tail.append(Action(REDUCESCATTER if facts.zero == 2 else ALLREDUCE, tensor=WGRAD, group=DP_GROUP))
     if facts.P > 1:
         # sharded optimizer state: after every gradient is reduced, each device updates its share of
         # the region and the updated parameters are gathered to every replica, within the step
         for r, sk in facts.upstream:
             if isinstance(sk, Transpose) and facts.trainable[r] and sk.optimizer == "sharded":
                 tail.append(Action(ALLGATHER, region=r, tensor=WEIGHTS, group=everyone))
+    if facts.D > 1 and facts.zero:
+        # ZeRO: each data-parallel rank steps its share of every region it updates, then the group gathers
+        tail.append(Action(ALLGATHER, tensor=WEIGHTS, group=DP_GROUP))
     return replace(s, head=tuple(head), tail=tuple(tail))
 
 

@@ -5,10 +5,9 @@ Pure Python, beside the algebra (:mod:`hyperparallel.mpipe`): it reads the algeb
 produces its inputs. Every refusal is a :class:`~hyperparallel.errors.SpecError` naming the key.
 """
 from .files import apply_override, load_raw
-from .memory import (memory_excess, memory_warning, refuse_over_memory_limit, refuse_sharded_optimizer,
-                     steady_steps)
+from .memory import memory_excess, memory_warning, refuse_over_memory_limit, steady_steps
 from .recipe import Recipe, checked_plan, derive_recipe, load_recipe, planned, recipe_from_dict
 
 __all__ = ["Recipe", "load_recipe", "recipe_from_dict", "load_raw", "apply_override", "derive_recipe",
            "checked_plan", "planned", "memory_excess", "memory_warning", "refuse_over_memory_limit",
-           "refuse_sharded_optimizer", "steady_steps"]
+           "steady_steps"]

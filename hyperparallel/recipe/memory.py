@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence
 
 from ..mpipe.cost import CostReport, simulate
 from ..errors import SpecError
-from ..mpipe.ir import ALLGATHER, Plan
+from ..mpipe.ir import Plan
 from ..mpipe.memory import FIELD, Excess, over_limit, summary
 from .recipe import Recipe
 
@@ -36,22 +36,3 @@ def memory_warning(recipe: Recipe, plan: Plan, report: Optional[CostReport] = No
     if not excess:
         return None
     return f"warning: {FIELD}: {plan.meta.get('schedule_name', '')}: {summary(excess, plan.num_devices)}"
-
-
-def refuse_sharded_optimizer(plan: Plan, train) -> None:
-    """SpecError naming ``schedule.optimizer`` when the plan shards a region's optimizer state
-    (``transpose(optimizer=sharded)``) and the run's optimizer (``train``: its TrainConfig) is not one the
-    flat shard reproduces exactly: the ``train:`` section's Adam or SGD without weight decay treat every
-    element alike; MindFormers' grouped optimizers (no decay for biases and 1-D parameters) and weight
-    decay do not."""
-    regions = sorted({a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER})
-    if not regions:
-        return
-    opt = getattr(train, "opt", None)
-    grouped = bool(getattr(opt, "grouped", False))
-    decay = float(opt.get("weight_decay", 0.0) or 0.0) if opt is not None else 0.0
-    if grouped or decay:
-        what = f"MindFormers' {opt.type} (weight-decay groups)" if grouped else f"weight_decay {decay:g}"
-        raise SpecError("schedule.optimizer", f"sharded ({', '.join(regions)}) needs the train: section's adam or "
-                        f"sgd without weight decay (a flat shard treats every element alike), not {what}; "
-                        "use optimizer=replicated")

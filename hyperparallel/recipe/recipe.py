@@ -36,7 +36,7 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 from ..mpipe import bounds, orders
 from ..mpipe.check import assert_valid
-from ..mpipe.derive import derive
+from ..mpipe.derive import check_zero, derive
 from ..mpipe.ir import Plan
 from ..mpipe.memory import FIELD as MEMORY_FIELD
 from ..errors import SpecError, unknown_key, whole
@@ -44,7 +44,7 @@ from ..mpipe.profile import ModelProfile, TiedWeight, parse_profile
 from ..mpipe.schedule import Schedule, parse_schedule
 from . import mindformers as mf
 from . import estimate, schema
-from .train import TrainConfig
+from .train import TrainConfig, zero_of
 from .files import apply_override, load_raw
 
 MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb", "compile", "compile_fallback")
@@ -73,6 +73,7 @@ class Recipe:
     pp_interleave_num: int
     data_parallel: int
     profile: ModelProfile
+    zero: int = 0      # ZeRO over the data-parallel replicas (train.zero / parallel_config.optimizer_shard)
     schedule: object = "1f1b"   # the spec as the recipe gives it (text or list form)
     device: str = "CPU"
     overrides: list = field(default_factory=list)
@@ -369,7 +370,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
                     data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
                     encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
-                    memory_limit_gb=_memory_limit(mp), v_note=v_note,
+                    memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
                     notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n))
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
@@ -398,6 +399,13 @@ def _training_refusal(raw: dict) -> str:
     return ""
 
 
+def _zero(raw: dict, D: int) -> int:
+    """The ZeRO level (``train.zero`` or ``parallel_config.optimizer_shard``), refused naming its key when
+    there is a single data-parallel replica to shard over."""
+    level, key = zero_of(raw)
+    return check_zero(level, D, key) if key != "default" else 0
+
+
 def load_recipe(path: str, overrides: Iterable[str] = ()) -> Recipe:
     """Load, merge ``base_config`` parents, apply ``--set`` overrides, validate."""
     return recipe_from_dict(load_raw(path), path=path, overrides=overrides)
@@ -408,7 +416,7 @@ def load_recipe(path: str, overrides: Iterable[str] = ()) -> Recipe:
 def derive_recipe(recipe: Recipe, schedule=None) -> Plan:
     """The recipe's plan (unchecked), with an optional schedule override (short name or list form)."""
     plan = derive(recipe.profile, recipe.plan_schedule(schedule), recipe.pipeline_stage, recipe.micro_batch_num,
-                  recipe.pp_interleave_num, recipe.data_parallel)
+                  recipe.pp_interleave_num, recipe.data_parallel, recipe.zero)
     plan.meta["recipe"] = recipe.path
     return plan
 

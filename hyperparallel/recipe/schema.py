@@ -194,8 +194,8 @@ _REFUSED = (
     ("parallel_config.context_parallel", _more_than_one, "1: no context parallelism"),
     ("parallel_config.expert_parallel", _more_than_one, "1: no expert parallelism"),
     ("parallel_config.use_seq_parallel", _true, "false: no sequence parallelism"),
-    ("parallel_config.optimizer_shard", _true, "false or absent: no optimizer sharding"),
-    ("parallel.enable_parallel_optimizer", _true, "false: the runtime does not shard the optimizer state"),
+    ("parallel.enable_parallel_optimizer", _true, "false; shard the optimizer state with "
+                                                  "parallel_config.optimizer_shard: true or train.zero: 1 or 2"),
     ("micro_batch_interleave_num", _more_than_one, "1: no micro-batch interleaving"),
     ("recompute_config.recompute", _on, "false: the runtime keeps every forward's activations (no recompute)"),
     ("recompute_config.select_recompute", _on, "false: no selective recompute"),

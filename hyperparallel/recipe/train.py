@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple
 
 from ..errors import SpecError, number, unknown_key, whole
+from ..mpipe.derive import ZERO_LEVELS   # train.zero: 0 none, 1 optimizer state sharded, 2 gradients too
 
 OPTIMIZERS = ("adam", "sgd")
 #: ``train.loss_normalization``: the step loss is the mean over the step's answer tokens (``tokens``,
@@ -176,6 +177,7 @@ class TrainConfig:
     stop_grace_s: float = 25.0    # after SIGTERM/SIGINT: time to finish the step and save (under k8s' 30 s)
     optimizer_compile: str = "jit"   # jit | eager: how the optimizer Cell's update runs (OPTIMIZER_COMPILES)
     nonfinite: str = "stop"       # stop | skip: a step with a NaN/infinite loss or grad norm (NONFINITE_POLICIES)
+    zero: int = 0                 # ZeRO over the data-parallel replicas: 0, 1 (optimizer state), 2 (+ grads)
     # resolved (from_raw): the optimizer and schedule every rank builds, and gradient clipping
     opt: OptimizerSpec = field(default=None, compare=False)
     schedule: LRSpec = field(default=None, compare=False)
@@ -184,7 +186,7 @@ class TrainConfig:
     keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
 
     TRAIN_KEYS = ("seed", "steps", "lr", "optimizer", "save_every", "loss_normalization", "hang_timeout_s",
-                  "stop_grace_s", "optimizer_compile", "nonfinite")
+                  "stop_grace_s", "optimizer_compile", "nonfinite", "zero")
 
     @staticmethod
     def from_section(sec: Optional[dict]) -> "TrainConfig":
@@ -224,7 +226,8 @@ class TrainConfig:
         nonfinite = sec.get("nonfinite", "stop")
         if nonfinite not in NONFINITE_POLICIES:
             raise SpecError("train.nonfinite", f"{nonfinite!r} unknown; allowed: {', '.join(NONFINITE_POLICIES)}")
-        keys = {"loss": keys_loss}
+        zero, keys_zero = zero_of(raw)
+        keys = {"loss": keys_loss, "zero": keys_zero}
         seed = sec.get("seed", MF_DEFAULT_SEED if mf else 0)
         keys["seed"] = "train.seed" if "seed" in sec else ("MindFormers' default" if mf else "default")
         if "seed" in raw:
@@ -263,7 +266,7 @@ class TrainConfig:
                            hang_timeout_s=float(sec.get("hang_timeout_s", 20.0)),
                            stop_grace_s=float(sec.get("stop_grace_s", 25.0)), schedule=sched, max_grad_norm=clip,
                            steps_given="steps" in sec, keys=tuple(sorted(keys.items())), loss_normalization=norm,
-                           optimizer_compile=compile_mode, nonfinite=nonfinite)
+                           optimizer_compile=compile_mode, nonfinite=nonfinite, zero=zero)
 
     def describe(self, total_steps: int) -> str:
         """One line for the start of a run: optimizer, schedule, clipping, seed."""
@@ -276,6 +279,32 @@ class TrainConfig:
         skip = ", non-finite steps skipped (train.nonfinite: skip)" if self.nonfinite == "skip" else ""
         return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}{update}, "
                 f"{self.schedule.describe(total_steps)}, {clip}, seed {self.seed} ({keys['seed']}), loss {loss}{skip}")
+
+
+def zero_of(raw: dict) -> Tuple[int, str]:
+    """(ZeRO level, the key that gave it) from ``train.zero`` or MindFormers' ``parallel_config.optimizer_shard``
+    (``true`` reads as level 1: optimizer state sharded over the data-parallel replicas, gradients all-reduced).
+    Both given and disagreeing is refused naming both. Whether the level has replicas to shard over is the
+    plan's check (``parallel_config.data_parallel`` > 1)."""
+    sec = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    pc = raw.get("parallel_config") if isinstance(raw.get("parallel_config"), dict) else {}
+    level, key = 0, "default"
+    if "zero" in sec:
+        z = sec["zero"]
+        if isinstance(z, bool) or z not in ZERO_LEVELS:
+            raise SpecError("train.zero", f"{z!r} unknown; allowed: {', '.join(map(str, ZERO_LEVELS))}")
+        level, key = int(z), "train.zero"
+    shard = pc.get("optimizer_shard")
+    if shard is not None:
+        if not isinstance(shard, bool):
+            raise SpecError("parallel_config.optimizer_shard", f"must be true or false, got {shard!r}")
+        if "zero" in sec and level != (1 if shard else 0):
+            raise SpecError("train.zero", f"{level} contradicts parallel_config.optimizer_shard: "
+                                          f"{str(shard).lower()} (which reads as train.zero {1 if shard else 0}); "
+                                          "give it in one place")
+        if shard:
+            level, key = 1, "parallel_config.optimizer_shard"
+    return level, key
 
 
 def _typed(name: str, sec, classes: dict) -> str:

@@ -153,8 +153,10 @@ class Saver:
         Nothing when the plan ties nothing (every rank reads the same plan: all skip alike)."""
         if not self.plan.tied:
             return
-        mine = {name: [tied_digest(self.tied_values[n]) for n in names if n in self.tied_values]
-                for name, names in self.tied.items()}
+        # a sharded optimizer's state of a tied weight (a shape here): the gathered full state (kept for write)
+        self._fresh = (step, self._gathered())
+        values = dict(self.tied_values, **{n: v for n, v in self._fresh[1].items() if n in self.tied_values})
+        mine = {name: [tied_digest(values[n]) for n in names if n in values] for name, names in self.tied.items()}
         seen: Dict[str, Tuple[int, list]] = {}
         for rank, theirs in enumerate(self.comm.all_gather_object(mine)):
             for name, digests in theirs.items():
@@ -162,6 +164,10 @@ class Saver:
                     raise CheckpointError(f"tied weight {name}: the copies on ranks {seen[name][0]} and {rank} differ "
                                           "(value or optimizer state); not saved")
                 seen.setdefault(name, (rank, digests))
+
+    def _gathered(self) -> dict:
+        """A sharded optimizer's state under the global names, full shape (a collective: every rank calls it)."""
+        return self.opt.before_save() if hasattr(self.opt, "before_save") else {}
 
     def begin(self, step: int) -> None:
         """Phase 1 (rank 0): a fresh step directory (an old one's marker removed first)."""
@@ -176,8 +182,10 @@ class Saver:
         """Phase 2 (every writing rank): its file, and its size and SHA-256 beside it (the ranks hash in
         parallel, each its own file) for rank 0 to gather."""
         d = step_dir(self.save_dir, step)
-        # a sharded optimizer's state under the global names, gathered now (every rank calls write)
-        fresh = self.opt.before_save() if hasattr(self.opt, "before_save") else {}
+        # a sharded optimizer's state under the global names, gathered now (every rank calls write), or by verify
+        kept = getattr(self, "_fresh", None)
+        fresh = kept[1] if kept is not None and kept[0] == step else self._gathered()
+        self._fresh = None
         if self.items:
             name = rank_file(self.comm.rank, self.fmt)
             tmp = os.path.join(d, f".tmp_{name}")

@@ -109,6 +109,14 @@ class Comm:
         dist.all_gather(out, t, group=self.group_name(ranks))
         return out
 
+    def reduce_scatter(self, flat: Tensor, group) -> Tensor:
+        """This rank's slice of the sum of ``flat`` over ``group`` (``flat``: equal slices, one per member, in
+        global-rank order; ZeRO-2's gradients). Through :func:`.compat.reduce_scatter` (emulated on CPU)."""
+        ranks = self.ranks_of(group)
+        if len(ranks) == 1:
+            return flat
+        return compat.reduce_scatter(flat, len(ranks), ranks.index(self.rank), self.group_name(ranks))
+
     def all_reduce_scalar(self, value: float) -> float:
         """Sum of one float over all ranks (metrics only, after every program has ended)."""
         return self.all_reduce_values([value])[0]
@@ -152,6 +160,9 @@ class LocalComm:
 
     def all_gather(self, t: Tensor, group) -> List[Tensor]:
         return [t]
+
+    def reduce_scatter(self, flat: Tensor, group) -> Tensor:
+        return flat
 
     def all_reduce_scalar(self, value: float) -> float:
         return float(value)

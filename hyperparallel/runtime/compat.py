@@ -45,6 +45,10 @@ Worked-around behaviours (MindSpore 2.9.0 / 2.10.0, CPU):
   :data:`CPU_COMM_TIMEOUT_S` (HCCL's default execution timeout, so CPU and Ascend wait alike)
   before ``init()`` unless the user set it; a rank that really stops is still found by the
   launcher's hang watchdog (``train.hang_timeout_s``) and a dead one by msrun.
+* ``mint.distributed.reduce_scatter`` / ``reduce_scatter_tensor`` (and the ``ReduceScatter`` primitive) do
+  not work on MCCL (CPU; 2.9.0 / 2.10.0). ZeRO-2 reduces the gradients with :func:`reduce_scatter`: on CPU an
+  all-reduce of the whole flat buffer, of which the rank keeps its own slice (the same sums, more traffic);
+  on Ascend MindSpore's own ``reduce_scatter_tensor``.
 * msrun starts its scheduler on every node whose addresses include ``--master_addr``
   (``mindspore/parallel/cluster/process_entity/_api.py``: ``is_master = _is_local_ip(master_addr)``),
   whatever ``--node_rank`` says. Two nodes of one job on one machine (a test of the multi-node path,
@@ -100,6 +104,20 @@ def barrier(group=None) -> None:
         dist.all_reduce(ms.Tensor(np.zeros(1, np.float32)), **kw)
         return
     dist.barrier(**kw)
+
+
+def reduce_scatter(flat: ms.Tensor, members: int, index: int, group: str) -> ms.Tensor:
+    """Slice ``index`` (of ``members`` equal slices) of the sum of ``flat`` over ``group`` (a communication
+    group name): MindSpore's ``reduce_scatter``, emulated on CPU (see the module docstring)."""
+    import mindspore.mint.distributed as dist
+    k = flat.shape[0] // members
+    if ms.get_context("device_target") == "CPU":
+        total = flat * 1   # all_reduce writes its input; the caller's buffer stays as it was
+        dist.all_reduce(total, group=group)
+        return total[index * k:(index + 1) * k].copy()
+    out = ops.zeros((k,), flat.dtype)
+    dist.reduce_scatter_tensor(out, flat, group=group)
+    return out
 
 
 def fix_default_comm_group() -> None:

@@ -75,7 +75,7 @@ class Progress(Hooks):
     def _waits(self, a):
         if a.kind in ("SEND", "RECV"):
             return (self.comm.global_rank(a.peer),)
-        if a.kind in ("ALLREDUCE", "BROADCAST"):
+        if a.kind in ("ALLREDUCE", "BROADCAST", "REDUCESCATTER"):
             return tuple(r for r in self.comm.ranks_of(a.group) if r != self.comm.rank)
         return ()
 

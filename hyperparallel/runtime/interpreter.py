@@ -20,8 +20,11 @@ per-step stores keyed by ``(region, chunk, micro)``:
   the tied weights whose copies the group's devices hold (the adapter's ``tied_weights()`` names them);
   ``ALLREDUCE dp``: sum every gradient of this rank over its data-parallel group;
   ``BROADCAST weights``: copy a region's parameters from the root device;
-  ``ALLGATHER weights``: a sharded optimizer's region (:mod:`.sharded`): nothing here; the rank's
-  optimizer step updates this rank's share and gathers every share right after the program.
+  ``ALLGATHER weights``: a sharded optimizer's region (:mod:`.sharded`; over ``dp``: ZeRO, every region):
+  nothing here; the rank's optimizer step updates this rank's share and gathers every share right after
+  the program. ``REDUCESCATTER wgrad dp`` (ZeRO-2): every gradient of this rank summed over its
+  data-parallel group, of which only this rank's share is kept (:attr:`Interpreter.scatter`, the rank's
+  sharded optimizer); the whole gradients are dropped.
 
 Host work never sits between a receive and its consumer or between a backward and its
 send: before every blocking RECV the micro-batches (and model inputs) that the actions up to the
@@ -102,6 +105,10 @@ class Interpreter:
                                         if (a.region, a.chunk) == self.first_chunk and a.kind in (ir.F, ir.R)}))
         self.prefetch_at = prefetch_points(self.program, self.first_chunk)
         self.grads: Dict[str, Optional[Tensor]] = {}
+        # ZeRO-2: {share name: this rank's slice of the reduced gradients}, made by ``scatter`` (set by the rank
+        # runtime to its sharded optimizer's, :mod:`.sharded`) at the plan's REDUCESCATTER
+        self.grad_shares: Dict[str, Tensor] = {}
+        self.scatter = None
         self._mb: Dict[tuple, tuple] = {}
         self.held = HeldForwards(self.regions)   # forwards held for a later backward (:mod:`.memory`)
         # the callables the hooks may wrap (timing), asked for once
@@ -197,6 +204,7 @@ class Interpreter:
         self.out_grads: Dict[Key, Tensor] = {}
         self.pending_w: Dict[Key, Tuple[Tensor, Tensor]] = {}
         self.grads = {p.name: None for p in self.updated}
+        self.grad_shares = {}
         self.loss = 0.0
         self.pending_acc: List[tuple] = []
         self.acts.update(self.ahead_acts)  # next-step work done last step (or by the prologue)
@@ -363,10 +371,20 @@ class Interpreter:
     def do_ALLGATHER(self, a: ir.Action) -> None:
         pass   # the end-of-step gather of a sharded region: done by the rank's optimizer step (.sharded)
 
+    def do_REDUCESCATTER(self, a: ir.Action) -> None:
+        if self.scatter is None:
+            raise RuntimeError(f"{a.label()}: the plan reduce-scatters the gradients (ZeRO-2), but this rank's "
+                               "optimizer is not sharded over its data-parallel group")
+        self.grad_shares = self.scatter(self.step_grads())
+        self.grads = {}   # only the shares are kept (ZeRO-2's point)
+
     def step_grads(self) -> Dict[str, Tensor]:
-        """Gradients of the parameters this rank updates (zeros where none arrived)."""
-        return {p.name: (self.grads[p.name] if self.grads[p.name] is not None else ops.zeros_like(p))
-                for p in self.updated}
+        """Gradients of the parameters this rank updates (zeros where none arrived); under ZeRO-2 this
+        rank's shares of them instead (by share name)."""
+        out = {p.name: (self.grads[p.name] if self.grads[p.name] is not None else ops.zeros_like(p))
+               for p in self.updated if p.name in self.grads}
+        out.update(self.grad_shares)
+        return out
 
 
 def one_per_name(params, family: str = "model") -> Dict[str, Parameter]:

@@ -10,7 +10,7 @@ over every rank's parameters, each counted once (:func:`counted_params`).
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mindspore import Parameter, Tensor, nn, ops
 import mindspore as ms
@@ -32,18 +32,33 @@ class _Params(nn.Cell):
         return list(self._plist)
 
 
-def _build(params: List[Parameter], cfg: TrainConfig, total_steps: int):
-    """(MindSpore optimizer, learning-rate schedule Cell or None) for ``params``."""
+def decay_groups(params: List[Parameter], cfg: TrainConfig) -> List[Tuple[Optional[float], List[Parameter]]]:
+    """The run's weight-decay groups of ``params``, as its optimizer groups them: (weight decay, parameters)
+    per group, MindFormers' grouping (``get_optimizer_grouped_parameters``: no decay for 1-D parameters and
+    biases) for its sections; for the ``train:`` section one group (None: the optimizer's own setting)."""
+    if not cfg.opt.grouped:
+        return [(None, list(params))]
+    from mindformers.trainer.optimizer_grouped_parameters import get_optimizer_grouped_parameters
+    groups = get_optimizer_grouped_parameters(_Params(params), weight_decay=cfg.opt.get("weight_decay", 0.0),
+                                              optimizer_type=cfg.opt.type)
+    return [(float(g["weight_decay"]), list(g["params"])) for g in groups]
+
+
+def _build(params: List[Parameter], cfg: TrainConfig, total_steps: int, decays: Optional[Sequence] = None):
+    """(MindSpore optimizer, learning-rate schedule Cell or None) for ``params``; ``decays``: each parameter's
+    weight decay, given (a sharded optimizer's flat shares, one per weight-decay group of the model's
+    parameters: :mod:`.sharded`), else MindFormers' grouping of ``params`` themselves."""
     sched = cfg.schedule
     if not cfg.opt.grouped:   # train: section
         cls = {"Adam": nn.Adam, "SGD": nn.SGD}[cfg.opt.type]
         return cls(params, learning_rate=sched.learning_rate, **dict(cfg.opt.kwargs)), None
     from mindformers.core.lr import build_lr
     from mindformers.core.optim import build_optim
-    from mindformers.trainer.optimizer_grouped_parameters import get_optimizer_grouped_parameters
     lr = build_lr(dict(type=sched.type, **sched.fields_for(total_steps))) if sched.type else sched.learning_rate
-    groups = get_optimizer_grouped_parameters(_Params(params), weight_decay=cfg.opt.get("weight_decay", 0.0),
-                                              optimizer_type=cfg.opt.type)
+    if decays is not None:
+        groups = [{"weight_decay": float(wd), "params": [p]} for p, wd in zip(params, decays)]
+    else:
+        groups = [{"weight_decay": wd, "params": ps} for wd, ps in decay_groups(params, cfg)]
     kw = {k: v for k, v in cfg.opt.kwargs if k != "weight_decay"}
     if cfg.opt.type == "AdamW":
         kw["weight_decay"] = cfg.opt.get("weight_decay", 0.0)
@@ -54,10 +69,12 @@ def _build(params: List[Parameter], cfg: TrainConfig, total_steps: int):
 class Optimizer:
     """The run's optimizer over a fixed list of parameters, applied to a grads dict."""
 
-    def __init__(self, params: List[Parameter], cfg: TrainConfig, total_steps: int = 0):
+    def __init__(self, params: List[Parameter], cfg: TrainConfig, total_steps: int = 0,
+                 decays: Optional[Sequence] = None):
         self.params = list(params)
         self.cfg = cfg
-        self.opt, self.schedule = (None, None) if not self.params else _build(self.params, cfg, total_steps or cfg.steps)
+        self.opt, self.schedule = (None, None) if not self.params else _build(self.params, cfg, total_steps or cfg.steps,
+                                                                              decays)
         # the order MindSpore's optimizer takes gradients in (its parameter groups' order)
         self._order = [p.name for p in self.opt.parameters] if self.opt is not None else []
 

@@ -147,12 +147,16 @@ class RankRuntime:
         if log is not None and self.bodies:
             log(compiled.describe(self.bodies, comm.rank, split))
         shards = sharded.shards_of(plan, self.interp, comm, train, total_steps or train.steps)
-        if shards:   # transpose(optimizer=sharded): each shard steps with the rest, after clipping
+        if shards:   # ZeRO or transpose(optimizer=sharded): each shard steps with the rest, after clipping
             self.optimizer = sharded.ShardedOptimizer(self.interp.updated, shards, train, total_steps or train.steps)
+            self.interp.scatter = self.optimizer.scatter   # ZeRO-2's REDUCESCATTER keeps this rank's shares
         else:
             self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
-        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied) & \
-            {p.name for p in self.interp.updated}
+        updated = {p.name for p in self.interp.updated}
+        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied) & updated
+        # ZeRO-2: every data-parallel rank holds a different slice of the reduced gradients, each counted once
+        # where data-parallel index 0 would count the whole parameter
+        self.counted_shares = counted_params(plan, self.chunks, comm.device, 0, self.interp.tied) & updated
         self.next_step = 0
         self._started = False
         self.steps_skipped = 0   # steps of this process without an update (train.nonfinite: skip)
@@ -189,6 +193,8 @@ class RankRuntime:
         self.hooks.phase(s, "reduce")
         sq_local = square_sum([g for n, g in grads.items() if n in self.counted],
                               compiled=self.train.optimizer_compile != "eager")
+        if self.interp.grad_shares:
+            sq_local += self.optimizer.share_square(grads, self.counted_shares)
         wants = stop() if callable(stop) else stop
         loss, sq, stops = self.comm.all_reduce_values([part, sq_local, 1.0 if wants else 0.0])
         t2 = time.perf_counter()
@@ -214,6 +220,13 @@ class RankRuntime:
         finite (a collective: every rank calls it, as every rank has the same verdict)."""
         mine = not (nonfinite.finite(part) and nonfinite.finite(sq_local))
         return [r for r, bad in enumerate(self.comm.all_gather_object(mine)) if bad]
+
+    def full_grads(self, grads: Dict[str, object]) -> Dict[str, object]:
+        """A step's gradients (``StepResult.grads``) with ZeRO-2's shares gathered into whole gradients by
+        parameter name (a collective over the data-parallel group: every rank calls it; for dumps)."""
+        if any(n.startswith(sharded.SHARD) for n in grads):
+            return self.optimizer.full_grads(grads)
+        return grads
 
     @property
     def compile_mode(self) -> str:

@@ -243,7 +243,7 @@ class _CaseRun:
             os.makedirs(self.dump_dir, exist_ok=True)
             kind = "grads" if step == self.start else "grads_last"
             np.savez(os.path.join(self.dump_dir, f"{kind}_rank{self.comm.rank}.npz"),
-                     **{k: v.asnumpy() for k, v in res.grads.items()})
+                     **{k: v.asnumpy() for k, v in self.rt.full_grads(res.grads).items()})
 
     def log_step(self, step: int, res, mem_all) -> None:
         """Rank 0's console line and metrics.jsonl record of the step."""

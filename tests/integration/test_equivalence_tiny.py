@@ -210,14 +210,18 @@ def four_rank(tmp_path_factory):
              "p4_sharded": _case(tmp, SHARDED, False, p4),
              # P=2 x D=2 in the same launch: each case addresses the ranks by its own data_parallel
              "dp2": _case(tmp, "transpose", False, dp), "dp2_frozen": _case(tmp, "transpose", True, dp),
-             "dp2_sharded": _case(tmp, SHARDED, False, dp)}
+             "dp2_sharded": _case(tmp, SHARDED, False, dp),
+             # ZeRO over the data-parallel pairs (issue 37), the encoder's replicas included
+             "dp2_zero1": _case(tmp, "transpose", False, dp + ("train.zero=1",)),
+             "dp2_zero2": _case(tmp, "transpose", False, dp + ("train.zero=2",))}
     launch_cases(tmp, list(cases.values()), 4, timeout=1500)
     return cases, {"p4": p4, "p4_central": p4, "p4_spill_frozen": p4, "p4_dualpipev": p4v, "p4_zbv": p4v,
-                   "p4_sharded": p4, "dp2": dp, "dp2_frozen": dp, "dp2_sharded": dp}
+                   "p4_sharded": p4, "dp2": dp, "dp2_frozen": dp, "dp2_sharded": dp,
+                   "dp2_zero1": dp + ("train.zero=1",), "dp2_zero2": dp + ("train.zero=2",)}
 
 
 FOUR = ["p4", "p4_central", "p4_spill_frozen", "p4_dualpipev", "p4_zbv", "p4_sharded", "dp2", "dp2_frozen",
-        "dp2_sharded"]
+        "dp2_sharded", "dp2_zero1", "dp2_zero2"]
 
 
 @pytest.mark.msrun

@@ -1,10 +1,11 @@
-"""``transpose(optimizer=sharded)`` (issue 23 part 4): the schedule option, its plan, its cost and memory."""
+"""Sharded optimizer state: ``transpose(optimizer=sharded)`` (issue 23 part 4) and ZeRO over the data-parallel
+replicas (issue 37: ``train.zero`` / ``parallel_config.optimizer_shard``): the options, their plans, cost and memory."""
 import pytest
 
 from hyperparallel.mpipe import check, derive, parse_profile
 from hyperparallel.mpipe.cost import ring_ms, simulate
 from hyperparallel.errors import SpecError
-from hyperparallel.mpipe.ir import ALLGATHER, ALLREDUCE, WEIGHTS
+from hyperparallel.mpipe.ir import ALLGATHER, ALLREDUCE, DP_GROUP, REDUCESCATTER, WEIGHTS, WGRAD
 from hyperparallel.mpipe.profile import LinkProfile
 from hyperparallel.recipe import checked_plan, load_recipe
 
@@ -98,14 +99,90 @@ def test_bad_optimizer_option_is_a_one_line_error_exit_2(cli, command):
     assert r.returncode == 2 and r.stderr.strip().startswith("error: schedule.optimizer: 'sharded': only the transpose")
 
 
+# -- ZeRO over the data-parallel replicas (issue 37 point 3) ------------------------------------------
 
-def test_train_refuses_sharding_an_optimizer_the_flat_shard_does_not_reproduce(cli, tmp_path):
-    # MindFormers' AdamW groups parameters (no weight decay for biases and 1-D ones): a flat shard cannot
-    r = cli("train", recipe("mf_llama_adamw.yaml"), "--schedule", "transpose(optimizer=sharded)",
-            "--run-dir", str(tmp_path / "run"))
+@pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
+def test_zero_plans_reduce_then_gather_over_the_data_parallel_group(schedule):
+    plain = derive(prof(), schedule, 2, 4, D=2)
+    tails = {}
+    for zero in (1, 2):
+        plan = derive(prof(), schedule, 2, 4, D=2, zero=zero)
+        assert check(plan) == []
+        for d, prog in plan.programs.items():
+            # the body and the replica all-reduces are the plain plan's; the data-parallel reduction is an
+            # all-reduce (ZeRO-1) or a reduce-scatter (ZeRO-2), and every rank's shares are gathered after it
+            assert prog[:len(plain.programs[d]) - 1] == plain.programs[d][:-1]
+            tails[zero] = [(a.kind, a.tensor, a.group) for a in prog[len(plain.programs[d]) - 1:]]
+    assert tails[1] == [(ALLREDUCE, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
+    assert tails[2] == [(REDUCESCATTER, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
+    assert plain.programs[0][-1].kind == ALLREDUCE and plain.programs[0][-1].group == DP_GROUP
+
+
+def test_zero_memory_splits_optimizer_state_and_then_grads_over_the_replicas():
+    # transpose, P = 2: each device holds the 80 MB encoder and 10 MB of the LLM; D = 4 replicas of each device
+    plain, z1, z2 = (simulate(derive(prof(), "transpose", 2, 4, D=4, zero=z), prof()) for z in (0, 1, 2))
+    for a, b, c in zip(plain.devices, z1.devices, z2.devices):
+        assert (a.params_mb, a.grads_mb, a.optimizer_mb) == (90.0, 90.0, 180.0)
+        assert (b.params_mb, b.grads_mb, b.optimizer_mb) == (90.0, 90.0, 45.0)    # ZeRO-1: Adam's state / 4
+        assert (c.params_mb, c.grads_mb, c.optimizer_mb) == (90.0, 22.5, 45.0)    # ZeRO-2: grads / 4 too
+        assert a.peak_memory_mb - c.peak_memory_mb == pytest.approx(135.0 + 67.5)
+
+
+def test_zero_cost_charges_the_gather_and_a_reduce_scatter_is_half_an_all_reduce():
+    link = {"latency_ms": 0.1, "bandwidth_gb_s": 1.0}
+    plain, z1, z2 = (simulate(derive(prof(link), "1f1b", 2, 4, D=4, zero=z), prof(link)) for z in (0, 1, 2))
+    lp = LinkProfile(0.1, 1.0)
+    held = max(80.0 + 10.0, 10.0)   # device 0 holds the encoder (placed) and half the LLM: the slower one
+    gather = ring_ms(ALLGATHER, 4, held, lp)
+    assert gather > 0 and ring_ms(REDUCESCATTER, 4, held, lp) == pytest.approx(gather)
+    assert z1.makespan_ms - plain.makespan_ms == pytest.approx(gather)
+    # ring all-reduce = reduce-scatter + all-gather: ZeRO-2 moves what the plain plan moves
+    assert z2.makespan_ms == pytest.approx(plain.makespan_ms)
+
+
+@pytest.mark.parametrize("over,level", [
+    (["train.zero=1"], 1), (["train.zero=2"], 2), (["train.zero=0"], 0),
+    (["parallel_config.optimizer_shard=true"], 1), (["parallel_config.optimizer_shard=false"], 0),
+    (["parallel_config.optimizer_shard=true", "train.zero=1"], 1), ([], 0)])
+def test_recipe_keys_give_the_zero_level(over, level):
+    rec = load_recipe(TINY, ["parallel_config.data_parallel=2"] + over)
+    assert rec.zero == level
+    plan = checked_plan(rec, "transpose")
+    kinds = [a.kind for a in plan.programs[0] if a.group == DP_GROUP]
+    assert kinds == {0: [ALLREDUCE], 1: [ALLREDUCE, ALLGATHER], 2: [REDUCESCATTER, ALLGATHER]}[level]
+
+
+@pytest.mark.parametrize("over,field,words", [
+    (["train.zero=1"], "train.zero", "ZeRO 1 shards over the data-parallel replicas, but "
+                                     r"parallel_config.data_parallel is 1 \(a single replica\); allowed with "
+                                     r"data_parallel 1: 0 \(or raise data_parallel to 2 or more\)$"),
+    (["parallel_config.optimizer_shard=true"], "parallel_config.optimizer_shard",
+     "ZeRO 1 shards over the data-parallel replicas, .* allowed with data_parallel 1: false"),
+    (["parallel_config.data_parallel=2", "train.zero=3"], "train.zero", "3 unknown; allowed: 0, 1, 2"),
+    (["parallel_config.data_parallel=2", "train.zero=true"], "train.zero", "True unknown; allowed: 0, 1, 2"),
+    (["parallel_config.data_parallel=2", "train.zero=2", "parallel_config.optimizer_shard=true"], "train.zero",
+     r"2 contradicts parallel_config.optimizer_shard: true \(which reads as train.zero 1\); give it in one place"),
+    (["parallel_config.data_parallel=2", "parallel_config.optimizer_shard=maybe"], "parallel_config.optimizer_shard",
+     "must be true or false, got 'maybe'"),
+])
+def test_bad_zero_settings_name_the_key(over, field, words):
+    with pytest.raises(SpecError, match=rf"^{field}: {words}"):
+        load_recipe(TINY, over)
+
+
+def test_zero_and_a_pipeline_sharded_encoder_are_one_or_the_other():
+    rec = load_recipe(TINY, ["parallel_config.data_parallel=2", "train.zero=1"])
+    with pytest.raises(SpecError, match=r"^schedule.vision.optimizer: sharded shards 'vision' over its pipeline "
+                                        r"replicas; ZeRO \(train.zero 1\) shards every region"):
+        checked_plan(rec, "transpose(optimizer=sharded)")
+
+
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_zero_with_one_replica_is_a_one_line_error_exit_2_before_launch(cli, tmp_path, command):
+    args = ["--run-dir", str(tmp_path / "run")] if command == "train" else []
+    r = cli(command, TINY, "--set", "train.zero=2", *args)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
-    assert lines[-1] == ("error: schedule.optimizer: sharded (vision) needs the train: section's adam or sgd without "
-                         "weight decay (a flat shard treats every element alike), not MindFormers' AdamW (weight-decay "
-                         "groups); use optimizer=replicated"), lines
+    assert len(lines) == 1 and lines[0].startswith("error: train.zero: ZeRO 2 shards over the data-parallel "
+                                                   "replicas, but parallel_config.data_parallel is 1"), lines
     assert not (tmp_path / "run").exists()
