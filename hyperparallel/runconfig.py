@@ -57,6 +57,7 @@ class RunConfig:
         """What the data settings need from the plan, before launch (``data.balance: encoder``: owners)."""
         from .data.balance import check_plan
         check_plan(plan, getattr(self.data, "balance", "none"))
+        self.model.check_trainable(dict(plan.trainable))   # e.g. model.lora on a region the plan freezes
 
 
 def _with_batch_size(raw: dict) -> dict:

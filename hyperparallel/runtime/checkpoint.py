@@ -35,6 +35,7 @@ import mindspore as ms
 from .ckpt_files import (FORMAT_VERSION, MARKER, SAVE_FAILED, CheckpointError, Source, check_names, chunk_owners,
                          file_record, rank_file, safetensors_header, scalar_owner, seal_step, step_dir, write_json,
                          writers)
+from hyperparallel.models.lora import trained
 from .compat import load_optimizer_state, write_param
 from .optim import HYPER_PARAMS
 
@@ -89,7 +90,7 @@ class Saver:
         owners = chunk_owners(plan)
         mine = comm.dp_index == 0
         params = [p for key, cell in sorted(chunks.items()) if mine and owners[key] == comm.device
-                  for p in cell.get_parameters()]
+                  for p in trained(cell.get_parameters())]   # not a base weight LoRA froze (model.pretrained's)
         self.opt = opt
         per, glob = opt.state_groups()
         state = opt.state()
@@ -291,7 +292,7 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
     """
     check_one_value(src)
     shapes, where, values = _index(src, rename)
-    params = {p.name: tuple(p.shape) for cell in chunks.values() for p in cell.get_parameters()}
+    params = {p.name: tuple(p.shape) for cell in chunks.values() for p in trained(cell.get_parameters())}
     state = {n: tuple(p.shape) for n, p in opt.state().items()}
     gathered = comm.all_gather_object((params, state))
     all_params, all_state = {}, {}
@@ -308,7 +309,7 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
                                      choice_func=lambda n, f=f: rename(n) in need and where[rename(n)] == f)
             values.update({rename(n): v for n, v in got.items()})
     for cell in chunks.values():  # every name of the cell is given; in place (compiled chunks read the buffers)
-        for p in cell.get_parameters():
+        for p in trained(cell.get_parameters()):
             write_param(p, values[p.name])
     if load_state and hasattr(opt, "load_state"):   # a sharded optimizer: its share of the global names
         opt.load_state({n: values[n] for n in need})
