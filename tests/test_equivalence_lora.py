@@ -6,7 +6,7 @@ the adapters), 1f1b and transpose, Qwen2.5-VL and Qwen3-VL. Only the adapters (a
 trained, dumped and checkpointed, under PEFT's names; a checkpoint exported by ``ckpt --export-hf`` is
 PEFT's adapter directory, which ``PeftModel.from_pretrained`` loads onto the base and which gives the
 pipeline's loss of the next step; ``--merge-lora`` writes the merged whole model, which gives it too.
-One launch on 2 ranks."""
+One launch on 2 ranks, one on 4 (transpose P=4: a LoRA'd encoder, and a frozen one with decoder adapters)."""
 import json
 import os
 import subprocess
@@ -63,8 +63,8 @@ def hf_dir(tmp_path_factory, demo):
     return d
 
 
-def _overrides(demo, targets, trained, save=None, pretrained=None):
-    out = list(demo) + [f"train.steps={STEPS}", M2, f"mpipe.encoder.trainable={'true' if trained else 'false'}",
+def _overrides(demo, targets, trained, save=None, pretrained=None, micro=M2):
+    out = list(demo) + [f"train.steps={STEPS}"] + ([micro] if micro else []) + [ f"mpipe.encoder.trainable={'true' if trained else 'false'}",
                         _lora(targets, save)]
     return out + ([f"model.pretrained={pretrained}"] if pretrained else [])
 
@@ -82,6 +82,9 @@ def two_rank(tmp_path_factory, demo, hf_dir):
     p, s, t, tr, save = SAVED
     cases.append(job_case(tmp, p, s, _name(p, s, t, save), _overrides(demo, t, tr, save, hf_dir), steps=STEPS,
                           chunks="jit", save_dir=os.path.join(tmp, "ckpt"), save_every=2))
+    # resumed from its step 3 under transpose: the base from model.pretrained, the adapters from the checkpoint
+    cases.append(job_case(tmp, p, "transpose", "resumed", _overrides(demo, t, tr, save, hf_dir), steps=STEPS + 1,
+                          chunks="jit", save_dir=os.path.join(tmp, "ckpt"), resume=True))
     launch_cases(tmp, cases, 2, timeout=1200)
     return {c["name"]: c for c in cases}
 
@@ -127,7 +130,8 @@ def test_lora_checkpoint_holds_adapters_and_exports_peft_adapter(two_rank, demo,
     """From ``model.pretrained`` with ``modules_to_save: [lm_head]``: the pipeline equals the reference; step 2's
     checkpoint holds the adapters and the LM head's trained copy only (the base is model.pretrained's);
     ``--export-hf`` writes PEFT's adapter directory, which mindone.peft loads onto the base and which gives the
-    pipeline's loss of step 3 (its weights are step 2's); ``--merge-lora`` the merged model, the same loss."""
+    pipeline's loss of step 3 (its weights are step 2's); ``--merge-lora`` the merged model, the same loss; a run
+    resumed from step 3 (under transpose) trains its 4th step as the reference's."""
     p, s, t, tr, save = SAVED
     case = two_rank[_name(p, s, t, save)]
     grads = assert_equivalent(case, *reference_run(load_recipe(p, _overrides(demo, t, tr, save, hf_dir)), STEPS))
@@ -176,6 +180,33 @@ def test_lora_checkpoint_holds_adapters_and_exports_peft_adapter(two_rank, demo,
         from mindone.transformers import Qwen2_5_VLForConditionalGeneration
         adapter._net = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(merged))
     np.testing.assert_allclose(_step_loss(demo, merged_model, 2), pipeline, rtol=1e-5)
+    got = dumped(two_rank["resumed"]["dump_dir"])[0]   # resumed at step 3: the 4th step as the reference's
+    assert got["start"] == 3 and len(got["losses"]) == 1
+    ref = reference_run(load_recipe(p, _overrides(demo, t, tr, save, hf_dir)), STEPS + 1)
+    np.testing.assert_allclose(got["losses"][0], ref[0][3], rtol=1e-5)
     r = subprocess.run([sys.executable, "-m", "hyperparallel", "ckpt", step, "--merge", str(tmp_path / "x.ckpt"),
                         "--merge-lora"], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "--merge-lora: only with --export-hf" in r.stderr + r.stdout
+
+
+P4_CASES = [(DEC_VIS, True), (DEC, False)]   # transpose P=4, the recipe's 4 micro-batches
+P4 = "parallel_config.pipeline_stage=4"
+
+
+@pytest.fixture(scope="module")
+def four_rank(tmp_path_factory, demo):
+    tmp = str(tmp_path_factory.mktemp("lora4"))
+    cases = [job_case(tmp, Q25, "transpose", _name(Q25, "transpose_p4", t), _overrides(demo, t, tr, micro=P4),
+                      steps=STEPS, chunks="jit") for t, tr in P4_CASES]
+    launch_cases(tmp, cases, 4, timeout=1200)
+    return {c["name"]: c for c in cases}
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("targets,trained", P4_CASES, ids=["decoder+vision", "decoder-frozen-encoder"])
+def test_lora_transpose_on_four_ranks_matches(four_rank, demo, targets, trained):
+    case = four_rank[_name(Q25, "transpose_p4", targets)]
+    assert case["plan"]["num_devices"] == 4 and case["plan"]["num_micro"] == 4
+    assert case["plan"]["trainable"] == {"vision": trained, "llm": True}
+    ref = reference_run(load_recipe(Q25, _overrides(demo, targets, trained, micro=P4)), STEPS)
+    _assert_adapters_only(assert_equivalent(case, *ref), targets, trained)

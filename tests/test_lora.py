@@ -133,3 +133,14 @@ def test_module_names_are_the_built_models(demo, path):
     trained = {p.name for p in net.trainable_params()}
     assert trained and all(".lora_A." in n or ".lora_B." in n or ".modules_to_save." in n for n in trained)
     assert all(lora.is_frozen_base(p) == (p.name not in trained) for p in net.get_parameters())
+
+
+def test_merge_lora_needs_export_hf(tmp_path):
+    from hyperparallel.cli import build_parser
+    from hyperparallel.commands.train import check_ckpt_output
+    args = build_parser().parse_args(["ckpt", str(tmp_path), "--merge", str(tmp_path / "x.ckpt"), "--merge-lora"])
+    with pytest.raises(SpecError) as e:
+        check_ckpt_output(args)
+    assert e.value.field == "--merge-lora" and "only with --export-hf" in str(e.value)
+    args = build_parser().parse_args(["ckpt", str(tmp_path), "--export-hf", str(tmp_path / "out"), "--merge-lora"])
+    check_ckpt_output(args)   # accepted: whether the step has adapters is known once it is read
