@@ -103,6 +103,10 @@ def test_recipe_refusals_before_launch(demo):
         _prepare(demo, Q25, DEC, FREEZE, "model.model_config.tie_word_embeddings=true",
                  "model.model_config.text_config.tie_word_embeddings=true")
     assert e.value.field == "model.lora" and "tie_word_embeddings" in str(e.value)
+    with pytest.raises(SpecError) as e:   # MindFormers' freeze flag freezes the region too
+        _prepare(demo, Q25, "model.lora={target_modules: [qkv, q_proj]}", "model.model_config.freeze_vision=true")
+    assert e.value.field == "model.lora.target_modules" and "model.visual.blocks.0.attn.qkv" in str(e.value)
+    _prepare(demo, Q25, DEC, "model.model_config.freeze_vision=true")
     rc = _prepare(demo, Q25, DEC, FREEZE)   # decoder only, encoder frozen: accepted
     assert rc.model.lora["r"] == 4 and sorted(rc.model.lora_modules) == ["llm"]
     _prepare(demo, Q3, "model.lora={target_modules: [q_proj, qkv, linear_fc1]}")   # decoder + vision (and mergers)
