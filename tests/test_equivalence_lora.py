@@ -31,7 +31,8 @@ M2 = "parallel_config.micro_batch_num=2"
 def _lora(targets, save=None):
     # init_lora_weights: false: lora_B random too (PEFT's default zeros it, so lora_A's first gradient is 0)
     extra = f", modules_to_save: [{', '.join(save)}]" if save else ""
-    return f"model.lora={{r: 4, lora_alpha: 8, target_modules: [{', '.join(targets)}], init_lora_weights: false{extra}}}"
+    return (f"model.lora={{r: 4, lora_alpha: 8, target_modules: [{', '.join(targets)}], "
+            f"init_lora_weights: false{extra}}}")
 
 
 DEC = ("q_proj", "v_proj")
@@ -64,8 +65,8 @@ def hf_dir(tmp_path_factory, demo):
 
 
 def _overrides(demo, targets, trained, save=None, pretrained=None, micro=M2):
-    out = list(demo) + [f"train.steps={STEPS}"] + ([micro] if micro else []) + [ f"mpipe.encoder.trainable={'true' if trained else 'false'}",
-                        _lora(targets, save)]
+    out = list(demo) + [f"train.steps={STEPS}"] + ([micro] if micro else []) + [
+        f"mpipe.encoder.trainable={'true' if trained else 'false'}", _lora(targets, save)]
     return out + ([f"model.pretrained={pretrained}"] if pretrained else [])
 
 
@@ -138,7 +139,8 @@ def test_lora_checkpoint_holds_adapters_and_exports_peft_adapter(two_rank, demo,
     _assert_adapters_only(grads, t, tr, save)
     step = os.path.join(case["save_dir"], "step_2")
     from hyperparallel.runtime.ckpt_files import safetensors_header
-    held = {n for f in os.listdir(step) if f.endswith(".safetensors") for n in safetensors_header(os.path.join(step, f))}
+    held = {n for f in os.listdir(step) if f.endswith(".safetensors")
+            for n in safetensors_header(os.path.join(step, f))}
     weights = {n for n in held if n.startswith("base_model.")}
     assert weights == set(grads)   # no frozen base weight; the optimizer state is the adapters' too
     assert all(n.split(".", 1)[-1] in weights for n in held - weights if "." in n and not n.startswith("base_model."))

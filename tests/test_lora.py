@@ -77,7 +77,8 @@ def test_targets_match_by_peft_rule():
 @pytest.mark.parametrize("section,key,words", [
     ({"target_modules": ["q_proj", "qkv_proj"]}, "model.lora.target_modules", "'qkv_proj' matches no module"),
     ({"target_modules": ["norm1"]}, "model.lora.target_modules", "(other); LoRA adapts Linear"),
-    ({"target_modules": ["q_proj"], "modules_to_save": ["vision_head"]}, "model.lora.modules_to_save", "'vision_head' matches no"),
+    ({"target_modules": ["q_proj"], "modules_to_save": ["vision_head"]}, "model.lora.modules_to_save",
+     "'vision_head' matches no"),
 ])
 def test_targets_matching_nothing_are_refused(section, key, words):
     with pytest.raises(SpecError) as e:
@@ -128,7 +129,8 @@ def test_module_names_are_the_built_models(demo, path):
     assert {n for n, k in built.items() if k in ("Linear", "Embedding", "Conv3d")} == \
         {n for n, k in names.items() if k != "other"}
     assert all(built[n] == k for n, k in names.items() if k != "other")
-    rc = run_config_of(load_recipe(path, demo + ["model.lora={target_modules: [v_proj, qkv], modules_to_save: [lm_head]}",
+    rc = run_config_of(load_recipe(path, demo + ["model.lora={target_modules: [v_proj, qkv], "
+                                                 "modules_to_save: [lm_head]}",
                                           "model.model_config.vision_config.depth=3"]))
     net = rc.model.network()
     wrapped = sorted(n for n, c in net.cells_and_names() if type(c).__name__ == "Linear" and hasattr(c, "lora_A"))
