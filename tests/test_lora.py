@@ -97,6 +97,10 @@ def test_recipe_refusals_before_launch(demo):
     with pytest.raises(SpecError) as e:   # decoder-only LoRA but the plan trains the encoder: nothing would train
         _prepare(demo, Q25, DEC, "mpipe.encoder.trainable=true")
     assert e.value.field == "model.lora" and "no adapter in region 'vision'" in str(e.value)
+    assert "freeze_vision: true or mpipe.encoder.trainable: false" in str(e.value)
+    with pytest.raises(SpecError) as e:   # a trained copy of the merger, in the frozen encoder
+        _prepare(demo, Q25, "model.lora={target_modules: [q_proj], modules_to_save: [merger]}", FREEZE)
+    assert e.value.field == "model.lora.modules_to_save" and "adapts model.visual.merger" in str(e.value)
     with pytest.raises(SpecError) as e:
         _prepare(demo, Q25, "model.lora={target_modules: [q_proj], lora_alfa: 4}", FREEZE)
     assert e.value.field == "model.lora.lora_alfa" and "did you mean 'lora_alpha'" in str(e.value)

@@ -178,18 +178,24 @@ def _examples(names: Dict[str, str]) -> str:
     return ", ".join(leaf)
 
 
-def check_regions(cfg: dict, names: Dict[str, str], trainable: Dict[str, bool], freeze_keys: str) -> None:
+def check_regions(cfg: dict, names: Dict[str, str], trainable: Dict[str, bool]) -> None:
     """Refuse a plan that freezes a region LoRA adapts, or trains a region without an adapter (where
-    every base weight is frozen: nothing would train), naming the key."""
+    every base weight is frozen: nothing would train), naming the key. ``trainable``: the plan's
+    ``{region: trainable}`` in data-flow order."""
     regions = adapted(cfg, names)
+    saved = adapted(dict(cfg, target_modules=[], exclude_modules=None), names) if cfg.get("modules_to_save") else {}
+    last = list(trainable)[-1] if trainable else None
     for region, on in trainable.items():
+        how = f"model.model_config.freeze_{region}: true" + ("" if region == last else
+                                                              " or mpipe.encoder.trainable: false")
         if regions.get(region) and not on:
-            raise SpecError(f"{KEY}.target_modules", f"adapts {regions[region][0]} but the plan freezes region "
-                                                     f"{region!r} ({freeze_keys}); drop the target or train the region")
+            name = regions[region][0]
+            key = "modules_to_save" if name in saved.get(region, []) else "target_modules"
+            raise SpecError(f"{KEY}.{key}", f"adapts {name} but the plan freezes region {region!r} (model.model_config."
+                                            f"freeze_{region} or mpipe.encoder.trainable); drop it or train the region")
         if on and not regions.get(region):
             raise SpecError(KEY, f"no adapter in region {region!r} (target_modules and modules_to_save match "
-                                 f"nothing there) but the plan trains it; freeze it ({freeze_keys}: true) or "
-                                 "adapt a module there")
+                                 f"nothing there) but the plan trains it; freeze it ({how}) or adapt a module there")
 
 
 # -- MindSpore ---------------------------------------------------------------------------------

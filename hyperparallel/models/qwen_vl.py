@@ -229,8 +229,8 @@ class QwenVL(ModelAdapter):
         """With ``model.lora``: the plan trains exactly the regions with an adapter (:func:`.lora.check_regions`)."""
         if self.lora is not None:
             from .lora import check_regions
-            check_regions(self.lora, self.module_names(), trainable,
-                          "model.model_config.freeze_vision / freeze_llm or mpipe.encoder.trainable")
+            check_regions(self.lora, self.module_names(), {r.name: trainable.get(r.name, True)
+                                                           for r in self.regions()})
 
     def regions(self) -> List[Region]:
         return [Region(VISION, int(self.vision.depth), self._key(f"{self.vision_key}.depth")),
