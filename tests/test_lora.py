@@ -117,6 +117,7 @@ def test_recipe_refusals_before_launch(demo):
     _prepare(demo, Q3, "model.lora={target_modules: [q_proj, qkv, linear_fc1]}")   # decoder + vision (and mergers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [Q25, Q3])
 def test_module_names_are_the_built_models(demo, path):
     """The names computed from the config (checked before launch) are mindone's; mindone.peft wraps exactly the
