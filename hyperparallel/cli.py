@@ -139,7 +139,11 @@ def _train_parsers(sub) -> None:
                    help="do not check the files' SHA-256 (sizes and headers only; the output says so)")
     p.add_argument("--export-hf", default=None, metavar="OUT_DIR",
                    help="write the step (newest complete of a save directory) as a Hugging Face model directory "
-                        "(config.json + model.safetensors) that from_pretrained loads")
+                        "(config.json + model.safetensors) that from_pretrained loads; a run with model.lora "
+                        "writes PEFT's adapter_model.safetensors + adapter_config.json (PeftModel.from_pretrained)")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="--export-hf of a model.lora run: the adapters merged into the base (PEFT's "
+                        "merge_and_unload), a whole Hugging Face model directory")
     p.add_argument("--force", action="store_true",
                    help="--merge may replace an existing file, --export-hf write into a non-empty folder (its "
                         "previous weights are replaced, other files kept), either write inside a save directory "

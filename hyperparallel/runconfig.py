@@ -58,6 +58,7 @@ class RunConfig:
         """What the data settings need from the plan, before launch (``data.balance: encoder``: owners)."""
         from .data.balance import check_plan
         check_plan(plan, self.data.balance)
+        self.model.check_trainable(dict(plan.trainable))   # e.g. model.lora on a region the plan freezes
 
 
 def _with_batch_size(raw: dict) -> dict:

@@ -409,7 +409,7 @@ def _ckpt_source(path: str, digests: bool):
     return src
 
 
-def _export_hf(path: str, out: str, digests: bool) -> int:
+def _export_hf(path: str, out: str, digests: bool, merge_lora: bool = False) -> int:
     """``ckpt PATH --export-hf OUT``: the console shows the project's lines; what mindone and transformers
     print while the model is built and saved (warnings, their logs) goes to ``OUT.log``, beside the
     directory (not in it: the directory is what ``from_pretrained`` and the hub read)."""
@@ -427,10 +427,12 @@ def _export_hf(path: str, out: str, digests: bool) -> int:
             from ..runtime import compat
             compat.setup_device("CPU")
             from ..runtime.checkpoint import export_hf
-            n = export_hf(src, out, con.say)
+            n = export_hf(src, out, con.say, merge_lora)
     except CheckpointError as e:
         return _error(f"ckpt: {e}")
-    print(f"wrote {out}: {n} tensors from {src.path} (Hugging Face format)")
+    adapter = os.path.isfile(os.path.join(src.path, "lora.json")) and not merge_lora   # a model.lora run
+    print(f"wrote {out}: {n} tensors from {src.path} "
+          f"({'a PEFT adapter: PeftModel.from_pretrained' if adapter else 'Hugging Face format'})")
     return 0
 
 
@@ -443,6 +445,9 @@ def check_ckpt_output(args) -> None:
     from ..models import hf_dir
     if args.export_hf and args.merge:
         raise SpecError("--export-hf", "give either --merge or --export-hf")
+    if getattr(args, "merge_lora", False) and not args.export_hf:
+        raise SpecError("--merge-lora", "only with --export-hf (it merges a model.lora run's adapters into the "
+                                        "exported model)")
     flag, out = ("--merge", args.merge) if args.merge else ("--export-hf", args.export_hf)
     if out is None:
         if args.force:
@@ -489,7 +494,7 @@ def run_ckpt(args) -> int:
     digests = not args.no_digest
     check_ckpt_output(args)
     if args.export_hf:
-        return _export_hf(args.path, args.export_hf, digests)
+        return _export_hf(args.path, args.export_hf, digests, getattr(args, "merge_lora", False))
 
     if args.merge:
         src = _ckpt_source(args.path, digests)

@@ -108,6 +108,10 @@ class ModelAdapter:
         """Pure Python, before launch: SpecError('model.<key>', ...) if the model cannot train on
         ``device`` (e.g. a kernel that device lacks). Default: every device."""
 
+    def check_trainable(self, trainable: dict) -> None:
+        """Pure Python, before launch: SpecError if the plan's ``{region: trainable}`` cannot train this
+        model as configured (e.g. ``model.lora``: an adapter on a region the plan freezes). Default: any."""
+
     def notes(self) -> List[str]:
         """Pure Python, before launch: lines the front end prints once on the console (a recipe's spelling
         read as another, e.g. MindFormers' ``num_layers`` as ``num_hidden_layers``); the ranks, building the

@@ -321,7 +321,7 @@ def towers(mc: dict) -> List[Tower]:
 
 
 #: ``model:`` keys that are not towers
-MODEL_SECTION_KEYS = ("arch", "model_config", "config", "pretrained", "type", "adapter")
+MODEL_SECTION_KEYS = ("arch", "model_config", "config", "pretrained", "type", "adapter", "lora")
 
 
 def model_towers(raw: dict) -> List[Tower]:

@@ -35,6 +35,7 @@ import mindspore as ms
 from .ckpt_files import (FORMAT_VERSION, MARKER, SAVE_FAILED, CheckpointError, Source, check_names, chunk_owners,
                          file_record, rank_file, safetensors_header, scalar_owner, seal_step, step_dir, write_json,
                          writers)
+from hyperparallel.models.lora import trained
 from .compat import load_optimizer_state, write_param
 from .optim import HYPER_PARAMS
 
@@ -89,7 +90,7 @@ class Saver:
         owners = chunk_owners(plan)
         mine = comm.dp_index == 0
         params = [p for key, cell in sorted(chunks.items()) if mine and owners[key] == comm.device
-                  for p in cell.get_parameters()]
+                  for p in trained(cell.get_parameters())]   # not a base weight LoRA froze (model.pretrained's)
         self.opt = opt
         per, glob = opt.state_groups()
         state = opt.state()
@@ -299,7 +300,7 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
     """
     check_one_value(src)
     shapes, where, values = _index(src, rename)
-    params = {p.name: tuple(p.shape) for cell in chunks.values() for p in cell.get_parameters()}
+    params = {p.name: tuple(p.shape) for cell in chunks.values() for p in trained(cell.get_parameters())}
     state = {n: tuple(p.shape) for n, p in opt.state().items()}
     gathered = comm.all_gather_object((params, state))
     all_params, all_state = {}, {}
@@ -316,7 +317,7 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
                                      choice_func=lambda n, f=f: rename(n) in need and where[rename(n)] == f)
             values.update({rename(n): v for n, v in got.items()})
     for cell in chunks.values():  # every name of the cell is given; in place (compiled chunks read the buffers)
-        for p in cell.get_parameters():
+        for p in trained(cell.get_parameters()):
             write_param(p, values[p.name])
     if load_state and hasattr(opt, "load_state"):   # a sharded optimizer: its share of the global names
         opt.load_state({n: values[n] for n in need})
@@ -385,14 +386,17 @@ def merge(src: Source, out: str, with_state: bool = False) -> int:
     return len(params)
 
 
-def export_hf(src: Source, out: str, say=print) -> int:
+def export_hf(src: Source, out: str, say=print, merge_lora: bool = False) -> int:
     """Write a step's parameters as a Hugging Face model directory (``save_pretrained``: config.json +
     model.safetensors with the hub's names) that ``from_pretrained`` loads; the step directory must carry
     the model's ``config.json`` (runs of Hugging Face models write it). ``out`` may hold other files (the
     command refuses that without ``--force``): the previous weights there are replaced
     (:func:`~hyperparallel.models.hf_dir.install`), the rest kept. The processor files (tokenizer, chat
     template, preprocessor configs) come too when ``meta.json`` records the run's tokenizer
-    (:mod:`~hyperparallel.models.qwen_vl.processor`); ``say`` tells which, or why none. Returns the number of tensors."""
+    (:mod:`~hyperparallel.models.qwen_vl.processor`); ``say`` tells which, or why none. A run with ``model.lora`` (its
+    step carries ``lora.json``) writes PEFT's adapter directory (``adapter_model.safetensors`` +
+    ``adapter_config.json``, ``base_model_name_or_path`` its ``model.pretrained``), or with ``merge_lora`` the
+    merged whole model (PEFT's ``merge_and_unload``). Returns the number of tensors read from the step."""
     from hyperparallel.models import adapter_for
     cfg_path = os.path.join(src.path, "config.json")
     if not os.path.isfile(cfg_path):
@@ -401,16 +405,34 @@ def export_hf(src: Source, out: str, say=print) -> int:
     with open(cfg_path) as f:
         cfg = json.load(f)
     arch = (cfg.get("architectures") or [None])[0]
-    net = adapter_for({"arch": {"type": arch}, "config": cfg_path}, {}, 0).network()
+    section, seed = {"arch": {"type": arch}, "config": cfg_path}, 0
+    lora = _lora_record(src)
+    if merge_lora and lora is None:
+        raise CheckpointError(f"{src.path}: --merge-lora: this checkpoint has no LoRA adapters (no lora.json: the "
+                              "run had no model.lora)")
+    if lora is not None:   # the base as the run built it (model.pretrained, else the seed's), then the adapters
+        section.update(lora=lora["lora"], **({"pretrained": lora["pretrained"]} if lora.get("pretrained") else {}))
+        seed = int(lora.get("seed", 0))
+    try:
+        adapter = adapter_for(section, {}, seed)
+    except ValueError as e:   # SpecError: e.g. model.pretrained moved away since the run
+        raise CheckpointError(f"{src.path}: {e}") from None
+    net = adapter.network()
     check_one_value(src)
     values = {}
     for f in src.files:
         values.update(ms.load_checkpoint(f, format="safetensors" if f.endswith(".safetensors") else "ckpt"))
-    names = [p.name for p in net.get_parameters()]
+    names = [p.name for p in trained(net.get_parameters())]   # LoRA: the adapters (the base is model.pretrained's)
     missing = [n for n in names if n not in values]
     if missing:
         raise CheckpointError(f"{src.path}: parameters missing: {', '.join(missing[:4])} ({len(missing)} in all)")
     ms.load_param_into_net(net, {n: values[n] for n in names}, strict_load=True)
+    if lora is not None and merge_lora:   # PEFT's merge: every adapter folded into its base weight
+        net = adapter.peft.merge_and_unload()
+    elif lora is not None:   # PEFT's adapter directory: adapter_model.safetensors + adapter_config.json
+        net = adapter.peft
+        net.peft_config["default"].base_model_name_or_path = os.path.abspath(lora["pretrained"]) \
+            if lora.get("pretrained") else None
     from hyperparallel.models import hf_dir
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
@@ -422,6 +444,16 @@ def export_hf(src: Source, out: str, say=print) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return len(names)
+
+
+def _lora_record(src: Source) -> Optional[dict]:
+    """The step's ``lora.json`` (written by runs with ``model.lora``: the section, ``model.pretrained``, the
+    seed), or None."""
+    path = os.path.join(src.path, "lora.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def _write_processor(src: Source, cfg: dict, tmp: str, say) -> None:

@@ -47,6 +47,7 @@ from mindspore import Parameter, Tensor, ops
 from hyperparallel.data import DataSource
 from hyperparallel.data.loss_norm import loss_scales
 from hyperparallel.models import ModelAdapter
+from hyperparallel.models.lora import trained
 from hyperparallel.mpipe import ir
 from .compat import Tape, acc, leaf, write_param
 from .compiled import build_bodies
@@ -68,8 +69,9 @@ class Interpreter:
         ``loss_normalization``: how micro-batch losses make the step loss (:mod:`hyperparallel.data.loss_norm`)."""
         self.plan, self.comm, self.model, self.source, self.chunks = plan, comm, model, source, chunks
         self.bodies = bodies if bodies is not None else build_bodies(chunks, "eager")
-        # each chunk's parameters, listed once (a backward names them; Cell.get_parameters walks the Cell tree)
-        self.params_of = {k: list(cell.get_parameters()) for k, cell in chunks.items()}
+        # each chunk's trained parameters, listed once (a backward names them; Cell.get_parameters walks the Cell
+        # tree); a base weight LoRA froze (model.lora) has no weight grad
+        self.params_of = {k: trained(cell.get_parameters()) for k, cell in chunks.items()}
         self.device = comm.device
         self.program: List[ir.Action] = plan.programs.get(self.device, [])
         self.ahead_acts: Dict[Key, Tensor] = {}  # outputs of next-step (step=1) work, kept for the next step
@@ -95,7 +97,7 @@ class Interpreter:
             if not plan.trainable.get(region, True):
                 continue
             if region in reduced or any(k[0] == region and k[1] == idx for k in self.backward_here):
-                self.updated += list(cell.get_parameters())
+                self.updated += trained(cell.get_parameters())
         # a tied weight held by two chunks of this rank is one Parameter: listed (and stepped) once
         self.updated = list(one_per_name(self.updated, model.family).values())
         self.tied = tied_names(plan, model, self.device)   # {tied weight label: parameter name} held here
@@ -295,7 +297,10 @@ class Interpreter:
         key = (a.region, a.chunk, a.micro)
         out, sens = self.pending_w.pop(key)
         params = self.params_of[key[:2]]
-        grads = sens if out is _KEPT else self._grad([out], [sens], params, keep_graph=False)
+        if out is _KEPT or not params:   # no params: a chunk without LoRA adapters in a trained region
+            grads = sens if out is _KEPT else ()
+        else:
+            grads = self._grad([out], [sens], params, keep_graph=False)
         self.defer_grads(params, grads)
         self.inputs.pop(key), self.outputs.pop(key)
         self.held.release(key)
@@ -306,6 +311,8 @@ class Interpreter:
         x, prev = self.inputs[key], self.prev_key(key)
         params = self.params_of[key[:2]]
         need_x = prev is not None and prev in self.backwarded_anywhere
+        if not need_x and not params:
+            return ()
         g = self._grad([out], [sens], ([x] if need_x else []) + params, keep_graph=False)
         if need_x:
             self.out_grads[prev], g = g[0], g[1:]
@@ -346,7 +353,7 @@ class Interpreter:
 
     def region_params(self, region: str) -> List[Parameter]:
         return [p for (r, _), cell in sorted(self.chunks.items()) if r == region
-                for p in cell.get_parameters()]
+                for p in trained(cell.get_parameters())]
 
     def do_ALLREDUCE(self, a: ir.Action) -> None:
         if a.group == ir.DP_GROUP:

@@ -14,6 +14,7 @@ from typing import Dict, Optional, Tuple
 
 from hyperparallel.data import DataSource
 from hyperparallel.models import ModelAdapter
+from hyperparallel.models.lora import is_frozen_base, trained
 from hyperparallel.mpipe import ir
 from hyperparallel.recipe.train import TrainConfig
 from hyperparallel.runconfig import check_regions
@@ -45,7 +46,7 @@ def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied
     first = {(c.region, c.index): min(c.devices) for c in plan.chunks}
     if dp_index != 0:
         return set()
-    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()}
+    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in trained(cell.get_parameters())}
     for t in plan.tied_on(device):
         if device != min(t.devices):
             names.discard((tied or {}).get(t.name))
@@ -170,9 +171,10 @@ class RankRuntime:
         return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
 
     def parameter_counts(self) -> Dict[str, Tuple[str, int, bool]]:
-        """This rank's parameters: name -> (region, elements, trained: the region is trainable in the plan).
+        """This rank's parameters: name -> (region, elements, trained: the region is trainable in the plan and
+        the weight is no base weight LoRA froze).
         Gathered from every rank and merged by name (:func:`parameters_line`), each counts once."""
-        return {p.name: (region, int(p.size), bool(self.plan.trainable.get(region, True)))
+        return {p.name: (region, int(p.size), bool(self.plan.trainable.get(region, True)) and not is_frozen_base(p))
                 for (region, _), cell in sorted(self.chunks.items()) for p in cell.get_parameters()}
 
     def step(self, step: Optional[int] = None, stop=False) -> StepResult:

@@ -16,6 +16,7 @@ from typing import Dict
 import mindspore as ms
 
 from hyperparallel.data.loss_norm import loss_scales
+from hyperparallel.models.lora import trained
 from hyperparallel.runconfig import RunConfig
 from . import nonfinite
 from .optim import Optimizer, clip_scale, scaled, square_sum
@@ -54,8 +55,9 @@ class Reference:
         self.skipped, self.steps_skipped = False, 0   # the last step had no update; steps so (train.nonfinite)
 
     def all_params(self) -> list:
-        """Every parameter of the model (trained or frozen), e.g. to save it as one checkpoint file."""
-        return [p for cell in self.cells for p in cell.get_parameters()]
+        """Every parameter of the model a checkpoint holds (trained or in a frozen region; not the base weights
+        LoRA froze), e.g. to save it as one checkpoint file."""
+        return [p for cell in self.cells for p in trained(cell.get_parameters())]
 
     def restore(self, src):
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`: a step directory, a merged file or a Hugging

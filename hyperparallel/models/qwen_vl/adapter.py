@@ -47,7 +47,7 @@ EAGER_REASON = ("no tensor-only body: mindone's Qwen-VL layers do not compile un
 # mindone class -> (family key, transformers config class, model_type)
 ARCHS = {"Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLConfig"),
          "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLConfig")}
-MODEL_KEYS = ("arch", "model_config", "config", "pretrained")
+MODEL_KEYS = ("arch", "model_config", "config", "pretrained", "lora")
 TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 CPU_DTYPES = ("float32",)
 # MindFormers' keys in a model_config that are the recipe's, not the Hugging Face config's
@@ -121,6 +121,7 @@ class QwenVL(ModelAdapter):
         self.seed, self.shapes = int(seed), dict(data_shapes)
         self._check()
         self._net = None
+        self._check_lora(sec.get("lora"))   # model.lora: PEFT's LoraConfig (:mod:`.lora`)
 
     # -- configuration checks (pure Python) ----------------------------------------------
     def _map_spellings(self, inline: dict, merged: dict):
@@ -209,6 +210,27 @@ class QwenVL(ModelAdapter):
             if bad:
                 raise SpecError(f"{self.vision_key}.fullatt_block_indexes", f"{bad} are not vision blocks "
                                                                             f"(0..{v.depth - 1})")
+
+    def _check_lora(self, section) -> None:
+        from .. import lora
+        self.lora, self.peft = lora.parse(section), None
+        if self.lora is None:
+            return
+        self.lora_modules = lora.adapted(self.lora, self.module_names())   # a target matching nothing: refused
+        if self.tied_weights():
+            raise SpecError(lora.KEY, "LoRA with tie_word_embeddings: true is not supported yet; untie them")
+
+    def module_names(self) -> dict:
+        """{module name: kind} of the whole model, from the config (:func:`.lora.module_names`)."""
+        from ..lora import module_names
+        return module_names(self.kind, int(self.vision.depth), int(self.text.num_hidden_layers), len(self.deepstack))
+
+    def check_trainable(self, trainable: dict) -> None:
+        """With ``model.lora``: the plan trains exactly the regions with an adapter (:func:`.lora.check_regions`)."""
+        if self.lora is not None:
+            from ..lora import check_regions
+            check_regions(self.lora, self.module_names(), {r.name: trainable.get(r.name, True)
+                                                           for r in self.regions()})
 
     def regions(self) -> List[Region]:
         return [Region(VISION, int(self.vision.depth), self._key(f"{self.vision_key}.depth")),
@@ -331,4 +353,8 @@ class QwenVL(ModelAdapter):
         so ``hyperparallel ckpt --export-hf`` can write a directory ``from_pretrained`` loads."""
         cfg = copy.deepcopy(self.cfg.to_dict())
         cfg["architectures"] = [self.arch]
-        return {"config.json": json.dumps(cfg, indent=1, sort_keys=True, default=str)}
+        out = {"config.json": json.dumps(cfg, indent=1, sort_keys=True, default=str)}
+        if self.lora is not None:   # what ckpt --export-hf rebuilds the base and its adapters from
+            out["lora.json"] = json.dumps({"lora": self.lora, "pretrained": self.pretrained, "seed": self.seed},
+                                          indent=1, sort_keys=True)
+        return out

@@ -40,6 +40,9 @@ def build_network(adapter):
     net = getattr(mt, adapter.arch)(cfg)
     if adapter.pretrained:
         load_hf_weights(net, adapter.pretrained, adapter.checkpoint_name)
+    if adapter.lora is not None:   # PEFT's adapters on the whole model, before any cut (:mod:`.lora`)
+        from ..lora import inject
+        adapter.peft = inject(net, adapter.lora)
     return net
 
 
@@ -267,7 +270,9 @@ class LLMChunk(_Slice):
 class WholeModel:
     """The single-process reference: mindone's whole model called as users call it,
     ``model(input_ids=..., attention_mask=..., pixel_values=..., image_grid_thw=..., labels=...)``
-    with an explicit attention mask, on the real images only (no filler)."""
+    with an explicit attention mask, on the real images only (no filler); with ``model.lora`` the PeftModel
+    (``get_peft_model``'s) is called. Its trained parameters are ``trainable_params()``: the adapters alone
+    under LoRA."""
 
     def __init__(self, adapter):
         self.adapter = adapter
@@ -286,7 +291,8 @@ class WholeModel:
         real = len(t.real_grid) > 0
         n = int(np.prod(t.real_grid, axis=1).sum()) if real else 0
         pixels = _t(np.asarray(mb.pixel_values, np.float32)[:n]) if real else None
-        out = self.net(input_ids=t.input_ids, attention_mask=_t(np.asarray(mb.attention_mask, np.int64)),
-                       pixel_values=pixels, image_grid_thw=_t(t.real_grid) if real else None, labels=t.labels,
-                       use_cache=False)
+        model = self.adapter.peft or self.net   # with model.lora: the PeftModel, as users call it
+        out = model(input_ids=t.input_ids, attention_mask=_t(np.asarray(mb.attention_mask, np.int64)),
+                    pixel_values=pixels, image_grid_thw=_t(t.real_grid) if real else None, labels=t.labels,
+                    use_cache=False)
         return out.loss * loss_scale
