@@ -38,6 +38,7 @@ class RunConfig:
         schema.check_batch_size(raw, data.micro_batch_size)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
+        check_precision(model, train)
         _check_data_fits(data, model)
         mode, fallback = compile_settings(raw)
         if getattr(data, "balance", "none") == "encoder" and train.loss_normalization != "tokens":
@@ -57,6 +58,18 @@ class RunConfig:
         """What the data settings need from the plan, before launch (``data.balance: encoder``: owners)."""
         from .data.balance import check_plan
         check_plan(plan, getattr(self.data, "balance", "none"))
+
+
+def check_precision(model: ModelAdapter, train: TrainConfig) -> None:
+    """float16 compute needs a loss scale (its gradients underflow without one): refused before launch,
+    naming the key to give and the values it takes."""
+    dtype, key = model.precision()
+    if dtype == "float16" and train.loss_scale is None:
+        raise SpecError("runner_wrapper.scale_sense", f"none, but {key} is float16, whose gradients underflow without "
+                                                       "a loss scale; give a number > 1 (static) or {type: "
+                                                       "DynamicLossScaleUpdateCell, loss_scale_value: 65536, scale_factor:"
+                                                       " 2, scale_window: 1000} (or FixedLossScaleUpdateCell), or "
+                                                       f"{key}: float32")
 
 
 def _with_batch_size(raw: dict) -> dict:

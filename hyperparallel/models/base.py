@@ -29,6 +29,9 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   in real conversation data;
 * ``check_device(device)`` (optional): refuse, before launch, a configuration that
   cannot train on the recipe's device;
+* ``precision()`` (optional, pure Python): (compute dtype, the recipe key that gave it): the dtype the
+  chunks compute in and their boundary tensors travel in; the parameters (master weights), gradients and
+  optimizer state stay float32 (default ``('float32', '')``; docs/training.md, mixed precision);
 * ``data_format()``: how a data source lays out a micro-batch for this model (a dict the data
   layer reads: ``{"format": "merge_index", "image_tokens": k}`` by default);
 * ``reference()`` (optional): the whole model as users call it, for the single-process reference
@@ -107,6 +110,11 @@ class ModelAdapter:
     def check_device(self, device: str) -> None:
         """Pure Python, before launch: SpecError('model.<key>', ...) if the model cannot train on
         ``device`` (e.g. a kernel that device lacks). Default: every device."""
+
+    def precision(self) -> Tuple[str, str]:
+        """Pure Python, before launch: (compute dtype name, the recipe key that set it; '' for the default).
+        Default float32."""
+        return "float32", ""
 
     def notes(self) -> List[str]:
         """Pure Python, before launch: lines the front end prints once on the console (a recipe's spelling
