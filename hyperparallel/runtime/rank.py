@@ -247,7 +247,8 @@ class RankRuntime:
         meta.setdefault("optimizer", self.train.optimizer)
         meta.setdefault("processor", processor_record(getattr(self.source, "cfg", None)))   # ckpt --export-hf
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
-                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied)
+                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied,
+                                loss_scale=self.scaler)
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks
@@ -255,6 +256,7 @@ class RankRuntime:
         and makes that step the next; CheckpointError if it does not fit."""
         step, with_state = checkpoint.restore_with_data(src, self.comm, self.chunks, self.optimizer, self.source,
                                                         self.model.checkpoint_name)
+        self.scaler.load((src.meta or {}).get("loss_scale") or {})   # a dynamic scale continues where it was
         self.next_step, self._started = step, False
         return step, with_state
 

@@ -70,7 +70,9 @@ class Reference:
         from .checkpoint import restore_with_data
         from .comm import LocalComm
         chunks = {str(i): cell for i, cell in enumerate(self.cells)}
-        return restore_with_data(src, LocalComm(), chunks, self.opt, self.source, self.model.checkpoint_name)
+        out = restore_with_data(src, LocalComm(), chunks, self.opt, self.source, self.model.checkpoint_name)
+        self.scaler.load((src.meta or {}).get("loss_scale") or {})
+        return out
 
     def step(self, step: int):
         """Returns (loss, {param name: grad}) of this step, after applying the update; a non-finite loss or
