@@ -460,3 +460,9 @@ def test_float16_checkpoint_keeps_float32_master_weights_and_loads_into_a_float3
     assert set(params) <= set(values)
     for name, p in params.items():
         assert str(p.dtype) == "Float32" and np.array_equal(p.asnumpy(), values[name]), name
+    # a float16 run resuming it continues with the saved loss scale, not the recipe's initial one
+    fp16 = load_recipe(Q25, _overrides(demo, False, FP16))
+    again = Reference(RunConfig.from_raw(fp16.raw), fp16.micro_batch_num, {r.name: True for r in fp16.profile.regions})
+    again.scaler.update(False)   # (moved off the recipe's 262144 first, so the restore must set it)
+    again.restore(src)
+    assert again.scaler.state() == src.meta["loss_scale"]

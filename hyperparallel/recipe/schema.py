@@ -8,7 +8,7 @@ A recipe is a MindFormers config plus hyperparallel's sections. Its keys fall in
 * **honoured**: read and applied with MindFormers' meaning (``seed``, ``parallel_config``'s pipeline
   keys, ``optimizer``, ``lr_schedule``, ``runner_wrapper``'s clipping, ``runner_config.batch_size``...);
 * **refused for training**: read, but the runtime cannot do what the value asks (tensor parallelism,
-  recompute, loss scaling, ...): ``train``/``profile``/``bench`` refuse them before launch naming the
+  recompute, ...): ``train``/``profile``/``bench`` refuse them before launch naming the
   key and the value it can run (:func:`train_refusals`); ``plan`` and ``simulate`` still work;
 * **not used**: MindFormers keys that change nothing in a hyperparallel run (graph-mode, logging,
   evaluation and prediction settings): ``train`` names them once (:func:`unused_keys`).

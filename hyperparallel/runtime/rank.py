@@ -4,7 +4,9 @@ and the bench all use.
 From a plan, a model adapter, a data source and the train settings, :class:`RankRuntime` creates the
 plan's communication groups, builds this rank's chunks through the adapter, the interpreter (with the
 caller's hooks), the optimizer, and the checkpoint saver and loader; :meth:`RankRuntime.step` runs
-one optimizer step (the plan's next-step prologue before the first one).
+one optimizer step (the plan's next-step prologue before the first one). With a loss scale
+(``runner_wrapper.scale_sense``, :mod:`.loss_scale`) the step seeds the backward with it, unscales the
+gradients before the norm and clipping, and skips the update on every rank when they overflow.
 """
 from __future__ import annotations
 
