@@ -431,6 +431,13 @@ def test_float16_with_dynamic_loss_scaling_trains_like_the_float16_reference(two
         assert steps[0]["grads_bytes"] == steps[0]["params_bytes"] == steps[0]["optimizer_bytes"] // 2, rank
     assert sum(m[0]["params_bytes"] for m in measured_memory(case["dump_dir"]).values()) == \
         4 * sum(elements[n] * len(last[n]) for n in last)   # every copy a rank holds (an element once per holder)
+    # activations: the float32 twin (same schedule, data, micro-batches) holds the same forwards; every boundary
+    # tensor but the pixels and the loss is float16 here, so each held set's bytes are below its float32 bytes
+    # and at least half of them
+    twin = measured_memory(two_rank[0][_name(Q25, "transpose", False)]["dump_dir"])
+    for rank, steps in measured_memory(case["dump_dir"]).items():
+        for m, m32 in zip(steps, twin[rank]):
+            assert m32["peak_held_bytes"] / 2 <= m["peak_held_bytes"] < m32["peak_held_bytes"], (rank, m, m32)
 
 
 @pytest.mark.msrun
