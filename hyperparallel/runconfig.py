@@ -65,11 +65,10 @@ def check_precision(model: ModelAdapter, train: TrainConfig) -> None:
     naming the key to give and the values it takes."""
     dtype, key = model.precision()
     if dtype == "float16" and train.loss_scale is None:
-        raise SpecError("runner_wrapper.scale_sense", f"none, but {key} is float16, whose gradients underflow without "
-                                                       "a loss scale; give a number > 1 (static) or {type: "
-                                                       "DynamicLossScaleUpdateCell, loss_scale_value: 65536, scale_factor:"
-                                                       " 2, scale_window: 1000} (or FixedLossScaleUpdateCell), or "
-                                                       f"{key}: float32")
+        raise SpecError("runner_wrapper.scale_sense",
+                        f"none, but {key} is float16, whose gradients underflow without a loss scale; give a number "
+                        "> 1 (static) or {type: DynamicLossScaleUpdateCell, loss_scale_value: 65536, scale_factor: 2, "
+                        "scale_window: 1000} (or FixedLossScaleUpdateCell), or " f"{key}: float32")
 
 
 def _with_batch_size(raw: dict) -> dict:

@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 pytest.importorskip("mindone", reason="mindone is not installed")
 
-from helpers import (LAST_STEP_TOL, _assert_grads, assert_equivalent, assert_memory_predicted, measured_memory, case_name, dumped, job_case, launch_cases,  # noqa: E402
+from helpers import (LAST_STEP_TOL, _assert_grads, assert_equivalent, assert_memory_predicted,  # noqa: E402
+                     measured_memory, case_name, dumped, job_case, launch_cases,
                      reference_run)
 from hyperparallel.recipe import load_recipe  # noqa: E402
 
@@ -391,7 +392,8 @@ def _fp16_reference(demo):
     from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
     recipe = load_recipe(Q25, _overrides(demo, False, FP16))
-    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
+    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,
+                    {r.name: True for r in recipe.profile.regions})
     losses, scales, grads = [], [], None
     for s in range(STEPS):
         loss, grads = ref.step(s)
@@ -460,7 +462,8 @@ def test_float16_checkpoint_keeps_float32_master_weights_and_loads_into_a_float3
     assert floats and set(floats.values()) == {np.dtype(np.float32)}
     compat.setup_device("CPU")
     recipe = load_recipe(Q25, _overrides(demo, False))   # float32, no loss scale
-    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
+    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,
+                    {r.name: True for r in recipe.profile.regions})
     step, with_state = ref.restore(src)
     assert (step, with_state) == (STEPS, True)
     params = {p.name: p for p in ref.all_params()}

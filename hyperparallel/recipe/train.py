@@ -376,8 +376,8 @@ def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
         raise SpecError("optimizer.swap", "true (optimizer state offload) is not supported; give false")
     _not_a_string("optimizer.loss_scale", kw.get("loss_scale"))
     if kw.get("loss_scale", 1.0) != 1.0:
-        raise SpecError("optimizer.loss_scale", f"{kw['loss_scale']!r}: the optimizer's own loss scale is not supported; "
-                                                "give 1.0 (the loss scale is runner_wrapper.scale_sense)")
+        raise SpecError("optimizer.loss_scale", f"{kw['loss_scale']!r}: the optimizer's own loss scale is not "
+                                                "supported; give 1.0 (the loss scale is runner_wrapper.scale_sense)")
     st = _typed("lr_schedule", sched, LR_FIELDS)
     if "learning_rate" not in sched:
         raise SpecError("lr_schedule.learning_rate", "missing")

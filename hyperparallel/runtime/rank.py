@@ -107,7 +107,7 @@ class StepResult:
     stop: bool = False       # some rank asked to stop after this step (agreed by every rank)
     skipped: bool = False    # the loss or grad norm was not finite: no update (train.nonfinite: skip)
     loss_scale: float = 1.0  # the loss scale of this step (runner_wrapper.scale_sense; 1: none)
-    overflow: bool = False   # loss scaling: the gradients overflowed, the update was skipped (and a dynamic scale lowered)
+    overflow: bool = False   # loss scaling: the gradients overflowed: no update, a dynamic scale lowered
 
     @property
     def step_s(self) -> float:
