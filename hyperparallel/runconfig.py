@@ -39,6 +39,7 @@ class RunConfig:
         schema.check_batch_size(raw, data.micro_batch_size)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
+        check_precision(model, train)
         data.check_model(model)   # the data section can lay out micro-batches the way this model reads them
         mode, fallback = compile_settings(raw)
         if data.balance == "encoder" and train.loss_normalization != "tokens":
@@ -59,6 +60,17 @@ class RunConfig:
         from .data.balance import check_plan
         check_plan(plan, self.data.balance)
         self.model.check_trainable(dict(plan.trainable))   # e.g. model.lora on a region the plan freezes
+
+
+def check_precision(model: ModelAdapter, train: TrainConfig) -> None:
+    """float16 compute needs a loss scale (its gradients underflow without one): refused before launch,
+    naming the key to give and the values it takes."""
+    dtype, key = model.precision()
+    if dtype == "float16" and train.loss_scale is None:
+        raise SpecError("runner_wrapper.scale_sense",
+                        f"none, but {key} is float16, whose gradients underflow without a loss scale; give a number "
+                        "> 1 (static) or {type: DynamicLossScaleUpdateCell, loss_scale_value: 65536, scale_factor: 2, "
+                        "scale_window: 1000} (or FixedLossScaleUpdateCell), or " f"{key}: float32")
 
 
 def _with_batch_size(raw: dict) -> dict:

@@ -118,7 +118,10 @@ METRICS = {
     "compile_s": "time of those first calls (compile + one run), part of `step_time_s`",
     "skipped": "true when the step's loss or grad norm was not finite and no rank updated (`train.nonfinite: "
                "skip`); non-finite numbers are written as `null` (the file is strict JSON)",
-    "steps_skipped": "steps of this run skipped so far (`train.nonfinite: skip`)",
+    "steps_skipped": "steps of this run skipped so far (`train.nonfinite: skip`, or a loss-scale overflow)",
+    "loss_scale": "the loss scale of the step (`runner_wrapper.scale_sense`; 1.0 without loss scaling)",
+    "overflow": "true when, with a loss scale, the step's gradients overflowed (not finite, the loss finite): no "
+                "rank updated and a dynamic scale was lowered (`skipped` is true too)",
     "memory": "every rank's memory record of the step, one object per rank (below)",
     "encoder_work": "with `data.balance: encoder`: the step's predicted encoder work per owner rank, "
                     "`patches` and `ms` (from the recipe's profile), and the same as position order would have "
@@ -188,12 +191,13 @@ def refused() -> str:
              "| `remote_save_url` | given | `train --save-dir` |",
              "| `data_skip_steps` | given | `train --resume-from` (the data continue at the checkpoint) |",
              f"| `runner_wrapper.type` | not one of {', '.join(f'`{w}`' for w in schema.WRAPPERS)} | one of them |",
-             "| `runner_wrapper.scale_sense` | not 1 | 1.0 (no loss scaling) |",
+             "| `runner_wrapper.scale_sense` | not a number >= 1 or a `DynamicLossScaleUpdateCell` / "
+             "`FixedLossScaleUpdateCell` mapping | one of them (docs/training.md, mixed precision) |",
              "| `context.mode` | not 1 | 1 (PYNATIVE_MODE: the runtime is PyNative) |",
              "| `context.device_target` | differs from `device` | the same device |",
              "| `train_dataset`, `train_dataset_task` | given | the `data:` section |",
              "| `optimizer.use_fused`, `.amsgrad`, `.maximize`, `.swap` | true | false |",
-             "| `optimizer.loss_scale` | not 1 | 1.0 |"]
+             "| `optimizer.loss_scale` | not 1 | 1.0 (the loss scale is `runner_wrapper.scale_sense`) |"]
     return "\n".join(rows)
 
 

@@ -29,6 +29,9 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   in real conversation data;
 * ``check_device(device)`` (optional): refuse, before launch, a configuration that
   cannot train on the recipe's device;
+* ``precision()`` (optional, pure Python): (compute dtype, the recipe key that gave it): the dtype the
+  chunks compute in and their boundary tensors travel in; the parameters (master weights), gradients and
+  optimizer state stay float32 (default ``('float32', '')``; docs/training.md, mixed precision);
 * ``data_format()``: how a data source lays out a micro-batch for this model (a dict the data
   layer reads: ``{"format": "merge_index", "image_tokens": k}`` by default);
 * ``reference()`` (optional): the whole model as users call it, for the single-process reference
@@ -111,6 +114,11 @@ class ModelAdapter:
     def check_trainable(self, trainable: dict) -> None:
         """Pure Python, before launch: SpecError if the plan's ``{region: trainable}`` cannot train this
         model as configured (e.g. ``model.lora``: an adapter on a region the plan freezes). Default: any."""
+
+    def precision(self) -> Tuple[str, str]:
+        """Pure Python, before launch: (compute dtype name, the recipe key that set it; '' for the default).
+        Default float32."""
+        return "float32", ""
 
     def notes(self) -> List[str]:
         """Pure Python, before launch: lines the front end prints once on the console (a recipe's spelling

@@ -23,7 +23,8 @@ from typing import FrozenSet, Iterable, List, Optional, Tuple
 from ..errors import SpecError, nearest
 
 _PRECISION = ("MindFormers' precision key; a Hugging Face config has one dtype for the whole model (give "
-              "dtype: float32 on CPU); per-part compute precision is not supported")
+              "dtype: float32, or float16 with runner_wrapper.scale_sense; bfloat16 on Ascend): the weights stay "
+              "float32 and the model computes in it; per-part compute precision is not supported")
 #: MindFormers' spelling -> what to say (a field of the Hugging Face class to give instead, or why refused)
 MINDFORMERS_SPELLINGS = {
     "compute_dtype": _PRECISION, "param_init_type": _PRECISION, "layernorm_compute_type": _PRECISION,

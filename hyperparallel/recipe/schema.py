@@ -8,7 +8,7 @@ A recipe is a MindFormers config plus hyperparallel's sections. Its keys fall in
 * **honoured**: read and applied with MindFormers' meaning (``seed``, ``parallel_config``'s pipeline
   keys, ``optimizer``, ``lr_schedule``, ``runner_wrapper``'s clipping, ``runner_config.batch_size``...);
 * **refused for training**: read, but the runtime cannot do what the value asks (tensor parallelism,
-  recompute, loss scaling, ...): ``train``/``profile``/``bench`` refuse them before launch naming the
+  recompute, ...): ``train``/``profile``/``bench`` refuse them before launch naming the
   key and the value it can run (:func:`train_refusals`); ``plan`` and ``simulate`` still work;
 * **not used**: MindFormers keys that change nothing in a hyperparallel run (graph-mode, logging,
   evaluation and prediction settings): ``train`` names them once (:func:`unused_keys`).
@@ -231,23 +231,18 @@ _OLD_SECTION_KEYS = {
     "runner_config.has_trained_steps": "not read; resume with hyperparallel train --resume / --resume-from",
     "runner_config.per_epoch_size": "not a runner_config key of MindFormers 1.9.0; the steps come from "
                                     "runner_config.epochs and the data set (or train.steps)",
-    "runner_wrapper.sens": "loss scaling is not supported (MindFormers 1.9.0 spells it scale_sense); remove it",
+    "runner_wrapper.sens": "MindFormers 1.9.0 spells the loss scale scale_sense; give runner_wrapper.scale_sense",
     "runner_wrapper.enable_global_norm": "MindFormers 1.9.0 spells clipping use_clip_grad (with max_grad_norm); "
                                          "give those",
-    "runner_wrapper.enable_check_overflow": "overflow checks come with loss scaling, which is not supported; "
+    "runner_wrapper.enable_check_overflow": "overflow checks come with the loss scale (runner_wrapper.scale_sense); "
                                             "remove it",
 }
 
 
 def _scale_sense_ok(v) -> bool:
-    """A loss scale of 1 (none) is what the runtime does; any other scale is refused."""
-    if v is None:
-        return True
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v) == 1.0
-    if isinstance(v, dict) and v.get("type") == "FixedLossScaleUpdateCell":
-        return float(v.get("loss_scale_value", 1)) == 1.0
-    return False
+    """A loss scale the runtime applies: a number or a loss-scale update cell (its fields are checked by
+    :func:`hyperparallel.recipe.train.loss_scale_of`)."""
+    return v is None or isinstance(v, dict) or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def train_refusals(raw: dict, device: str) -> List[Tuple[str, str]]:
@@ -277,8 +272,9 @@ def train_refusals(raw: dict, device: str) -> List[Tuple[str, str]]:
     if rw.get("type") is not None and rw["type"] not in WRAPPERS:
         out.append(("runner_wrapper.type", f"{rw['type']!r} unknown; allowed: {', '.join(WRAPPERS)}"))
     if not _scale_sense_ok(rw.get("scale_sense")):
-        out.append(("runner_wrapper.scale_sense", f"{rw['scale_sense']!r}: loss scaling is not supported; give 1.0 "
-                                                  "(float32 and bfloat16 training need none)"))
+        out.append(("runner_wrapper.scale_sense", f"{rw['scale_sense']!r}: give a number (a static scale; 1.0: none) "
+                                                  "or {type: DynamicLossScaleUpdateCell | FixedLossScaleUpdateCell, "
+                                                  "loss_scale_value, ...}"))
     ctx = _section(raw, "context")
     if "mode" in ctx and ctx["mode"] not in (1, "PYNATIVE_MODE"):
         out.append(("context.mode", f"{ctx['mode']!r}: hyperparallel's runtime runs PyNative; give 1 (PYNATIVE_MODE)"))

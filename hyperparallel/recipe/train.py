@@ -163,6 +163,52 @@ class LRSpec:
         return f"{self.type} (MindFormers) lr {self.learning_rate:g}{extra}, total_steps {kw['total_steps']}"
 
 
+#: ``runner_wrapper.scale_sense: {type: ...}``: MindSpore's loss-scale update cells (``mindspore.nn``) and
+#: the fields each takes; MindFormers' template default for the dynamic one's (65536, 2, 1000)
+LOSS_SCALE_CELLS = {"DynamicLossScaleUpdateCell": ("loss_scale_value", "scale_factor", "scale_window"),
+                    "FixedLossScaleUpdateCell": ("loss_scale_value",)}
+MF_LOSS_SCALE = {"loss_scale_value": 65536, "scale_factor": 2, "scale_window": 1000}
+SCALE_KEY = "runner_wrapper.scale_sense"
+
+
+@dataclass(frozen=True)
+class LossScaleSpec:
+    """Loss scaling (``runner_wrapper.scale_sense``): the backward's seed on the last stage is the scale, every
+    rank unscales its gradients before clipping; a step whose gradients overflow (not finite, loss finite) is
+    skipped on every rank; ``dynamic`` then divides the scale by ``factor`` (not below 1) and multiplies it by
+    ``factor`` after ``window`` finite steps in a row (MindSpore's ``DynamicLossScaleUpdateCell``)."""
+
+    kind: str          # dynamic | static
+    value: float       # the (initial) scale
+    factor: int = 2
+    window: int = 1000
+
+    def describe(self) -> str:
+        if self.kind == "static":
+            return f"loss scale {self.value:g} (static, {SCALE_KEY})"
+        return (f"loss scale {self.value:g} (dynamic: /{self.factor:g} on overflow, x{self.factor:g} after "
+                f"{self.window} finite steps; {SCALE_KEY})")
+
+
+def loss_scale_of(rw) -> Optional[LossScaleSpec]:
+    """``runner_wrapper.scale_sense``: a number (a static scale; 1: none) or ``{type: DynamicLossScaleUpdateCell |
+    FixedLossScaleUpdateCell, loss_scale_value, scale_factor, scale_window}``; None: no loss scaling."""
+    v = rw.get("scale_sense") if isinstance(rw, dict) else None
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        value = _number(SCALE_KEY, v, 1.0)
+        return None if value == 1.0 else LossScaleSpec("static", value)
+    kind = _typed(SCALE_KEY, v, LOSS_SCALE_CELLS)
+    value = _number(f"{SCALE_KEY}.loss_scale_value", v.get("loss_scale_value", MF_LOSS_SCALE["loss_scale_value"]), 1.0)
+    if kind == "FixedLossScaleUpdateCell":
+        return None if value == 1.0 else LossScaleSpec("static", value)
+    # MindSpore's DynamicLossScaler takes a positive whole factor
+    factor = whole(f"{SCALE_KEY}.scale_factor", v.get("scale_factor", MF_LOSS_SCALE["scale_factor"]), 1, 2 ** 16)
+    window = whole(f"{SCALE_KEY}.scale_window", v.get("scale_window", MF_LOSS_SCALE["scale_window"]), 1, MAX_STEPS)
+    return LossScaleSpec("dynamic", value, int(factor), int(window))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimizer, schedule, clipping and loop knobs of a run (see the module docstring)."""
@@ -182,6 +228,7 @@ class TrainConfig:
     opt: OptimizerSpec = field(default=None, compare=False)
     schedule: LRSpec = field(default=None, compare=False)
     max_grad_norm: Optional[float] = None   # clip the global gradient norm to this (MindFormers' ClipGradNorm)
+    loss_scale: Optional[LossScaleSpec] = None   # runner_wrapper.scale_sense (None: no loss scaling)
     steps_given: bool = False               # train.steps was written (else the default, or runner_config.epochs)
     keys: Tuple[Tuple[str, str], ...] = ()  # setting -> the recipe key that gave it (logs)
 
@@ -260,7 +307,7 @@ class TrainConfig:
         else:
             clip = _clipping(rw, _wrapper_clips_by_default(rw, _pipeline_stage(raw)))
         keys["clip"] = "runner_wrapper" if rw is not None else ("MindFormers' default" if mf else "none")
-        return TrainConfig(seed=seed, steps=sec.get("steps", 20), lr=sched.learning_rate,
+        return TrainConfig(loss_scale=loss_scale_of(rw),seed=seed, steps=sec.get("steps", 20), lr=sched.learning_rate,
                            optimizer=opt.type.lower() if opt.type in ("Adam", "SGD") and not opt.grouped else opt.type,
                            save_every=sec.get("save_every", 0), opt=opt,
                            hang_timeout_s=float(sec.get("hang_timeout_s", 20.0)),
@@ -277,6 +324,7 @@ class TrainConfig:
         loss = "mean over answer tokens" if self.loss_normalization == "tokens" else "mean of micro-batch means"
         update = ", update op by op (train.optimizer_compile: eager)" if self.optimizer_compile == "eager" else ""
         skip = ", non-finite steps skipped (train.nonfinite: skip)" if self.nonfinite == "skip" else ""
+        skip += f", {self.loss_scale.describe()}" if self.loss_scale else ""
         return (f"optimizer {self.opt.type}{' (' + kw + ')' if kw else ''}{update}, "
                 f"{self.schedule.describe(total_steps)}, {clip}, seed {self.seed} ({keys['seed']}), loss {loss}{skip}")
 
@@ -352,7 +400,8 @@ def _mindformers_optimizer(opt, sched) -> Tuple[OptimizerSpec, LRSpec]:
         raise SpecError("optimizer.swap", "true (optimizer state offload) is not supported; give false")
     _not_a_string("optimizer.loss_scale", kw.get("loss_scale"))
     if kw.get("loss_scale", 1.0) != 1.0:
-        raise SpecError("optimizer.loss_scale", f"{kw['loss_scale']!r}: loss scaling is not supported; give 1.0")
+        raise SpecError("optimizer.loss_scale", f"{kw['loss_scale']!r}: the optimizer's own loss scale is not "
+                                                "supported; give 1.0 (the loss scale is runner_wrapper.scale_sense)")
     st = _typed("lr_schedule", sched, LR_FIELDS)
     if "learning_rate" not in sched:
         raise SpecError("lr_schedule.learning_rate", "missing")

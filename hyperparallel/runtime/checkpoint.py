@@ -83,8 +83,9 @@ class Saver:
 
     def __init__(self, save_dir: str, comm, plan, chunks, opt, source, meta: dict, fmt: str = "safetensors",
                  extra_files: Optional[Dict[str, str]] = None, digests: bool = True,
-                 tied: Optional[Dict[str, str]] = None):
+                 tied: Optional[Dict[str, str]] = None, loss_scale=None):
         self.comm, self.plan, self.fmt, self.digests = comm, plan, fmt, digests
+        self.loss_scale = loss_scale   # the run's LossScale (.loss_scale): its state goes into meta.json
         self.extra_files = dict(extra_files or {})   # {name: text} rank 0 writes into every step directory
         self.save_dir = save_dir
         owners = chunk_owners(plan)
@@ -216,7 +217,8 @@ class Saver:
             with open(side) as f:
                 records[name] = json.load(f)
             os.remove(side)
-        seal_step(d, dict(self.meta, step=step,
+        scale = {"loss_scale": self.loss_scale.state()} if self.loss_scale is not None and self.loss_scale.on else {}
+        seal_step(d, dict(self.meta, step=step, **scale,
                           data_position={"next_step": step, "micro_batch": 0,
                                          "micro_batches_per_step": self.plan.num_micro * self.plan.data_parallel,
                                          **self.source.position(step)}), records, self.digests)
@@ -347,10 +349,11 @@ MINDFORMERS_RESUME_KEYS = ("step_num", "epoch_num", "loss_scale")
 
 
 def mindformers_resume_values(src: Source) -> dict:
-    """``step_num`` (the steps done), ``loss_scale`` (1: no loss scaling) and, where the data position is
+    """``step_num`` (the steps done), ``loss_scale`` (the loss scale then, ``meta.json``'s; 1: no loss scaling) and, where the data position is
     saved, ``epoch_num`` (the 1-based epoch of the last step done, as MindFormers' CheckpointMonitor saves
     it: its resume subtracts one when the step is inside an epoch), as int64/float32 scalar Parameters."""
-    values = {"step_num": ms.Tensor(int(src.step), ms.int64), "loss_scale": ms.Tensor(1.0, ms.float32)}
+    scale = float(((src.meta or {}).get("loss_scale") or {}).get("loss_scale", 1.0))   # the run's loss scale then
+    values = {"step_num": ms.Tensor(int(src.step), ms.int64), "loss_scale": ms.Tensor(scale, ms.float32)}
     pos = (src.meta or {}).get("data_position") or {}
     if "epoch" in pos and "index" in pos:
         values["epoch_num"] = ms.Tensor(int(pos["epoch"]) + (1 if int(pos["index"]) else 0), ms.int64)

@@ -79,6 +79,7 @@ class Interpreter:
         self.num_chunks = {r: 1 + max(c.index for c in plan.chunks if c.region == r) for r in self.regions}
         self.chunk_stop = {(c.region, c.index): c.stop for c in plan.chunks}
         self.loss_chunk = (self.regions[-1], self.num_chunks[self.regions[-1]] - 1)  # returns the loss
+        self.loss_seed = 1.0   # the loss chunk's backward seed: the loss scale of the step (set by the rank's step)
         self.total_micro = plan.num_micro * max(1, plan.data_parallel)
         self.loss_normalization = loss_normalization
         self._scales: Dict[int, List[float]] = {}   # loss scale of every global micro-batch, by step
@@ -270,8 +271,9 @@ class Interpreter:
     def sens(self, key: Key, out: Tensor) -> Tensor:
         if key in self.out_grads:
             return self.out_grads.pop(key)
-        if key[:2] == self.loss_chunk:
-            return ops.ones_like(out)
+        if key[:2] == self.loss_chunk:   # the seed: 1, or the loss scale (runner_wrapper.scale_sense)
+            seed = ops.ones_like(out)
+            return seed if self.loss_seed == 1.0 else seed * self.loss_seed
         raise RuntimeError(f"device {self.device}: no output gradient for {key} (missing RECV grad?)")
 
     def input_grad(self, key: Key, out: Tensor, sens: Tensor, keep: bool) -> None:

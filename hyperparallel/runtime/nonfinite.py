@@ -8,7 +8,9 @@ default) every rank raises :class:`NonFiniteStep`; the worker prints a :data:`NO
 :data:`NONFINITE_EXIT`, which the launcher reports naming the step: nothing of that step is saved, the last
 checkpoint is the one before it. With ``skip`` no rank updates in that step (as MindSpore's loss-scale
 overflow check skips the optimizer: its ``global_step`` stays, so a schedule is not advanced either); the
-metrics line says ``skipped`` and the skipped steps are counted.
+metrics line says ``skipped`` and the skipped steps are counted. With a loss scale
+(``runner_wrapper.scale_sense``) a finite loss with a non-finite gradient norm is an overflow, not this: the
+step is skipped whatever ``train.nonfinite`` says and a dynamic scale goes down (:mod:`.loss_scale`).
 
 Pure Python: the launcher reads the line prefix and exit status without MindSpore.
 """

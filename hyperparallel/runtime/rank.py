@@ -4,7 +4,9 @@ and the bench all use.
 From a plan, a model adapter, a data source and the train settings, :class:`RankRuntime` creates the
 plan's communication groups, builds this rank's chunks through the adapter, the interpreter (with the
 caller's hooks), the optimizer, and the checkpoint saver and loader; :meth:`RankRuntime.step` runs
-one optimizer step (the plan's next-step prologue before the first one).
+one optimizer step (the plan's next-step prologue before the first one). With a loss scale
+(``runner_wrapper.scale_sense``, :mod:`.loss_scale`) the step seeds the backward with it, unscales the
+gradients before the norm and clipping, and skips the update on every rank when they overflow.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from hyperparallel.mpipe import ir
 from hyperparallel.recipe.train import TrainConfig
 from hyperparallel.runconfig import check_regions
 from . import checkpoint, compiled, nonfinite, sharded
+from .loss_scale import LossScale
 from .hooks import Hooks
 from .interpreter import Interpreter
 from .optim import Optimizer, clip_scale, scaled, square_sum
@@ -104,6 +107,8 @@ class StepResult:
     compile_s: float = 0.0   # their first calls' time (compile + one run), part of program_s
     stop: bool = False       # some rank asked to stop after this step (agreed by every rank)
     skipped: bool = False    # the loss or grad norm was not finite: no update (train.nonfinite: skip)
+    loss_scale: float = 1.0  # the loss scale of this step (runner_wrapper.scale_sense; 1: none)
+    overflow: bool = False   # loss scaling: the gradients overflowed: no update, a dynamic scale lowered
 
     @property
     def step_s(self) -> float:
@@ -160,7 +165,8 @@ class RankRuntime:
         self.counted_shares = counted_params(plan, self.chunks, comm.device, 0, self.interp.tied) & updated
         self.next_step = 0
         self._started = False
-        self.steps_skipped = 0   # steps of this process without an update (train.nonfinite: skip)
+        self.steps_skipped = 0   # steps of this process without an update (train.nonfinite: skip, overflow)
+        self.scaler = LossScale(getattr(train, "loss_scale", None))   # runner_wrapper.scale_sense
 
     @property
     def rank(self) -> int:
@@ -187,8 +193,10 @@ class RankRuntime:
             self.interp.run_prologue(s)   # next-step (spill) work of the first step; nothing for most plans
             self._started = True
         t0 = time.perf_counter()
+        scale = self.scaler.value
+        self.interp.loss_seed = scale   # the backward's seed on the last stage (loss scaling; 1: none)
         part = self.interp.run_step(s)
-        grads = self.interp.step_grads()
+        grads = scaled(self.interp.step_grads(), 1.0 / scale)   # unscaled before the norm, clipping, the update
         t1 = time.perf_counter()
         # one all-reduce: the step loss, the global gradient norm's square (clipping needs it before
         # the update) and the stop wishes
@@ -204,18 +212,23 @@ class RankRuntime:
         norm = max(sq, 0.0) ** 0.5   # max keeps a NaN (no comparison with it is true)
         lr = self.optimizer.lr(s)
         bad = nonfinite.verdict(loss, norm)   # the same reduced numbers, so the same verdict, on every rank
-        if bad:
+        overflow = bool(bad) and self.scaler.on and nonfinite.finite(loss)
+        if overflow:   # loss scaling: the gradients overflowed: no update on any rank, a dynamic scale goes down
+            self.steps_skipped += 1
+            self.scaler.update(False)
+        elif bad:
             ranks = self._nonfinite_ranks(part, sq_local)
             if self.train.nonfinite != "skip":
                 raise nonfinite.NonFiniteStep(s, bad, ranks)
             self.steps_skipped += 1
         else:
             self.optimizer.step(scaled(grads, clip_scale(norm, self.train.max_grad_norm)))
+            self.scaler.update(True)
         t3 = time.perf_counter()
         self.next_step = s + 1
         new = [t for b in self.bodies.values() for t in b.take_new()]
         return StepResult(s, loss, grads, t1 - t0, t3 - t2, t2 - t1, norm, lr, len(new), sum(new), stop=stops > 0,
-                          skipped=bool(bad))
+                          skipped=bool(bad), loss_scale=scale, overflow=overflow)
 
     def _nonfinite_ranks(self, part: float, sq_local: float) -> list:
         """The ranks whose own share of a non-finite step (loss part, counted gradients' square sum) was not
@@ -251,7 +264,8 @@ class RankRuntime:
         meta.setdefault("optimizer", self.train.optimizer)
         meta.setdefault("processor", processor_record(getattr(self.source, "cfg", None)))   # ckpt --export-hf
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
-                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied)
+                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied,
+                                loss_scale=self.scaler)
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks
@@ -259,6 +273,7 @@ class RankRuntime:
         and makes that step the next; CheckpointError if it does not fit."""
         step, with_state = checkpoint.restore_with_data(src, self.comm, self.chunks, self.optimizer, self.source,
                                                         self.model.checkpoint_name)
+        self.scaler.load((src.meta or {}).get("loss_scale") or {})   # a dynamic scale continues where it was
         self.next_step, self._started = step, False
         return step, with_state
 

@@ -5,7 +5,9 @@ same loss scales as the pipeline (``train.loss_normalization``, :mod:`hyperparal
 the mean over the step's answer tokens, or of the micro-batch means); the micro-batches are read in
 position order (``data.balance`` regroups a step's samples in the pipeline only: the same samples, so
 with token normalization the same loss); the gradient comes from
-``mindspore.value_and_grad`` (public API, independent of the runtime's tape autograd). The model
+``mindspore.value_and_grad`` (public API, independent of the runtime's tape autograd). With loss scaling
+(``runner_wrapper.scale_sense``) the gradient is of the loss times the scale, unscaled before the norm, and a
+step whose gradients overflow is skipped with the same scaler as the ranks (:mod:`.loss_scale`). The model
 is the adapter's :meth:`~hyperparallel.models.base.ModelAdapter.reference` (e.g. mindone's whole
 model called as users call it) or, by default, its chunks chained (:class:`ChunkChain`).
 """
@@ -19,6 +21,7 @@ from hyperparallel.data.loss_norm import loss_scales
 from hyperparallel.models.lora import trained
 from hyperparallel.runconfig import RunConfig
 from . import nonfinite
+from .loss_scale import LossScale
 from .optim import Optimizer, clip_scale, scaled, square_sum
 
 
@@ -53,6 +56,8 @@ class Reference:
         self.opt = Optimizer(self.params, rc.train, total_steps or rc.train.steps)
         self.grad_norm, self.lr = 0.0, 0.0   # of the last step
         self.skipped, self.steps_skipped = False, 0   # the last step had no update; steps so (train.nonfinite)
+        self.scaler = LossScale(getattr(rc.train, "loss_scale", None))
+        self.overflow, self.loss_scale = False, 1.0   # the last step's overflow verdict and loss scale
 
     def all_params(self) -> list:
         """Every parameter of the model a checkpoint holds (trained or in a frozen region; not the base weights
@@ -67,7 +72,9 @@ class Reference:
         from .checkpoint import restore_with_data
         from .comm import LocalComm
         chunks = {str(i): cell for i, cell in enumerate(self.cells)}
-        return restore_with_data(src, LocalComm(), chunks, self.opt, self.source, self.model.checkpoint_name)
+        out = restore_with_data(src, LocalComm(), chunks, self.opt, self.source, self.model.checkpoint_name)
+        self.scaler.load((src.meta or {}).get("loss_scale") or {})
+        return out
 
     def step(self, step: int):
         """Returns (loss, {param name: grad}) of this step, after applying the update; a non-finite loss or
@@ -76,22 +83,28 @@ class Reference:
         mbs = [self.source.micro_batch(step, m) for m in range(self.num_micro)]
         scales = loss_scales(self.source, step, self.num_micro, self.rc.train.loss_normalization)
 
+        seed = self.loss_scale = self.scaler.value
+
         def total(_):
             loss = 0.0
             for mb, scale in zip(mbs, scales):
                 loss = loss + self.whole.loss(mb, scale)
-            return loss
+            return loss if seed == 1.0 else loss * seed   # the gradient is of the scaled loss
         loss, grads = ms.value_and_grad(total, None, weights=self.params)(ms.Tensor(0.0))
-        named = {p.name: g for p, g in zip(self.params, grads)}
+        named = scaled({p.name: g for p, g in zip(self.params, grads)}, 1.0 / seed)
         self.grad_norm = square_sum(list(named.values()), compiled=self.rc.train.optimizer_compile != "eager") ** 0.5
         self.lr = self.opt.lr(step)
-        value = float(loss.asnumpy())
+        value = float(loss.asnumpy()) / seed
         bad = nonfinite.verdict(value, self.grad_norm)   # before the update, as the pipeline decides it
         self.skipped = bool(bad)
-        if bad and self.rc.train.nonfinite != "skip":
+        self.overflow = bool(bad) and self.scaler.on and nonfinite.finite(value)
+        if bad and not self.overflow and self.rc.train.nonfinite != "skip":
             raise nonfinite.NonFiniteStep(step, bad)
         if bad:
             self.steps_skipped += 1
+            if self.overflow:
+                self.scaler.update(False)
         else:
             self.opt.step(scaled(named, clip_scale(self.grad_norm, self.rc.train.max_grad_norm)))
+            self.scaler.update(True)
         return value, {k: v.asnumpy() for k, v in named.items()}

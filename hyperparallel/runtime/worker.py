@@ -83,11 +83,15 @@ class StepLog:
                 "tokens_per_s": self.tokens / res.step_s if res.step_s > 0 else None,
                 "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped,
                 "compile": self.compile_mode, "compiles": res.compiles, "compile_s": res.compile_s,
-                "skipped": bool(getattr(res, "skipped", False)), "steps_skipped": self.steps_skipped}
+                "skipped": bool(getattr(res, "skipped", False)), "steps_skipped": self.steps_skipped,
+                "loss_scale": getattr(res, "loss_scale", 1.0), "overflow": bool(getattr(res, "overflow", False))}
 
     def line(self, r: dict) -> str:
         skip = (f" skipped: not finite, no update (train.nonfinite: skip; {r['steps_skipped']} so far)"
                 if r.get("skipped") else "")
+        if r.get("overflow"):
+            skip = (f" skipped: gradient overflow at loss scale {r['loss_scale']:g}, no update "
+                    f"(runner_wrapper.scale_sense; {r['steps_skipped']} so far)")
         return (f"[{self.name}] step {r['step']}/{self.steps} loss {r['loss']:.6f} lr {r['lr']:.3e} "
                 f"grad_norm {r['grad_norm']:.4f}{skip} step_time {r['step_time_s']:.3f}s "
                 f"{r['samples_per_s'] or 0:.1f} samples/s {r['tokens_per_s'] or 0:.0f} tokens/s "
@@ -291,8 +295,8 @@ class _CaseRun:
         if self.metrics:
             self.metrics.close()
         if comm.rank == 0 and self.log.steps_skipped:
-            print(f"[{name}] train.nonfinite: skip: {self.log.steps_skipped} of {self.steps - self.start} step(s) "
-                  "skipped (a non-finite loss or grad norm; no update)", flush=True)
+            print(f"[{name}] {self.log.steps_skipped} of {self.steps - self.start} step(s) skipped (a non-finite loss "
+                  "or grad norm, or a loss-scale overflow; no update)", flush=True)
         from hyperparallel.runtime.compiled import summary
         line = summary(rt.bodies, comm.rank)
         if line:

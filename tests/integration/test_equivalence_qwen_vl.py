@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("mindspore", reason="mindspore is not installed")
 pytest.importorskip("mindone", reason="mindone is not installed")
 
-from helpers import (LAST_STEP_TOL, assert_equivalent, case_name, dumped, job_case, launch_cases,  # noqa: E402
+from helpers import (LAST_STEP_TOL, _assert_grads, assert_equivalent, assert_memory_predicted,  # noqa: E402
+                     measured_memory, case_name, dumped, job_case, launch_cases,
                      reference_run)
 from hyperparallel.recipe import load_recipe  # noqa: E402
 
@@ -58,6 +59,14 @@ ZERO_ADAMW = ("parallel_config.pipeline_stage=1", "parallel_config.data_parallel
               "lr_schedule={type: CosineWithWarmUpLR, learning_rate: 3.0e-3, lr_end: 1.0e-4, warmup_ratio: 0.0, "
               "total_steps: 3}")
 M1 = ("parallel_config.micro_batch_num=1",)
+# mixed precision (issue 37): float16 compute, float32 master weights, a dynamic loss scale that overflows at
+# step 1 (2**18 on this model: the step is skipped on every rank, the scale halves), then two updates
+FP16 = ("model.model_config.dtype=float16",
+        "runner_wrapper={use_clip_grad: true, max_grad_norm: 1.0, scale_sense: {type: DynamicLossScaleUpdateCell, "
+        "loss_scale_value: 262144, scale_factor: 2, scale_window: 2}}")
+FP16_SCALES = [(262144.0, True), (131072.0, False), (131072.0, False)]   # (loss scale, overflow) of steps 1-3
+FP16_GRAD_TOL = 1e-3   # last-step gradients, of each parameter's largest
+FP16_RTOL = 1e-5   # measured: the pipeline's losses equal the float16 reference's bit for bit (0.0)
 TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
 
 
@@ -158,9 +167,16 @@ def two_rank(tmp_path_factory, demo, hf_dir):
                        dump_dir=os.path.join(tmp, "dump", "d2_first")))
     cases.append(_case(tmp, demo, Q25, "1f1b", False, ZERO_ADAMW + ("train.zero=1",), M1, save_dir=d2_ckpt,
                        resume=True, dump_dir=os.path.join(tmp, "dump", "zero1_resumed_from_d2")))
+    cases.append(_fp16_case(tmp, demo))
     launch_cases(tmp, cases, 2, timeout=1500)
     named = {os.path.basename(c["dump_dir"]): c for c in cases}
     return named, save
+
+
+def _fp16_case(tmp, demo):
+    """The float16 case: transpose (encoder activations cross ranks in float16), saved at its end."""
+    return _case(tmp, demo, Q25, "transpose", False, FP16, save_dir=os.path.join(tmp, "ckpt_fp16"),
+                 dump_dir=os.path.join(tmp, "dump", "fp16"), run_dir=os.path.join(tmp, "run", "fp16"))
 
 
 @pytest.mark.msrun
@@ -462,3 +478,97 @@ def test_tied_checkpoint_resumes_exactly_under_another_pipeline_size(four_rank, 
     assert len(per_rank[EMBED]) == 2
     for g in per_rank[EMBED]:
         np.testing.assert_allclose(g, want, rtol=LAST_STEP_TOL, atol=LAST_STEP_TOL * float(np.abs(want).max()))
+
+
+def _fp16_reference(demo):
+    """The single-process float16 reference (the same casts and scaler): (losses, (scale, overflow) per step,
+    last step's gradients)."""
+    from hyperparallel.runtime import compat
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runtime.reference import Reference
+    compat.setup_device("CPU")
+    recipe = load_recipe(Q25, _overrides(demo, False, FP16))
+    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,
+                    {r.name: True for r in recipe.profile.regions})
+    losses, scales, grads = [], [], None
+    for s in range(STEPS):
+        loss, grads = ref.step(s)
+        losses.append(loss)
+        scales.append((ref.loss_scale, ref.overflow))
+    return losses, scales, grads
+
+
+@pytest.mark.msrun
+def test_float16_with_dynamic_loss_scaling_trains_like_the_float16_reference(two_rank, demo):
+    """float16 compute with a dynamic loss scale on 2 ranks: 3 losses within FP16_RTOL of the single-process
+    float16 reference, the same overflow verdict (step 1 skipped on every rank, the scale halved; the metrics
+    line says so), the last step's gradients of every parameter within LAST_STEP_TOL, and the master weights
+    and gradients float32."""
+    case = two_rank[0]["fp16"]
+    losses, scales, ref_grads = _fp16_reference(demo)
+    got, _ = dumped(case["dump_dir"])
+    np.testing.assert_allclose(got["losses"], losses, rtol=FP16_RTOL)
+    assert scales == FP16_SCALES
+    with open(os.path.join(case["run_dir"], "metrics.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    assert [(r["loss_scale"], r["overflow"], r["skipped"]) for r in recs] == [(s, o, o) for s, o in FP16_SCALES]
+    assert recs[0]["grad_norm"] is None and recs[-1]["steps_skipped"] == 1
+    _, last = dumped(case["dump_dir"], grads_of="last")
+    assert {g.dtype for per_rank in last.values() for g in per_rank} == {np.dtype(np.float32)}
+    worst = max(float(np.abs(g - ref_grads[n]).max()) / float(np.abs(ref_grads[n]).max())
+                for n, per_rank in last.items() for g in per_rank)
+    print("fp16: worst last-step grad error (of the parameter's largest):", worst, "worst loss error (relative):",
+          max(abs(a - b) / abs(b) for a, b in zip(got["losses"], losses)))
+    _assert_grads(case["name"], last, ref_grads, "step-3 (float16)", FP16_GRAD_TOL)
+    # memory: float32 master weights (4 bytes an element, no float16 copy kept), float32 gradients, Adam's two
+    # float32 moments; the cost model's static bytes and held forwards
+    recipe = load_recipe(Q25, _overrides(demo, False, FP16))
+    assert_memory_predicted(case, recipe)
+    elements = {n: int(np.prod(g[0].shape)) for n, g in last.items()}
+    for rank, steps in measured_memory(case["dump_dir"]).items():
+        assert steps[0]["grads_bytes"] == steps[0]["params_bytes"] == steps[0]["optimizer_bytes"] // 2, rank
+    assert sum(m[0]["params_bytes"] for m in measured_memory(case["dump_dir"]).values()) == \
+        4 * sum(elements[n] * len(last[n]) for n in last)   # every copy a rank holds (an element once per holder)
+    # activations: the float32 twin (same schedule, data, micro-batches) holds the same forwards; every boundary
+    # tensor but the pixels and the loss is float16 here, so each held set's bytes are below its float32 bytes
+    # and at least half of them
+    twin = measured_memory(two_rank[0][_name(Q25, "transpose", False)]["dump_dir"])
+    for rank, steps in measured_memory(case["dump_dir"]).items():
+        for m, m32 in zip(steps, twin[rank]):
+            assert m32["peak_held_bytes"] / 2 <= m["peak_held_bytes"] < m32["peak_held_bytes"], (rank, m, m32)
+
+
+@pytest.mark.msrun
+def test_float16_checkpoint_keeps_float32_master_weights_and_loads_into_a_float32_run(two_rank, demo):
+    """The float16 run's checkpoint holds float32 weights and optimizer state under the model's names (what a
+    float32 run holds), records the loss scale, and a float32 model restores it exactly."""
+    from safetensors import safe_open
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.ckpt_files import resolve
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runtime.reference import Reference
+    case = two_rank[0]["fp16"]
+    src = resolve(os.path.join(case["save_dir"], f"step_{STEPS}"))
+    assert src.meta["loss_scale"] == {"loss_scale": 262144.0, "loss_scale_counter": 0}   # 2 finite steps: doubled
+    values = {}
+    for f in src.files:
+        with safe_open(f, "np") as st:
+            values.update({k: st.get_tensor(k) for k in st.keys()})
+    floats = {k: v.dtype for k, v in values.items() if v.dtype.kind == "f"}
+    assert floats and set(floats.values()) == {np.dtype(np.float32)}
+    compat.setup_device("CPU")
+    recipe = load_recipe(Q25, _overrides(demo, False))   # float32, no loss scale
+    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,
+                    {r.name: True for r in recipe.profile.regions})
+    step, with_state = ref.restore(src)
+    assert (step, with_state) == (STEPS, True)
+    params = {p.name: p for p in ref.all_params()}
+    assert set(params) <= set(values)
+    for name, p in params.items():
+        assert str(p.dtype) == "Float32" and np.array_equal(p.asnumpy(), values[name]), name
+    # a float16 run resuming it continues with the saved loss scale, not the recipe's initial one
+    fp16 = load_recipe(Q25, _overrides(demo, False, FP16))
+    again = Reference(RunConfig.from_raw(fp16.raw), fp16.micro_batch_num, {r.name: True for r in fp16.profile.regions})
+    again.scaler.update(False)   # (moved off the recipe's 262144 first, so the restore must set it)
+    again.restore(src)
+    assert again.scaler.state() == src.meta["loss_scale"]

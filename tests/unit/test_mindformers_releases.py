@@ -68,8 +68,8 @@ def test_train_names_the_top_level_ones_unused_and_refuses_the_section_ones():
     raw = load_recipe(ADAMW, ["recompute=True", "runner_wrapper.sens=1024", "runner_config.image_size=224"]).raw
     found = dict(schema.train_refusals(raw, "CPU"))
     assert found["recompute"].startswith("True is not supported; give false: no recompute")
-    assert found["runner_wrapper.sens"] == ("a key of MindFormers 1.0-1.5 configs: loss scaling is not supported "
-                                            "(MindFormers 1.9.0 spells it scale_sense); remove it")
+    assert found["runner_wrapper.sens"] == ("a key of MindFormers 1.0-1.5 configs: MindFormers 1.9.0 spells the loss "
+                                            "scale scale_sense; give runner_wrapper.scale_sense")
     assert found["runner_config.image_size"].startswith("a key of MindFormers 1.0-1.5 configs: not a runner_config")
     assert "recompute" not in schema.unused_keys(raw)   # refused, so not also called unused
 

@@ -1,4 +1,4 @@
-"""hyperparallel.models.mindone_cpu: every replacement against numpy (values, and float64
+"""hyperparallel.models.qwen_vl.cpu: every replacement against numpy (values, and float64
 finite-difference gradients where differentiable), tests pinning each CPU behaviour the layer works
 around (they fail, saying so, the day MindSpore changes it), apply / remove, and directional
 finite-difference checks of the whole tiny Qwen2.5-VL / Qwen3-VL gradients with the layer applied.

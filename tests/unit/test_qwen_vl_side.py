@@ -1,4 +1,4 @@
-"""hyperparallel.models.qwen_vl_side: every side input equals what mindone computes inside the tiny
+"""hyperparallel.models.qwen_vl.side: every side input equals what mindone computes inside the tiny
 Qwen2.5-VL / Qwen3-VL models (get_rope_index, create_causal_mask, the loss's label shift, the
 masked_scatter of image features, get_window_index + unique_consecutive, rot_pos_emb,
 fast_pos_embed_interpolate, cu_seqlens), and the vision towers run from these side inputs give

@@ -201,7 +201,7 @@ def test_training_settings_refused_naming_the_key(sections, key, words):
 @pytest.mark.parametrize("override,words", [
     ("parallel_config.model_parallel=2", "parallel_config.model_parallel: 2 is not supported; give 1"),
     ("recompute_config.recompute=true", "recompute_config.recompute: True is not supported"),
-    ("runner_wrapper.scale_sense=1024", "runner_wrapper.scale_sense: 1024: loss scaling is not supported"),
+    ("runner_wrapper.scale_sense=[1024]", "runner_wrapper.scale_sense: [1024]: give a number (a static scale"),
     ("runner_config.gradient_accumulation_steps=4", "raise parallel_config.micro_batch_num instead"),
     ("context.mode=0", "context.mode: 0: hyperparallel's runtime runs PyNative"),
     ("context.device_target=Ascend", "context.device_target: 'Ascend' differs from device: CPU"),

@@ -43,6 +43,19 @@ def build_network(adapter):
     if adapter.lora is not None:   # PEFT's adapters on the whole model, before any cut (:mod:`.lora`)
         from ..lora import inject
         adapter.peft = inject(net, adapter.lora)
+    return with_precision(net, adapter.precision()[0])
+
+
+def with_precision(net, dtype: str):
+    """``net`` computing in ``dtype`` with its Parameters kept float32 (the master weights): MindSpore's own
+    mixed precision, ``mindspore.amp.auto_mixed_precision(net, "O2", dtype)``, which sets every cell's
+    ``to_float`` in place (its float inputs and weights are cast at use, so the tape's gradients reach the
+    float32 Parameters; MindSpore's black-list cells, its norms, stay float32). float32: ``net`` unchanged.
+    The wrapper it returns (output cast to float32) is not used: chunks call the network's cells."""
+    if dtype == "float32":
+        return net
+    from mindspore import amp
+    amp.auto_mixed_precision(net, "O2", dtype=getattr(ms, dtype))
     return net
 
 

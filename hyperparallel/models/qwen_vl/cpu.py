@@ -19,7 +19,7 @@ Where it patches (the narrowest points that work; :func:`remove` restores all of
 Replacements (name as mindone calls it -> replacement: the MindSpore CPU behaviour behind it):
 
   mint.arange               -> numpy                  : kernel Arange unregistered (index-only use)
-  mint.linspace             -> numpy, torch's float32 formula (qwen_vl_side.torch_linspace) : LinSpaceExt missing
+  mint.linspace             -> numpy, torch's float32 formula (side.torch_linspace) : LinSpaceExt missing
   mint.ones_like/zeros_like -> ops.ones_like/zeros_like : OnesLikeExt / ZerosLikeExt missing
   mint.stack                -> ops.stack              : StackExt missing
   mint.outer                -> ops.outer              : Outer missing
@@ -39,7 +39,7 @@ Replacements (name as mindone calls it -> replacement: the MindSpore CPU behavio
   Tensor.repeat             -> ops.tile               : "'repeat' is not supported on this device"
   Tensor.clone              -> ops.deepcopy           : Clone missing; ops.identity returns the SAME
                                                         object in PyNative (aliasing), so it cannot stand in
-  get_rope_index (both)     -> numpy qwen_vl_side.rope_index : SILENTLY WRONG: a sum/any over an EMPTY
+  get_rope_index (both)     -> numpy side.rope_index : SILENTLY WRONG: a sum/any over an EMPTY
                                                         tensor returns uninitialised memory, so a text-only
                                                         sample next to an image sample gets garbage image
                                                         counts; its text-only branch calls in-place
@@ -265,17 +265,17 @@ def _rope_tensors(self, input_ids, image_grid_thw, video_grid_thw, attention_mas
 
 def _qwen25_get_rope_index(self, input_ids=None, image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None,
                            attention_mask=None):
-    """mindone's Qwen2_5_VLModel.get_rope_index, computed by qwen_vl_side.rope_index."""
+    """mindone's Qwen2_5_VLModel.get_rope_index, computed by side.rope_index."""
     return _rope_tensors(self, input_ids, image_grid_thw, video_grid_thw, attention_mask, second_per_grid_ts, False)
 
 
 def _qwen3_get_rope_index(self, input_ids=None, image_grid_thw=None, video_grid_thw=None, attention_mask=None):
-    """mindone's Qwen3VLModel.get_rope_index, computed by qwen_vl_side.rope_index."""
+    """mindone's Qwen3VLModel.get_rope_index, computed by side.rope_index."""
     return _rope_tensors(self, input_ids, image_grid_thw, video_grid_thw, attention_mask, None, True)
 
 
 def vision_cos_sin(angles) -> Tuple[Tensor, Tensor]:
-    """The vision towers' ``position_embeddings`` from ``qwen_vl_side``'s rotary angles (N, head_dim/2):
+    """The vision towers' ``position_embeddings`` from ``side``'s rotary angles (N, head_dim/2):
     ``emb = cat(angles, angles)`` and MindSpore's ``emb.cos(), emb.sin()``, exactly as mindone computes
     them (bit-exact on any device; numpy's cos/sin differ by an ulp)."""
     a = Tensor(np.ascontiguousarray(angles, np.float32))
