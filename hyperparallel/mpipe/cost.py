@@ -59,6 +59,7 @@ class Durations:
         for c in plan.chunks:
             last[c.region] = max(last.get(c.region, 0), c.stop)
         self.head = {(c.region, c.index): c.stop == last[c.region] for c in plan.chunks}
+        self.recompute = {(c.region, c.index) for c in plan.chunks if c.recompute}
         self._cache: Dict[tuple, float] = {}
 
     def compute(self, a: Action) -> float:
@@ -68,6 +69,17 @@ class Durations:
             ms = self._cache[key] = task_ms(self.profile.region(a.region), a.kind, self.layers[(a.region, a.chunk)],
                                             self.head[(a.region, a.chunk)]) + self.profile.action_overhead_ms
         return ms
+
+    def recomputed(self, region: str, chunk: int) -> bool:
+        return (region, chunk) in self.recompute
+
+    def input_mb(self, region: str, chunk: int) -> float:
+        """MB of a chunk's input: the previous chunk's region's ``output_mb`` (0 for the model input)."""
+        if chunk > 0:
+            return self.profile.region(region).output_mb
+        regions = self.plan.regions()
+        i = regions.index(region)
+        return 0.0 if i == 0 else self.profile.region(regions[i - 1]).output_mb
 
     def chunk_mb(self, region: str, chunk: int, per_layer: float) -> float:
         return per_layer * self.layers[(region, chunk)]
@@ -171,8 +183,9 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
     The activations of (region, chunk, micro-batch) live from the start of its forward (or
     recompute) to the end of its last backward task on that device (B, W or BW); a forward
     with no backward there, or whose task is recomputed there (central backward on the central
-    device), holds one layer's activations while it runs, and is not a held forward.
-    Static memory: :func:`static_memory`.
+    device), holds one layer's activations while it runs, and is not a held forward. The forward
+    of a recomputed chunk (``Chunk.recompute``) also keeps its input (:func:`input_mb`) from its
+    start to the start of its R. Static memory: :func:`static_memory`.
     """
     static_parts = static_memory(plan, lambda r, c: dur.chunk_mb(r, c, profile.region(r).param_mb),
                                  profile.optimizer_factor)
@@ -183,6 +196,7 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
         events = []
         last_bwd = {}
         recomputed = set()
+        recompute_at = {}
         for t in ex.timeline[d]:
             a = t.action
             if a.kind in (B, W, BW):
@@ -190,10 +204,15 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
                 last_bwd[key] = max(last_bwd.get(key, 0.0), t.end)
             elif a.kind == R:
                 recomputed.add((t.step + a.step, a.region, a.chunk, a.micro))
+                recompute_at[(t.step + a.step, a.region, a.chunk, a.micro)] = t.start
         for t in ex.timeline[d]:
             a = t.action
             if a.kind in (F, R):
                 key = (t.step + a.step, a.region, a.chunk, a.micro)
+                if a.kind == F and key in recompute_at and dur.recomputed(a.region, a.chunk):
+                    kept = dur.input_mb(a.region, a.chunk)   # the input, kept until the R
+                    events.append((t.start, 1, kept, None))
+                    events.append((recompute_at[key], 0, -kept, None))
                 mb = dur.chunk_mb(a.region, a.chunk, profile.region(a.region).activation_mb)
                 # a forward whose task is recomputed here keeps nothing: the recompute is held instead
                 end = None if a.kind == F and key in recomputed else last_bwd.get(key)
