@@ -109,7 +109,8 @@ def test_flat_offset_sets_the_cut_plan_and_simulate(tmp_path, cli):
     assert per_layer[3] > per_layer[2]   # the last chunk also runs the LM head
     out = cli("plan", p)
     assert out.returncode == 0, out.stderr
-    assert "layers llm: 9@0 10@1 12@2 9@3" in out.stdout
+    # the config's recompute_config.recompute: True recomputes every chunk (R)
+    assert "layers llm: 9@0R 10@1R 12@2R 9@3R" in out.stdout
 
 
 def test_nested_offset_interleaved(tmp_path):
@@ -310,7 +311,8 @@ def test_vl_simulate_1f1b_vs_transpose_without_a_profile(cli):
     out = cli("simulate", VL, "--schedule", "1f1b", "--schedule", "transpose", "--json", *heavy)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert [x["schedule"] for x in rows] == ["1f1b", "transpose"]
+    # the config's recompute_config.recompute: True recomputes the LLM in both (the schedule's name says it)
+    assert [x["schedule"] for x in rows] == ["1f1b(recompute=full)", "transpose(recompute=full)"]
     assert rows[1]["makespan_ms"] < rows[0]["makespan_ms"]
     assert "16.00 images per sample (data.images_per_sample)" in rows[0]["costs"]
     assert "1024 patches per image (448/14 squared)" in rows[0]["costs"]

@@ -77,7 +77,7 @@ class _Derivation:
                 raise SpecError(field, f"backward=central recomputes {r!r} already (from its shipped input); "
                                        f"allowed: none")
             mine = sorted((c for c in self.chunks if c.region == r), key=lambda c: c.index)
-            for c, k in zip(mine, rc.per_chunk(field, sk.recompute, mine)):
+            for c, k in zip(mine, rc.per_chunk(field, sk.recompute, [c.layers for c in mine])):
                 out[(r, c.index)] = k
         return out
 

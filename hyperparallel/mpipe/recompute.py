@@ -58,10 +58,9 @@ def is_on(spec: Spec) -> bool:
     return spec != NONE and not (isinstance(spec, tuple) and not any(spec))
 
 
-def per_chunk(field: str, spec: Spec, chunks: Sequence[Chunk]) -> List[int]:
-    """Recomputed layers of every chunk of one region (``chunks`` in index order), checked: K at most
-    the layers of each chunk, one count per chunk."""
-    sizes = [c.layers for c in chunks]
+def per_chunk(field: str, spec: Spec, sizes: Sequence[int]) -> List[int]:
+    """Recomputed layers of every chunk of one region (``sizes``: the chunks' layers, in index order),
+    checked: K at most the layers of each chunk, one count per chunk."""
     if spec == NONE:
         return [0] * len(sizes)
     if spec == FULL:
