@@ -307,12 +307,14 @@ def test_vl_simulate_1f1b_vs_transpose_without_a_profile(cli):
     work now exceeds what device 0's short first chunk absorbs) the frozen encoder leaves device 0's
     critical path under transpose; the estimate's assumptions are stated."""
     heavy = ["--set", "data={images_per_sample: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], "
-                      "video_prob: 0, image_size: 448, patch: 14, text_len: 4080}"]
+                      "video_prob: 0, image_size: 448, patch: 14, text_len: 4080}",
+             # without the config's LLM recompute: with it (one more forward in every LLM backward) the LLM's
+             # work per micro-batch grows and 1F1B's inline encoder costs less than transpose's prefixes here
+             "--set", "recompute_config.recompute=false"]
     out = cli("simulate", VL, "--schedule", "1f1b", "--schedule", "transpose", "--json", *heavy)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    # the config's recompute_config.recompute: True recomputes the LLM in both (the schedule's name says it)
-    assert [x["schedule"] for x in rows] == ["1f1b(recompute=full)", "transpose(recompute=full)"]
+    assert [x["schedule"] for x in rows] == ["1f1b", "transpose"]
     assert rows[1]["makespan_ms"] < rows[0]["makespan_ms"]
     assert "16.00 images per sample (data.images_per_sample)" in rows[0]["costs"]
     assert "1024 patches per image (448/14 squared)" in rows[0]["costs"]
