@@ -5,11 +5,11 @@ out: images of different sizes inside and across micro-batches, text-only sample
 left out. Losses of 3 optimizer steps within 1e-5 relative, every step-0 gradient within 1e-5.
 
 Launches: one on 2 ranks (Qwen2.5-VL: 1f1b, interleaved V=2, zb_h1, transpose owner and central,
-encoder frozen and trained; Qwen3-VL: transpose, and 1f1b with an uneven cut that carries a
-deepstack feature across the LLM boundary; a run started from a Hugging Face directory; a run that
-saves, exported to Hugging Face format afterwards; tied word embeddings: both models in every order, a zbv
-checkpoint resumed under 1f1b), one on 4 ranks (transpose P=4; tied: D=2 x P=2, and the 2-rank zbv
-checkpoint resumed with P=4).
+encoder frozen and trained; activation recompute, full and layers=1; Qwen3-VL: transpose, and 1f1b with an
+uneven cut that carries a deepstack feature across the LLM boundary; a run started from a Hugging Face
+directory; a run that saves, exported to Hugging Face format afterwards; tied word embeddings: both models in
+every order, a zbv checkpoint resumed under 1f1b), one on 4 ranks (transpose P=4; tied: D=2 x P=2, and the
+2-rank zbv checkpoint resumed with P=4).
 """
 import json
 import os
@@ -49,6 +49,11 @@ TIED_3 = [("1f1b", TIE3, M2), ("interleaved", TIE3 + INTERLEAVE, M2), ("transpos
           ("dualpipev", TIE3 + INTERLEAVE, ())]
 TIED_IDS = ["1f1b", "interleaved", "transpose", "transpose-central", "zbv", "dualpipev"]
 EMBED = "model.language_model.embed_tokens.weight"
+# activation recompute (issue 37.2), trained encoder. Interleaved V=2 cuts the 4 LLM layers into chunks of 1, so
+# its layers=1 is its full (the same plan: checked in process, not launched again)
+RECOMPUTE_25 = [("1f1b(recompute=full)", ()), ("1f1b(recompute=layers=1)", ()),
+                ("interleaved(recompute=full)", INTERLEAVE), ("transpose(recompute=full)", ()),
+                ("transpose(recompute=layers=1)", ())]
 TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
 
 
@@ -128,6 +133,7 @@ def two_rank(tmp_path_factory, demo, hf_dir):
             kw["run_dir"] = os.path.join(tmp, "run", s)
         cases.append(_case(tmp, demo, Q25, s, False, ex, micro, **kw))
     cases += [_case(tmp, demo, Q3, s, False, ex, micro) for s, ex, micro in TIED_3]
+    cases += [_case(tmp, demo, Q25, s, False, ex) for s, ex in RECOMPUTE_25]
     # resumed from zbv's step 3 under 1f1b (the copies re-tied on two ranks): the 4th step as the reference's
     cases.append(_case(tmp, demo, Q25, "1f1b", False, TIE, (), steps=TIED_REF_STEPS, save_dir=tied_save, resume=True,
                        dump_dir=os.path.join(tmp, "dump", "tied_resumed")))
@@ -145,6 +151,26 @@ def test_qwen2_5_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, fro
     if extra:
         assert len([c for c in case["plan"]["chunks"] if c["region"] == "llm"]) == 4   # V = 2
     assert_matches(demo, case)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra", RECOMPUTE_25, ids=[s for s, _ in RECOMPUTE_25])
+def test_qwen2_5_vl_recompute_trains_like_mindones_model_and_holds_what_the_cost_model_says(two_rank, demo, schedule,
+                                                                                          extra):
+    """Recompute full and layers=1 under 1f1b, interleaved and transpose: losses of 3 steps and the gradients
+    equal mindone's whole model's; every rank's held forwards and held bytes (its boundary tensors, recomputed
+    forwards' kept inputs included, images of other sizes every step) equal the cost model's."""
+    from helpers import assert_memory_predicted
+    cases, _ = two_rank
+    case = cases[_name(Q25, schedule, False, extra)]
+    assert any(c.get("recompute") for c in case["plan"]["chunks"])
+    assert_matches(demo, case)
+    assert_memory_predicted(case, load_recipe(Q25, _overrides(demo, False, extra)))
+    if schedule.startswith("interleaved"):   # chunks of one layer: layers=1 is this plan
+        from hyperparallel.mpipe.ir import Plan
+        from hyperparallel.recipe import derive_recipe
+        rec = load_recipe(Q25, _overrides(demo, False, extra))
+        assert derive_recipe(rec, "interleaved(recompute=layers=1)").programs == Plan.from_json(case["plan"]).programs
 
 
 @pytest.mark.msrun
