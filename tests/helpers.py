@@ -315,7 +315,7 @@ def assert_memory_predicted(case: dict, recipe) -> None:
             assert (m["peak_held_bytes"] > 0) == (want.peak_held_total > 0), where
             if not spill:
                 # the record's step counts the steps done: its micro-batches are those of step index step - 1
-                held, kept = boundary_bytes(case["raw"], plan, rank % plan.data_parallel, m["step"] - 1)
+                held, kept = boundary_bytes(case["raw"], plan, m["dp_index"], m["step"] - 1)
                 events = activation_events(plan, rep.execution, d, held, kept, lambda k: 0)
                 assert m["peak_held_bytes"] == peak_of(events), where
             assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == static[d], where

@@ -306,3 +306,12 @@ def test_held_forwards_count_a_kept_input_as_bytes_not_as_a_held_forward():
     assert h.bytes == 35 and h.record()["peak_held_bytes"] == 35
     h.release(("llm", 0, 0))
     assert h.bytes == 10 and h.record()["peak_held"] == {"llm": 1}
+
+
+def test_graph_mode_annotations_refuse_a_recomputed_schedule_naming_the_field():
+    from hyperparallel.runtime.annotate import GraphModeUnsupported, graph_pipeline
+    plan = derive(_llm_only(4), "1f1b(recompute=layers=1)", 2, 4)
+    with pytest.raises(GraphModeUnsupported, match=r"^schedule.llm.recompute: '1f1b\(recompute=layers=1\)' "
+                                                   r"recomputes 'llm' in the schedule"):
+        graph_pipeline(plan)
+    assert graph_pipeline(derive(_llm_only(4), "1f1b", 2, 4)).stages == 2

@@ -383,28 +383,18 @@ class _Derivation:
         return None if i == 0 else self.forward_device(self.regions[i - 1], 0, t.micro)
 
     # -- lowering -----------------------------------------------------------------------
-    def _prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        return prev_chunk(self.regions, self.nchunks, region, chunk)
-
-    def _next(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        return next_chunk(self.regions, self.nchunks, region, chunk)
-
     def lowering_facts(self, final: bool = False) -> lowering.Facts:
         """What the lowering passes read of this derivation: of the pipeline chunks, or (``final``) of the
         plan's chunks (recomputed parts split off)."""
-        if not (final and self.split):
-            return lowering.Facts(P=self.P, D=self.D, upstream=tuple(self.schedule.parts[:-1]),
-                                  trainable=self.trainable, body=self.body,
-                                  body_root=self.forward_device(self.body, 0, 0),
-                                  tied_reduces=tuple(self.tied_reduces(self.tied)), pairs=self.pairs,
-                                  prev=self._prev, next=self._next)
+        chunks = self.plan_chunks if final else self.chunks
         n = defaultdict(int)
-        for c in self.plan_chunks:
+        for c in chunks:
             n[c.region] += 1
+        pairs = ({d: rc.expand_pairs(p, self.body, self.parts) for d, p in self.pairs.items()} if final and self.split
+                 else self.pairs)
         return lowering.Facts(P=self.P, D=self.D, upstream=tuple(self.schedule.parts[:-1]), trainable=self.trainable,
                               body=self.body, body_root=self.forward_device(self.body, 0, 0),
-                              tied_reduces=tuple(self.tied_reduces(self._tied(self.plan_chunks))),
-                              pairs={d: rc.expand_pairs(p, self.body, self.parts) for d, p in self.pairs.items()},
+                              tied_reduces=tuple(self.tied_reduces(self._tied(chunks))), pairs=pairs,
                               prev=lambda r, c: prev_chunk(self.regions, n, r, c),
                               next=lambda r, c: next_chunk(self.regions, n, r, c))
 
