@@ -194,21 +194,21 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: i
     name, opts = parse_call(text, field)
     regions = profile.names()
     body, ups = regions[-1], regions[:-1]
-    body_rc = rc.parse(f"{field}.recompute", opts.pop("recompute", rc.NONE))
+    body_rc = rc.parse(f"{field}.recompute", opts.get("recompute", rc.NONE))
     if name in ORDER_NAMES:
         _no_optimizer_option(field, opts, name)
-        _check_opts(field, opts, ("device",))
+        _check_opts(field, opts, ("device", "recompute"))
         dev = opts.get("device", "0")
         if not str(dev).isdigit():
             raise SpecError(f"{field}.device", f"must be a device index, got {dev!r}")
         parts = [(r, Place(device=int(dev))) for r in ups] + [(body, Pipe(order=name, recompute=body_rc))]
         return Schedule(tuple(parts))
     if name == "transpose":
-        _check_opts(field, opts, ("owners", "backward", "spill", "optimizer", "order"))
+        _check_opts(field, opts, ("owners", "backward", "spill", "optimizer", "order", "recompute"))
         if not ups:
             raise SpecError(field, f"'transpose' needs an encoder region before the pipelined region; "
                                    f"the profile has only {body!r} (use one of: {', '.join(ORDER_NAMES)})")
-        t = _transpose(field, opts, transpose, transpose_key)
+        t = _transpose(field, {k: v for k, v in opts.items() if k != "recompute"}, transpose, transpose_key)
         order = _choice(f"{field}.order", opts.get("order", default_order(V)), ORDER_NAMES)
         return Schedule(tuple([(r, t) for r in ups] + [(body, Pipe(order=order, recompute=body_rc))]))
     raise SpecError(field, f"{name!r} unknown; allowed: {', '.join(SHORT_NAMES)}")
