@@ -233,11 +233,44 @@ def measured_memory(dump_dir: str) -> dict:
     return out
 
 
+def boundary_bytes(raw: dict, plan, dp_index: int, step: int):
+    """(held, kept) byte sizes of the plan's tasks for one data-parallel replica and step, keyed as
+    :func:`hyperparallel.mpipe.cost.activation_events` asks (step, region, chunk, micro): a held forward keeps
+    its input and output, a recomputed chunk's forward its input; sizes from the recipe's model adapter (the
+    boundary specs of the step's micro-batches, the model input built from them, a float32 loss)."""
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.memory import nbytes
+    compat.setup_device("CPU")
+    rc = RunConfig.from_raw(raw)
+    model, src = rc.model, rc.source()
+    regions = plan.regions()
+    chunks = {(c.region, c.index): c for c in plan.chunks}
+    last = (regions[-1], max(c.index for c in plan.chunks if c.region == regions[-1]))
+    out_b, in_b = {}, {}
+    try:
+        for m in range(plan.num_micro):
+            mb = src.micro_batch(step, dp_index * plan.num_micro + m)
+            for (r, i), c in chunks.items():
+                out_b[(r, i, m)] = 4 if (r, i) == last else model.boundary(r, c.stop, mb).nbytes
+            first = model.model_input(model.tensors(mb, 1.0))
+            for (r, i), c in chunks.items():
+                prev = (r, i - 1) if i else ((regions[regions.index(r) - 1],
+                                              max(x.index for x in plan.chunks if x.region == regions[regions.index(r) - 1]))
+                                             if regions.index(r) else None)
+                in_b[(r, i, m)] = nbytes(first) if prev is None else out_b[prev + (m,)]
+    finally:
+        src.close()
+    return (lambda k: in_b[k[1:]] + out_b[k[1:]]), (lambda k: in_b[k[1:]])
+
+
 def assert_memory_predicted(case: dict, recipe) -> None:
     """On every rank and step of the case: the measured peak held forwards (per region and in all) equal the
     cost model's for the rank's device, and its parameter, grad and optimizer bytes equal
-    ``static_memory`` over the chunks' real parameter bytes (``recipe``: the case's, loaded)."""
-    from hyperparallel.mpipe.cost import simulate, static_memory
+    ``static_memory`` over the chunks' real parameter bytes (``recipe``: the case's, loaded). Without next-step
+    spill, the measured peak held bytes equal the cost model's held-activation peak over the step's boundary
+    tensors (:func:`boundary_bytes`; recomputed chunks' kept inputs included)."""
+    from hyperparallel.mpipe.cost import activation_events, peak_of, simulate, static_memory
     from hyperparallel.mpipe.ir import Plan
     plan = Plan.from_json(case["plan"])
     spill = any(a.step for p in plan.programs.values() for a in p)
@@ -257,5 +290,10 @@ def assert_memory_predicted(case: dict, recipe) -> None:
             assert (m["rank"], m["device"]) == (rank, d), where
             assert (m["peak_held"], m["peak_held_total"]) == (want.peak_held, want.peak_held_total), where
             assert (m["peak_held_bytes"] > 0) == (want.peak_held_total > 0), where
+            if not spill:
+                # the record's step counts the steps done: its micro-batches are those of step index step - 1
+                held, kept = boundary_bytes(case["raw"], plan, m["dp_index"], m["step"] - 1)
+                events = activation_events(plan, rep.execution, d, held, kept, lambda k: 0)
+                assert m["peak_held_bytes"] == peak_of(events), where
             assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == static[d], where
             assert m["optimizer_global_bytes"] >= 0, where

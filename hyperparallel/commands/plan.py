@@ -46,13 +46,15 @@ def cmd_plan(args) -> int:
 
 
 def cut_lines(plan) -> str:
-    """Layers of every chunk, per region: ``layers llm: 9@0 10@1 12@2 9@3``, one line a region."""
+    """Layers of every chunk, per region: ``layers llm: 9@0 10@1 12@2 9@3``, one line a region; a recomputed
+    chunk ends in ``R`` (``1@0R``: its forward keeps only its input and runs again before its backward)."""
     out = []
     for region in dict.fromkeys(c.region for c in plan.chunks):
         cs = [c for c in plan.chunks if c.region == region]
         devs = lambda c: ",".join(str(d) for d in c.devices)  # noqa: E731
-        out.append(f"layers {region}: " + " ".join(f"{c.layers}@{devs(c)}" for c in cs)
-                   + f"  ({sum(c.layers for c in cs)} layers; chunk layers@device)")
+        note = "; R: recomputed" if any(c.recompute for c in cs) else ""
+        out.append(f"layers {region}: " + " ".join(f"{c.layers}@{devs(c)}{'R' if c.recompute else ''}" for c in cs)
+                   + f"  ({sum(c.layers for c in cs)} layers; chunk layers@device{note})")
     return "\n".join(out)
 
 

@@ -33,6 +33,8 @@ class _Structure:
             self.regions = RegionList(seen)
             for r, cs in seen.items():
                 self.nchunks[r] = max(cs) + 1
+        # recomputed chunks: their forward keeps no tape; the R before their backward records it
+        self.recompute = {(c.region, c.index) for c in plan.chunks if c.recompute}
         self.trainable = dict(plan.trainable)
         weighted = {a.region for p in plan.programs.values() for a in p if a.kind in (W, BW)}
         for r in self.regions:
@@ -125,6 +127,9 @@ def check_completeness(plan: Plan, st: _Structure) -> List[str]:
                     errs.append(f"backward of {r} c{c} m{m} scheduled, but {r} and everything before it is frozen")
                 if count[(R, r, c, m)] > 1:
                     errs.append(f"R {r} c{c} m{m} runs {count[(R, r, c, m)]} times, expected at most once")
+                elif (r, c) in st.recompute and st.needs_bwd[r] and count[(R, r, c, m)] != 1:
+                    errs.append(f"R {r} c{c} m{m} runs {count[(R, r, c, m)]} times; the chunk is recomputed, "
+                                "expected once before its backward")
     return errs
 
 
@@ -162,7 +167,8 @@ def check_dependencies(plan: Plan, st: _Structure) -> List[str]:
                     return errs
             if a.kind == F:
                 have.add((ACT,) + key + (a.step,))
-                have.add(("stash",) + key)
+                if (a.region, a.chunk) not in st.recompute:   # a recomputed chunk's forward keeps its input only
+                    have.add(("stash",) + key)
             elif a.kind == R:
                 have.add(("ract",) + key + (0,))
                 have.add(("stash",) + key)

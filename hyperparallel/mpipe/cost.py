@@ -69,6 +69,14 @@ class Durations:
                                             self.head[(a.region, a.chunk)]) + self.profile.action_overhead_ms
         return ms
 
+    def input_mb(self, region: str, chunk: int) -> float:
+        """MB of a chunk's input: the previous chunk's region's ``output_mb`` (0 for the model input)."""
+        if chunk > 0:
+            return self.profile.region(region).output_mb
+        regions = self.plan.regions()
+        i = regions.index(region)
+        return 0.0 if i == 0 else self.profile.region(regions[i - 1]).output_mb
+
     def chunk_mb(self, region: str, chunk: int, per_layer: float) -> float:
         return per_layer * self.layers[(region, chunk)]
 
@@ -179,6 +187,59 @@ def tied_memory(plan: Plan, size: Callable[[str], float], optimizer_factor: floa
     return out
 
 
+Key = Tuple[int, str, int, int]   # (step, region, chunk, micro-batch)
+
+
+def activation_events(plan: Plan, ex: Execution, d: int, held: Callable[[Key], float], kept: Callable[[Key], float],
+                      working: Callable[[Key], float]) -> List[tuple]:
+    """Device ``d``'s activation events ``(time, 1 alloc / 0 release, size, region of a held forward or None)``,
+    sizes in any unit: ``held(key)`` of a forward (or recompute) held from its start to the end of its last
+    backward task there; ``kept(key)``, the input a recomputed chunk's forward keeps until its R;
+    ``working(key)``, what a forward without backward there uses while it runs (see :func:`_memory`)."""
+    events = []
+    last_bwd = {}
+    recompute_at = {}
+    recomputed = {(c.region, c.index) for c in plan.chunks if c.recompute}
+    for t in ex.timeline[d]:
+        a = t.action
+        if a.kind in (B, W, BW):
+            key = (t.step, a.region, a.chunk, a.micro)
+            last_bwd[key] = max(last_bwd.get(key, 0.0), t.end)
+        elif a.kind == R:
+            recompute_at[(t.step + a.step, a.region, a.chunk, a.micro)] = t.start
+    for t in ex.timeline[d]:
+        a = t.action
+        if a.kind not in (F, R):
+            continue
+        key = (t.step + a.step, a.region, a.chunk, a.micro)
+        if a.kind == F and key in recompute_at and (a.region, a.chunk) in recomputed:
+            events.append((t.start, 1, kept(key), None))   # the input, kept until the R
+            events.append((recompute_at[key], 0, -kept(key), None))
+        # a forward whose task is recomputed here keeps nothing: the recompute is held instead
+        end = None if a.kind == F and key in recompute_at else last_bwd.get(key)
+        if end is None and a.kind == F:
+            # no backward here (frozen, nothing trainable before it): nothing is stashed; the
+            # forward only needs its working set while it runs
+            size = working(key)
+            events.append((t.start, 1, size, None))
+            events.append((t.end, 0, -size, None))
+            continue
+        size = held(key)
+        # at equal times a release sorts before an allocation (a backward ends, the next forward starts)
+        events.append((t.start, 1, size, a.region if end is not None else None))
+        events.append((end if end is not None else t.end, 0, -size, a.region if end is not None else None))
+    return events
+
+
+def peak_of(events: List[tuple]) -> float:
+    """The peak live size of :func:`activation_events` (releases first at equal times)."""
+    live = peak = 0.0
+    for _, _, size, _ in sorted(events, key=lambda e: (e[0], e[1])):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
 def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) -> Dict[int, tuple]:
     """Per device: (peak stashed activations, peak total, static, parameters, grads, optimizer state) in MB,
     then the peak count of held forwards per region and in all.
@@ -186,8 +247,9 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
     The activations of (region, chunk, micro-batch) live from the start of its forward (or
     recompute) to the end of its last backward task on that device (B, W or BW); a forward
     with no backward there, or whose task is recomputed there (central backward on the central
-    device), holds one layer's activations while it runs, and is not a held forward.
-    Static memory: :func:`static_memory`.
+    device), holds one layer's activations while it runs, and is not a held forward. The forward
+    of a recomputed chunk (``Chunk.recompute``) also keeps its input (:func:`input_mb`) from its
+    start to the start of its R. Static memory: :func:`static_memory`.
     """
     static_parts = static_memory(plan, lambda r, c: dur.chunk_mb(r, c, profile.region(r).param_mb),
                                  profile.optimizer_factor)
@@ -195,32 +257,9 @@ def _memory(plan: Plan, profile: ModelProfile, dur: Durations, ex: Execution) ->
         static_parts[d] = tuple(a + b for a, b in zip(static_parts[d], extra))
     out = {}
     for d in range(plan.num_devices):
-        events = []
-        last_bwd = {}
-        recomputed = set()
-        for t in ex.timeline[d]:
-            a = t.action
-            if a.kind in (B, W, BW):
-                key = (t.step, a.region, a.chunk, a.micro)
-                last_bwd[key] = max(last_bwd.get(key, 0.0), t.end)
-            elif a.kind == R:
-                recomputed.add((t.step + a.step, a.region, a.chunk, a.micro))
-        for t in ex.timeline[d]:
-            a = t.action
-            if a.kind in (F, R):
-                key = (t.step + a.step, a.region, a.chunk, a.micro)
-                mb = dur.chunk_mb(a.region, a.chunk, profile.region(a.region).activation_mb)
-                # a forward whose task is recomputed here keeps nothing: the recompute is held instead
-                end = None if a.kind == F and key in recomputed else last_bwd.get(key)
-                held = end is not None
-                if end is None and a.kind == F:
-                    # no backward here (frozen, nothing trainable before it): nothing is stashed; the
-                    # forward only needs one layer's working set while it runs
-                    end, mb = t.end, profile.region(a.region).activation_mb
-                end = end if end is not None else t.end
-                # at equal times a release sorts before an allocation (a backward ends, the next forward starts)
-                events.append((t.start, 1, mb, a.region if held else None))
-                events.append((end, 0, -mb, a.region if held else None))
+        events = activation_events(
+            plan, ex, d, held=lambda k: dur.chunk_mb(k[1], k[2], profile.region(k[1]).activation_mb),
+            kept=lambda k: dur.input_mb(k[1], k[2]), working=lambda k: profile.region(k[1]).activation_mb)
         live = peak = 0.0
         count: Dict[str, int] = {}
         held_peak: Dict[str, int] = {r: 0 for r in plan.regions()}

@@ -4,7 +4,9 @@
 2. compute order per device: the body's order rule gives the main sequence,
    upstream regions are layered in as prefix (before the body), inline (next to
    the consumer on the same device) or suffix (after the body);
-3. lowering (:mod:`.lowering`, a list of named passes): a SEND right after the producer
+3. recompute (:mod:`.recompute`): chunks with recomputed layers split at their inner boundary, every
+   task of them expanded in place (an R before the first backward of a recomputed chunk);
+4. lowering (:mod:`.lowering`, a list of named passes): a SEND right after the producer
    and a RECV before the consumer for every cross-device edge, receives ordered so that
    each device pair sees one FIFO message sequence, and the collectives of replicated regions.
 """
@@ -14,6 +16,7 @@ from collections import defaultdict
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from . import bounds, lowering, orders
+from . import recompute as rc
 from .cut import cut
 from .execute import execute
 from ..errors import SpecError, whole
@@ -54,8 +57,30 @@ class _Derivation:
         self.main = self._body_sequences()
         self.pairs = {d: orders.overlap_pairs(self.pipe.order, P, V, M, d) for d in range(P)}
         self._timing = None
-        self.tied = self._tied()
+        self.tied = self._tied(self.chunks)
         self.owners = self._owners()
+        # the plan's chunks: the pipeline chunks, those with recomputed layers split (:mod:`.recompute`)
+        self.plan_chunks, self.parts = rc.split(self.chunks, self._recompute_counts())
+        self.split = self.plan_chunks != self.chunks
+
+    def _recompute_counts(self) -> Dict[Tuple[str, int], int]:
+        """Recomputed layers of every pipeline chunk; a recompute of a region without backward (it and every
+        region before it frozen) or of a central backward (which recomputes already) is refused."""
+        out = {}
+        for r, sk in self.schedule.parts:
+            if not rc.is_on(sk.recompute):
+                continue
+            field = f"schedule.{r}.recompute"
+            if not self.needs_bwd[r]:
+                raise SpecError(field, f"{r!r} has no backward (it and every region before it are frozen): there "
+                                       f"is nothing to recompute; allowed: none")
+            if isinstance(sk, Transpose) and sk.backward == "central":
+                raise SpecError(field, f"backward=central recomputes {r!r} already (from its shipped input); "
+                                       f"allowed: none")
+            mine = sorted((c for c in self.chunks if c.region == r), key=lambda c: c.index)
+            for c, k in zip(mine, rc.per_chunk(field, sk.recompute, [c.layers for c in mine])):
+                out[(r, c.index)] = k
+        return out
 
     # -- validation and placement -------------------------------------------------
     def _validate_upstream(self) -> None:
@@ -90,7 +115,7 @@ class _Derivation:
                                         f"central needs every region before it transposed with backward=central "
                                         f"({u!r} is not); allowed: owner")
 
-    def _tied(self) -> List[Tied]:
+    def _tied(self, chunks) -> List[Tied]:
         """The profile's tied weights placed: the chunks holding a copy (the chunk of each listed layer) and
         their devices. A tied weight of a region this schedule does not run is refused, naming it."""
         out = []
@@ -98,15 +123,15 @@ class _Derivation:
             if t.region not in self.ridx:
                 raise SpecError(f"mpipe.profile.tied[{i}].region", f"{t.region!r} is not a region of the schedule; "
                                                                    f"allowed: {', '.join(self.regions)}")
-            held = [c for c in self.chunks if c.region == t.region and any(c.start <= x < c.stop for x in t.layers)]
+            held = [c for c in chunks if c.region == t.region and any(c.start <= x < c.stop for x in t.layers)]
             out.append(Tied(t.name, t.region, tuple(c.index for c in held),
                             tuple(sorted({d for c in held for d in c.devices}))))
         return out
 
-    def tied_reduces(self) -> List[Action]:
+    def tied_reduces(self, tied: List[Tied]) -> List[Action]:
         """One ALLREDUCE of tensor ``tied`` per tied weight of a trained region whose copies sit on two or
         more devices (two chunks on one device are one parameter: nothing to reduce)."""
-        return [Action(ALLREDUCE, region=t.region, tensor=TIED, group=t.devices) for t in self.tied
+        return [Action(ALLREDUCE, region=t.region, tensor=TIED, group=t.devices) for t in tied
                 if self.trainable[t.region] and len(t.chunks) > 1 and len(t.devices) > 1]
 
     def _transposed(self) -> List[Tuple[str, Transpose]]:
@@ -363,31 +388,36 @@ class _Derivation:
         return None if i == 0 else self.forward_device(self.regions[i - 1], 0, t.micro)
 
     # -- lowering -----------------------------------------------------------------------
-    def _prev(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        return prev_chunk(self.regions, self.nchunks, region, chunk)
-
-    def _next(self, region: str, chunk: int) -> Optional[Tuple[str, int]]:
-        return next_chunk(self.regions, self.nchunks, region, chunk)
-
-    def lowering_facts(self) -> lowering.Facts:
-        """What the lowering passes read of this derivation."""
+    def lowering_facts(self, final: bool = False) -> lowering.Facts:
+        """What the lowering passes read of this derivation: of the pipeline chunks, or (``final``) of the
+        plan's chunks (recomputed parts split off)."""
+        chunks = self.plan_chunks if final else self.chunks
+        n = defaultdict(int)
+        for c in chunks:
+            n[c.region] += 1
+        pairs = ({d: rc.expand_pairs(p, self.body, self.parts) for d, p in self.pairs.items()} if final and self.split
+                 else self.pairs)
         return lowering.Facts(P=self.P, D=self.D, upstream=tuple(self.schedule.parts[:-1]), trainable=self.trainable,
                               body=self.body, body_root=self.forward_device(self.body, 0, 0),
-                              tied_reduces=tuple(self.tied_reduces()), pairs=self.pairs, prev=self._prev,
-                              next=self._next, zero=self.zero)
+                              tied_reduces=tuple(self.tied_reduces(self._tied(chunks))), pairs=pairs,
+                              prev=lambda r, c: prev_chunk(self.regions, n, r, c),
+                              next=lambda r, c: next_chunk(self.regions, n, r, c), zero=self.zero)
 
-    def lower(self, seqs: Dict[int, List[Task]]) -> Dict[int, List[Action]]:
+    def lower(self, seqs: Dict[int, List[Task]], final: bool = False) -> Dict[int, List[Action]]:
         """Per-device programs of the compute sequences ``seqs``: the passes of :mod:`.lowering`."""
-        return lowering.lower(self.lowering_facts(), seqs)
+        return lowering.lower(self.lowering_facts(final), seqs)
 
     def plan(self) -> Plan:
-        programs = self.lower(self.compute_order())
-        return Plan(num_devices=self.P, num_micro=self.M, programs=programs, chunks=self.chunks,
+        seqs = self.compute_order()
+        if any(c.recompute for c in self.plan_chunks):
+            seqs = rc.expand(seqs, self.parts)
+        programs = self.lower(seqs, final=True)
+        return Plan(num_devices=self.P, num_micro=self.M, programs=programs, chunks=self.plan_chunks,
                     schedule=self.schedule.to_list(), trainable=dict(self.trainable), data_parallel=self.D,
                     meta={"schedule_name": self.schedule.name(), "order": self.pipe.order,
                           "pipeline_stage": self.P, "micro_batch_num": self.M, "pp_interleave_num": self.V,
                           "owners": {r: o for r, o in self.owners.items()}},
-                    tied=list(self.tied))
+                    tied=self._tied(self.plan_chunks))
 
 
 class _Linked:

@@ -146,10 +146,15 @@ def write_png(results: Sequence[Tuple[Plan, object]], path: str, title: str = ""
                Patch(facecolor=_PALETTE[BW][1], edgecolor="black", label=f"B/BW {llm}"),
                Patch(facecolor=_PALETTE[W][1], edgecolor="black", label=f"W {llm}"),
                Patch(facecolor=_PALETTE[F][0], edgecolor="black", label=f"F {enc}")]
-    if any(t.action.kind in BACKWARD_KINDS and t.action.region != (p.regions()[-1] if p.regions() else None)
+    if any(t.action.kind in BACKWARD_KINDS and t.action.kind != R
+           and t.action.region != (p.regions()[-1] if p.regions() else None)
            for p, r in results for ts in r.execution.timeline.values() for t in ts if t.lane == "compute"):
-        handles += [Patch(facecolor=_PALETTE[BW][0], edgecolor="black", label=f"B/BW {enc}"),
-                    Patch(facecolor=_PALETTE[R][0], edgecolor="black", label=f"R {enc} (recompute)")]
+        handles.append(Patch(facecolor=_PALETTE[BW][0], edgecolor="black", label=f"B/BW {enc}"))
+    recomputed = dict.fromkeys(t.action.region for _, r in results for ts in r.execution.timeline.values()
+                               for t in ts if t.action.kind == R)
+    if recomputed:   # a central backward's or a recomputed chunk's forward again
+        handles.append(Patch(facecolor=_PALETTE[R][0], edgecolor="black",
+                             label=f"R {'/'.join(recomputed)} (recompute)"))
     if paired:
         handles.append(Patch(facecolor="white", edgecolor=_PAIR, linewidth=1.2,
                              label="overlap pair (F + B of two micro-batches; run in sequence here)"))

@@ -19,7 +19,7 @@ F = "F"      # forward of (region, chunk, micro)
 B = "B"      # input-grad backward (zero-bubble split)
 W = "W"      # weight-grad backward (zero-bubble split)
 BW = "BW"    # fused backward: input grad and weight grad together
-R = "R"      # recompute forward (central backward of a replicated region)
+R = "R"      # recompute forward with the tape: a central backward's, or a recomputed chunk's (:mod:`.recompute`)
 # Communication kinds run on the comm lane.
 SEND = "SEND"
 RECV = "RECV"
@@ -187,13 +187,17 @@ def next_chunk(regions: Sequence[str], nchunks: Mapping[str, int], region: str,
 
 @dataclass(frozen=True)
 class Chunk:
-    """A contiguous layer range ``[start, stop)`` of a region, and the devices holding it."""
+    """A contiguous layer range ``[start, stop)`` of a region, and the devices holding it.
+
+    ``recompute``: its forward keeps only its input and an ``R`` runs it again, with the tape, before
+    its backward (:mod:`.recompute`)."""
 
     region: str
     index: int
     start: int
     stop: int
     devices: Tuple[int, ...]
+    recompute: bool = False
 
     @property
     def layers(self) -> int:
@@ -262,7 +266,7 @@ class Plan:
             "trainable": self.trainable,
             "chunks": [
                 {"region": c.region, "index": c.index, "start": c.start, "stop": c.stop,
-                 "devices": list(c.devices)} for c in self.chunks
+                 "devices": list(c.devices), **({"recompute": True} if c.recompute else {})} for c in self.chunks
             ],
             "meta": self.meta,
             **({"tied": [t.to_json() for t in self.tied]} if self.tied else {}),
@@ -301,18 +305,21 @@ class Plan:
             keys = ("region", "index", "start", "stop", "devices")
             if not isinstance(c, dict):
                 raise SpecError(w, f"must be an object with {', '.join(keys)}")
-            if set(c) != set(keys):
+            if set(c) - {"recompute"} != set(keys):
                 missing = [k for k in keys if k not in c]
                 if missing:
                     raise SpecError(f"{w}.{missing[0]}", "missing")
-                raise unknown_key(w, c, keys)
+                raise unknown_key(w, c, keys + ("recompute",))
+            if not isinstance(c.get("recompute", False), bool):
+                raise SpecError(f"{w}.recompute", f"must be true or false, got {_short(c['recompute'])}")
             if not isinstance(c["region"], str):
                 raise SpecError(f"{w}.region", f"must be a string, got {_short(c['region'])}")
             if not isinstance(c["devices"], list):
                 raise SpecError(f"{w}.devices", f"must be a list of device indices, got {_short(c['devices'])}")
             chunks.append(Chunk(c["region"], _index(f"{w}.index", c["index"]), _index(f"{w}.start", c["start"]),
                                 _index(f"{w}.stop", c["stop"]),
-                                tuple(_index(f"{w}.devices[{j}]", x) for j, x in enumerate(c["devices"]))))
+                                tuple(_index(f"{w}.devices[{j}]", x) for j, x in enumerate(c["devices"])),
+                                c.get("recompute", False)))
         micro = [a.micro for p in programs.values() for a in p if a.micro is not None]
         num_devices = _index("num_devices", obj.get("num_devices", len(programs)))
         num_micro = _index("num_micro", obj.get("num_micro", (max(micro) + 1) if micro else 0))

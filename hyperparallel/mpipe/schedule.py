@@ -11,10 +11,11 @@ A list form (from YAML/JSON) names each region's skeleton explicitly.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import List, Optional, Tuple, Union
 
 from ..errors import SpecError, is_whole
+from . import recompute as rc
 from .orders import ORDER_NAMES
 from .profile import ModelProfile
 
@@ -43,6 +44,7 @@ class Pipe:
     order: str = "1f1b"
     skeleton: str = "pipe"
     layers: Optional[Tuple[int, ...]] = None
+    recompute: rc.Spec = rc.NONE   # none, full, layers=K, or per-chunk counts (:mod:`.recompute`)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Place:
 
     device: int = 0
     skeleton: str = "place"
+    recompute: rc.Spec = rc.NONE
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Transpose:
     # keeps and updates 1/P of it from the all-reduced grads, then the updated parameters are gathered
     optimizer: str = "replicated"
     skeleton: str = "transpose"
+    recompute: rc.Spec = rc.NONE
 
 
 Skeleton = Union[Pipe, Place, Transpose]
@@ -94,6 +98,10 @@ class Schedule:
                 del d["layers"]  # the even split
             elif "layers" in d:
                 d["layers"] = list(d["layers"])
+            if d["recompute"] == rc.NONE:
+                del d["recompute"]   # the default: plans without recompute read as before
+            elif isinstance(d["recompute"], tuple):
+                d["recompute"] = list(d["recompute"])
             out.append(d)
         return out
 
@@ -101,17 +109,26 @@ class Schedule:
         """Compact name, e.g. ``transpose`` or ``transpose(order=interleaved)``."""
         body_order = self.body[1].order
         ups = [s for _, s in self.parts[:-1]]
-        if ups and all(isinstance(s, Transpose) for s in ups):
+        body_rc = self.body[1].recompute
+        # a region's or a per-chunk recompute: only the list form says it
+        short = not (any(rc.is_on(s.recompute) for s in ups) or isinstance(body_rc, tuple))
+        if short and ups and all(isinstance(s, Transpose) for s in ups):
             t = ups[0]
             opts = [f"{k}={v}" for k, v, d in (("owners", t.owners, "round_robin"),
                                                 ("backward", t.backward, "owner"),
                                                 ("spill", t.spill, "none"),
                                                 ("optimizer", t.optimizer, "replicated"),
-                                                ("order", body_order, "1f1b")) if v != d]
+                                                ("order", body_order, "1f1b"),
+                                                ("recompute", body_rc, rc.NONE)) if v != d]
             return "transpose" + (f"({', '.join(opts)})" if opts else "")
-        if all(isinstance(s, Place) and s.device == 0 for s in ups):
-            return body_order
-        return "; ".join(f"{r}:{s.skeleton}" for r, s in self.parts)
+        if short and all(isinstance(s, Place) and s.device == 0 for s in ups):
+            return body_order + (f"(recompute={body_rc})" if body_rc != rc.NONE else "")
+        return "; ".join(f"{r}:{s.skeleton}" + (f"(recompute={_rc_text(s.recompute)})" if rc.is_on(s.recompute)
+                                                 else "") for r, s in self.parts)
+
+
+def _rc_text(spec) -> str:
+    return "[" + ", ".join(map(str, spec)) + "]" if isinstance(spec, tuple) else str(spec)
 
 
 _CALL = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(?:\((.*)\))?\s*$")
@@ -177,28 +194,29 @@ def expand_short(text: str, profile: ModelProfile, field: str = "schedule", V: i
     name, opts = parse_call(text, field)
     regions = profile.names()
     body, ups = regions[-1], regions[:-1]
+    body_rc = rc.parse(f"{field}.recompute", opts.get("recompute", rc.NONE))
     if name in ORDER_NAMES:
         _no_optimizer_option(field, opts, name)
-        _check_opts(field, opts, ("device",))
+        _check_opts(field, opts, ("device", "recompute"))
         dev = opts.get("device", "0")
         if not str(dev).isdigit():
             raise SpecError(f"{field}.device", f"must be a device index, got {dev!r}")
-        parts = [(r, Place(device=int(dev))) for r in ups] + [(body, Pipe(order=name))]
+        parts = [(r, Place(device=int(dev))) for r in ups] + [(body, Pipe(order=name, recompute=body_rc))]
         return Schedule(tuple(parts))
     if name == "transpose":
-        _check_opts(field, opts, ("owners", "backward", "spill", "optimizer", "order"))
+        _check_opts(field, opts, ("owners", "backward", "spill", "optimizer", "order", "recompute"))
         if not ups:
             raise SpecError(field, f"'transpose' needs an encoder region before the pipelined region; "
                                    f"the profile has only {body!r} (use one of: {', '.join(ORDER_NAMES)})")
-        t = _transpose(field, opts, transpose, transpose_key)
+        t = _transpose(field, {k: v for k, v in opts.items() if k != "recompute"}, transpose, transpose_key)
         order = _choice(f"{field}.order", opts.get("order", default_order(V)), ORDER_NAMES)
-        return Schedule(tuple([(r, t) for r in ups] + [(body, Pipe(order=order))]))
+        return Schedule(tuple([(r, t) for r in ups] + [(body, Pipe(order=order, recompute=body_rc))]))
     raise SpecError(field, f"{name!r} unknown; allowed: {', '.join(SHORT_NAMES)}")
 
 
-_ITEM_KEYS = {"pipe": ("region", "skeleton", "order", "layers"),
-              "place": ("region", "skeleton", "device"),
-              "transpose": ("region", "skeleton", "owners", "backward", "spill", "optimizer")}
+_ITEM_KEYS = {"pipe": ("region", "skeleton", "order", "layers", "recompute"),
+              "place": ("region", "skeleton", "device", "recompute"),
+              "transpose": ("region", "skeleton", "owners", "backward", "spill", "optimizer", "recompute")}
 
 
 def _layers(field: str, value) -> Optional[Tuple[int, ...]]:
@@ -233,17 +251,18 @@ def parse_list(items, profile: ModelProfile, field: str = "schedule", V: int = 1
         if sk != "transpose":
             _no_optimizer_option(w, it, sk)
         _check_opts(w, {k: v for k, v in it.items()}, _ITEM_KEYS[sk])
+        recompute = rc.parse(f"{w}.recompute", it.get("recompute", rc.NONE))
         if sk == "pipe":
             s = Pipe(order=_choice(f"{w}.order", it.get("order", default_order(V)), ORDER_NAMES),
-                     layers=_layers(f"{w}.layers", it.get("layers")))
+                     layers=_layers(f"{w}.layers", it.get("layers")), recompute=recompute)
         elif sk == "place":
             dev = it.get("device", 0)
             if not is_whole(dev) or dev < 0:
                 raise SpecError(f"{w}.device", f"must be a device index >= 0, got {dev!r}")
-            s = Place(device=dev)
+            s = Place(device=dev, recompute=recompute)
         else:
-            s = _transpose(w, {k: v for k, v in it.items() if k not in ("region", "skeleton")}, transpose,
-                           transpose_key)
+            s = replace(_transpose(w, {k: v for k, v in it.items() if k not in ("region", "skeleton", "recompute")},
+                                   transpose, transpose_key), recompute=recompute)
         parts.append((region, s))
     names = [r for r, _ in parts]
     if names != list(profile.names()):

@@ -158,6 +158,33 @@ def layer_layout(num_layers: int, offset, P: int, V: int, key: str = "model.mode
     return tuple(out)
 
 
+RECOMPUTE_KEY = "recompute_config.recompute"
+
+
+def recompute_of(value, P: int, V: int, key: str = RECOMPUTE_KEY, zbv: bool = False):
+    """The pipelined region's recompute option (:mod:`hyperparallel.mpipe.recompute`) of MindFormers'
+    ``recompute_config.recompute``: true -> ``full``; false (or absent) -> ``none``; a count per stage (a list
+    of pipeline_stage whole numbers, or pp_interleave_num such lists) -> the recomputed layers of every
+    pipeline chunk, in the grid MindFormers' ``offset`` uses (chunk ``v*P + p``; for ``zero_bubble_v`` the
+    second row reversed, as the chunks it names run on those stages)."""
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() == "false"):
+        return "none"
+    if value is True or (isinstance(value, str) and value.strip().lower() == "true"):
+        return "full"
+    if not isinstance(value, list):
+        raise SpecError(key, f"{value!r} unknown; allowed: true, false, a list of pipeline_stage ({P}) recomputed "
+                             f"layer counts, or pp_interleave_num ({V}) such lists")
+    try:
+        rows = _offset_grid(value, P, V, key)
+    except SpecError as e:   # the grid's shape rule, said of this key
+        raise SpecError(key, str(e)[len(key) + 2:].replace("offset.shape", "recompute's shape")) from None
+    if any(n < 0 for r in rows for n in r):
+        raise SpecError(key, f"{value!r}: recomputed layer counts must be >= 0")
+    if zbv and V >= 2:
+        rows[1] = rows[1][::-1]
+    return tuple(n for r in rows for n in r)
+
+
 def offset_of(layers: Sequence[int], P: int, V: int, zbv: bool = False):
     """The ``model.model_config.offset`` that makes MindFormers lay out ``layers`` (chunk ``v*P + p``,
     data-flow order; the inverse of :func:`layer_layout`).

@@ -36,18 +36,20 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 from ..mpipe import bounds, orders
 from ..mpipe.check import assert_valid
+from ..mpipe.cut import split_layers
 from ..mpipe.derive import check_zero, derive
 from ..mpipe.ir import Plan
 from ..mpipe.memory import FIELD as MEMORY_FIELD
 from ..errors import SpecError, unknown_key, whole
 from ..mpipe.profile import ModelProfile, TiedWeight, parse_profile
+from ..mpipe import recompute as rc
 from ..mpipe.schedule import Schedule, parse_schedule
 from . import mindformers as mf
 from . import estimate, schema
 from .train import TrainConfig, zero_of
 from .files import apply_override, load_raw
 
-MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb", "compile", "compile_fallback")
+MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb", "compile", "compile_fallback", "recompute")
 #: ``mpipe.compile``: how every chunk's forward runs (``jit``: one compiled MindSpore graph per input
 #: shape, run under the tape; ``eager``: op by op); ``mpipe.compile_fallback``: what a rank does when a
 #: chunk's compile fails at run time (``error``: the job stops naming rank and chunk; ``eager``: that
@@ -60,7 +62,7 @@ DEVICES = ("CPU", "Ascend")
 #: Keys the recipe front end reads that a recipe may leave out (a ``--set`` may add them).
 READ_KEYS = (("device", "parallel_config.data_parallel", "parallel_config.pp_interleave_num",
               "parallel_config.seq_split_num", "mpipe.schedule", "mpipe.profile", "mpipe.encoder",
-              "mpipe.compile", "mpipe.compile_fallback")
+              "mpipe.compile", "mpipe.compile_fallback", "mpipe.recompute")
              + tuple(f"mpipe.encoder.{k}" for k in ENCODER_KEYS))
 
 
@@ -84,6 +86,9 @@ class Recipe:
     memory_limit_gb: Optional[float] = None   # per device (mpipe.memory_limit_gb)
     v_note: str = ""   # why a given pp_interleave_num > 1 reads as V = 1 (appended to errors about V)
     notes: Tuple[str, ...] = ()   # lines plan/check/simulate print once: keys read but without effect on the plan
+    # the pipelined region's recompute as the recipe gives it: (key, value) of ``mpipe.recompute`` or MindFormers'
+    # ``recompute_config.recompute``; None: neither (the schedule's own, default none)
+    recompute: Optional[Tuple[str, object]] = None
 
     @property
     def estimated(self) -> bool:
@@ -124,6 +129,13 @@ class Recipe:
         with self._v_noted():
             orders.validate(pipe.order, self.pipeline_stage, self.pp_interleave_num, self.micro_batch_num,
                             v_key=self.v_key)
+        spec = self.recompute_spec(pipe.order)
+        if spec is not None:
+            if pipe.recompute not in (rc.NONE, spec):
+                raise SpecError(self.recompute[0], f"{self.recompute[1]!r} contradicts the schedule's recompute of "
+                                                   f"{body!r} ({pipe.recompute}); give it in one place")
+            pipe = replace(pipe, recompute=spec)
+            sched = replace(sched, parts=sched.parts[:-1] + ((body, pipe),))
         layers = self.chunk_layers(pipe.order)
         if layers is None:
             return sched
@@ -131,6 +143,26 @@ class Recipe:
             raise SpecError(f"schedule.{body}.layers", f"{list(pipe.layers)} contradicts {self.layout['key']} "
                                                        f"(layers per chunk {list(layers)}); give it in one place")
         return replace(sched, parts=sched.parts[:-1] + ((body, replace(pipe, layers=layers)),))
+
+    def recompute_spec(self, order: str):
+        """The pipelined region's recompute option the recipe gives (None: none given), checked: a region
+        without backward (every region frozen) refuses it, naming the key."""
+        if self.recompute is None:
+            return None
+        key, value = self.recompute
+        if key == mf.RECOMPUTE_KEY:
+            with self._v_noted():
+                spec = mf.recompute_of(value, self.pipeline_stage, self.pp_interleave_num, key, zbv=order == "zbv")
+        else:
+            spec = rc.parse(key, value)
+        if rc.is_on(spec) and not any(r.trainable for r in self.profile.regions):
+            allowed = "false" if key == mf.RECOMPUTE_KEY else "none"
+            raise SpecError(key, f"{value!r}: {self.profile.regions[-1].name!r} has no backward (every region is "
+                                 f"frozen): there is nothing to recompute; allowed: {allowed}")
+        body = self.profile.regions[-1]
+        sizes = self.chunk_layers(order) or split_layers(body.layers, self.pipeline_stage * self.pp_interleave_num)
+        rc.per_chunk(key, spec, sizes)   # a count above a chunk's layers: refused naming this key
+        return spec
 
 
 # -- the sections ------------------------------------------------------------------------------
@@ -253,6 +285,18 @@ def compile_settings(raw: dict) -> Tuple[str, str]:
     return out[0], out[1]
 
 
+def _recompute(raw: dict, mp: dict) -> Optional[Tuple[str, object]]:
+    """(key, value) of the recipe's recompute: ``mpipe.recompute``, or MindFormers'
+    ``recompute_config.recompute``; both given and on: refused (one place)."""
+    ours = ("mpipe.recompute", mp["recompute"]) if mp.get("recompute") is not None else None
+    theirs = schema.value_at(raw, mf.RECOMPUTE_KEY)
+    if ours is not None and theirs not in (None, False):
+        raise SpecError("mpipe.recompute", f"{ours[1]!r} and {mf.RECOMPUTE_KEY}: {theirs!r} both given; give one")
+    if ours is not None:
+        return ours
+    return None if theirs is None else (mf.RECOMPUTE_KEY, theirs)
+
+
 def _memory_limit(mp: dict) -> Optional[float]:
     """``mpipe.memory_limit_gb``: a positive number of GB, or None when not given."""
     v = mp.get("memory_limit_gb")
@@ -371,7 +415,9 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
                     data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
                     encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
                     memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
-                    notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n))
+                    notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n),
+                    recompute=_recompute(raw, mp))
+    recipe.recompute_spec("")   # a bad value, or a recompute of a model without backward: refused now
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
         recipe.chunk_layers(spec if spec == "zbv" else "")

@@ -197,7 +197,6 @@ _REFUSED = (
     ("parallel.enable_parallel_optimizer", _true, "false; shard the optimizer state with "
                                                   "parallel_config.optimizer_shard: true or train.zero: 1 or 2"),
     ("micro_batch_interleave_num", _more_than_one, "1: no micro-batch interleaving"),
-    ("recompute_config.recompute", _on, "false: the runtime keeps every forward's activations (no recompute)"),
     ("recompute_config.select_recompute", _on, "false: no selective recompute"),
     ("recompute_config.select_comm_recompute", _on, "false: no selective recompute"),
     ("swap_config.swap", _true, "false: no activation swapping"),

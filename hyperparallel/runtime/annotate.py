@@ -74,6 +74,13 @@ def graph_pipeline(plan) -> GraphPipeline:
     """The MindSpore/MindFormers pipeline settings for ``plan``; refuses what graph mode cannot run."""
     parts = _schedule_parts(plan)
     name = plan.meta.get("schedule_name", "?")
+    recomputed = [p.get("region") for p in parts if p.get("recompute", "none") != "none"]
+    if recomputed:
+        raise GraphModeUnsupported(
+            f"schedule.{recomputed[0]}.recompute", f"{name!r} recomputes {recomputed[0]!r} in the schedule (R "
+            "actions, split chunks); the graph-mode annotations carry no recompute. Allowed in graph mode: none "
+            "(give MindFormers' recompute_config to MindSpore instead), or run it with the PyNative runtime "
+            "(hyperparallel train)")
     for part in parts[:-1]:
         sk = part.get("skeleton")
         if sk == "transpose":

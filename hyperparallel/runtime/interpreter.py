@@ -7,7 +7,9 @@ per-step stores keyed by ``(region, chunk, micro)``:
   backward from this forward); input = the model input (first chunk), or the
   previous chunk's output, across regions; every chunk also gets the
   micro-batch's side inputs (the adapter's ``tensors``).
-* ``R``: recompute a forward with the tape (central backward of a replica).
+* ``R``: recompute a forward with the tape (central backward of a replica, or a recomputed chunk's:
+  its ``F`` ran without the tape and kept only its input, which the ``R`` reads; the plan's
+  ``Chunk.recompute`` says which, :mod:`hyperparallel.mpipe.recompute`).
 * ``B``: input grad only (keeps the tape for ``W``); ``W``: weight grad;
   ``BW``: both at once. A chunk whose backward does not split on the tape (a compiled one,
   :mod:`.compiled`) computes its weight grads in ``B`` too and ``W`` adds them. The incoming gradient is d loss / d output of the chunk
@@ -89,6 +91,7 @@ class Interpreter:
                                     for a in p if a.kind in (ir.B, ir.BW)}
         mine = [(a.kind, (a.region, a.chunk, a.micro)) for a in self.program]
         self.recomputed_here = {k for kind, k in mine if kind == ir.R}
+        self.recompute_chunks = {(c.region, c.index) for c in plan.chunks if c.recompute}
         self.backward_here = {k for kind, k in mine if kind in (ir.B, ir.BW, ir.W)}
         self.weight_grad_here = {k for kind, k in mine if kind == ir.W}
         # Parameters this rank updates: chunks it backwards, or regions it all-reduces.
@@ -202,6 +205,7 @@ class Interpreter:
         self.acts: Dict[Key, Tensor] = {}        # outputs waiting for a local consumer or a SEND
         self.acts_kept: Dict[Key, Tensor] = {}
         self.recomputed: Dict[Key, Tensor] = {}  # R outputs feeding the next R of the region
+        self.kept: Dict[Key, Tensor] = {}        # inputs of recomputed chunks' forwards, for their R
         self.inputs: Dict[Key, Tensor] = {}
         self.outputs: Dict[Key, Tensor] = {}
         self.out_grads: Dict[Key, Tensor] = {}
@@ -243,14 +247,20 @@ class Interpreter:
 
     def forward(self, key: Key, record: bool, recompute: bool = False, ahead: int = 0) -> None:
         body = self.bodies[key[:2]]
-        x = self.chunk_input(key, recompute, ahead)
+        own = key[:2] in self.recompute_chunks   # a recomputed chunk: its R reads the input its F kept
+        x = self.kept.pop(key) if recompute and own else self.chunk_input(key, recompute, ahead)
         mt = self.micro(key[2], ahead)
         out = self._forward(body, x, mt) if record else self._no_grad(body, x, mt)
         if record:
             self.inputs[key], self.outputs[key] = x, out
             self.held.hold(key, nbytes(x) + nbytes(out))
+        elif own and key in self.recomputed_here and not ahead:
+            self.kept[key] = x
+            self.held.keep(key, nbytes(x))
         if ahead:
             self.ahead_acts[key] = ops.stop_gradient(out)
+        elif recompute and own:
+            pass   # the forward's output went on already (its loss counted once, by the F)
         elif key[:2] == self.loss_chunk:
             self.loss += float(out.asnumpy())
         elif recompute:

@@ -7,7 +7,8 @@ Per step, a rank records (:func:`rank_memory`, one JSON object; the keys are in 
   action to its last backward task (W, or BW); the interpreter counts them as it runs
   (:class:`HeldForwards`). A forward without a backward here (frozen, next-step work) is not held.
 * ``peak_held_bytes``: the peak bytes of the boundary tensors of the held forwards (each one's input and
-  output; what its tape keeps inside the chunk is not visible from here, so not counted);
+  output; what its tape keeps inside the chunk is not visible from here, so not counted), and of the
+  inputs that recomputed chunks' forwards keep for their R (not held forwards: no tape);
 * ``params_bytes``, ``grads_bytes``, ``optimizer_bytes``: the bytes of the parameters of every chunk the
   rank holds, of the gradients it hands the optimizer, and of the optimizer's per-parameter state
   (``moment1``/``moment2`` of Adam, ``accum``/``stat`` of SGD); ``optimizer_global_bytes``: the
@@ -39,6 +40,7 @@ class HeldForwards:
     def __init__(self, regions: Iterable[str]):
         self.regions = list(regions)
         self.live: Dict[Tuple, int] = {}          # key -> bytes of its boundary tensors
+        self.kept: Dict[Tuple, int] = {}          # key -> bytes of a recomputed forward's kept input
         self.count = {r: 0 for r in self.regions}
         self.bytes = 0
         self.new_step()
@@ -49,7 +51,15 @@ class HeldForwards:
         self.peak_total = sum(self.count.values())
         self.peak_bytes = self.bytes
 
+    def keep(self, key: Tuple, size: int) -> None:
+        """A recomputed chunk's forward keeps its input (``size`` bytes) until its R: bytes, not a held forward."""
+        self.kept[key] = size
+        self.bytes += size
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
+
     def hold(self, key: Tuple, size: int) -> None:
+        self.bytes -= self.kept.pop(key, 0)   # an R: the kept input is now part of the held forward
         self.live[key] = size
         self.count[key[0]] += 1
         self.bytes += size

@@ -5,11 +5,11 @@ out: images of different sizes inside and across micro-batches, text-only sample
 left out. Losses of 3 optimizer steps within 1e-5 relative, every step-0 gradient within 1e-5.
 
 Launches: one on 2 ranks (Qwen2.5-VL: 1f1b, interleaved V=2, zb_h1, transpose owner and central,
-encoder frozen and trained; Qwen3-VL: transpose, and 1f1b with an uneven cut that carries a
-deepstack feature across the LLM boundary; a run started from a Hugging Face directory; a run that
-saves, exported to Hugging Face format afterwards; tied word embeddings: both models in every order, a zbv
-checkpoint resumed under 1f1b), one on 4 ranks (transpose P=4; tied: D=2 x P=2, and the 2-rank zbv
-checkpoint resumed with P=4).
+encoder frozen and trained; activation recompute, full and layers=1; Qwen3-VL: transpose, and 1f1b with an
+uneven cut that carries a deepstack feature across the LLM boundary; a run started from a Hugging Face
+directory; a run that saves, exported to Hugging Face format afterwards; tied word embeddings: both models in
+every order, a zbv checkpoint resumed under 1f1b), one on 4 ranks (transpose P=4; tied: D=2 x P=2, and the
+2-rank zbv checkpoint resumed with P=4).
 """
 import json
 import os
@@ -67,6 +67,11 @@ FP16 = ("model.model_config.dtype=float16",
 FP16_SCALES = [(262144.0, True), (131072.0, False), (131072.0, False)]   # (loss scale, overflow) of steps 1-3
 FP16_GRAD_TOL = 1e-3   # last-step gradients, of each parameter's largest
 FP16_RTOL = 1e-5   # measured: the pipeline's losses equal the float16 reference's bit for bit (0.0)
+# activation recompute (issue 37.2), trained encoder. Interleaved V=2 cuts the 4 LLM layers into chunks of 1, so
+# its layers=1 is its full (the same plan: checked in process, not launched again)
+RECOMPUTE_25 = [("1f1b(recompute=full)", ()), ("1f1b(recompute=layers=1)", ()),
+                ("interleaved(recompute=full)", INTERLEAVE), ("transpose(recompute=full)", ()),
+                ("transpose(recompute=layers=1)", ())]
 TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
 
 
@@ -146,6 +151,7 @@ def two_rank(tmp_path_factory, demo, hf_dir):
             kw["run_dir"] = os.path.join(tmp, "run", s)
         cases.append(_case(tmp, demo, Q25, s, False, ex, micro, **kw))
     cases += [_case(tmp, demo, Q3, s, False, ex, micro) for s, ex, micro in TIED_3]
+    cases += [_case(tmp, demo, Q25, s, False, ex) for s, ex in RECOMPUTE_25]
     # resumed from zbv's step 3 under 1f1b (the copies re-tied on two ranks): the 4th step as the reference's
     cases.append(_case(tmp, demo, Q25, "1f1b", False, TIE, (), steps=TIED_REF_STEPS, save_dir=tied_save, resume=True,
                        dump_dir=os.path.join(tmp, "dump", "tied_resumed")))
@@ -257,6 +263,26 @@ def test_zero_and_unsharded_checkpoints_resume_each_other(two_rank, demo, saved,
         if fn.endswith(".safetensors"):
             names |= set(stn.load_file(os.path.join(step, fn)))
     assert f"adam_m.{EMBED}" in names and "global_step" in names and not any("shard." in n for n in names)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra", RECOMPUTE_25, ids=[s for s, _ in RECOMPUTE_25])
+def test_qwen2_5_vl_recompute_trains_like_mindones_model_and_holds_what_the_cost_model_says(two_rank, demo, schedule,
+                                                                                          extra):
+    """Recompute full and layers=1 under 1f1b, interleaved and transpose: losses of 3 steps and the gradients
+    equal mindone's whole model's; every rank's held forwards and held bytes (its boundary tensors, recomputed
+    forwards' kept inputs included, images of other sizes every step) equal the cost model's."""
+    from helpers import assert_memory_predicted
+    cases, _ = two_rank
+    case = cases[_name(Q25, schedule, False, extra)]
+    assert any(c.get("recompute") for c in case["plan"]["chunks"])
+    assert_matches(demo, case)
+    assert_memory_predicted(case, load_recipe(Q25, _overrides(demo, False, extra)))
+    if schedule.startswith("interleaved"):   # chunks of one layer: layers=1 is this plan
+        from hyperparallel.mpipe.ir import Plan
+        from hyperparallel.recipe import derive_recipe
+        rec = load_recipe(Q25, _overrides(demo, False, extra))
+        assert derive_recipe(rec, "interleaved(recompute=layers=1)").programs == Plan.from_json(case["plan"]).programs
 
 
 @pytest.mark.msrun

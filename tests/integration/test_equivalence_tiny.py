@@ -30,6 +30,12 @@ SPILL = "transpose(spill=next_step)"
 SPILL_BALANCED = "transpose(owners=balanced, spill=next_step)"
 UNEVEN = "[{region: vision, skeleton: place}, {region: llm, skeleton: pipe, order: 1f1b, layers: [3, 1]}]"
 EAGER = ("mpipe.compile=eager",)
+# activation recompute (issue 37.2): the LLM's forwards run again before their backward (trained encoder)
+RECOMPUTE_2 = ["1f1b(recompute=full)", "1f1b(recompute=layers=1)", "interleaved(recompute=layers=1)",
+               "transpose(recompute=full)", "transpose(recompute=layers=1)", "zb_h1(recompute=full)"]
+# the list form: the transposed encoder recomputed on its owners too, the LLM's first layer of each chunk
+RECOMPUTE_BOTH = ("[{region: vision, skeleton: transpose, recompute: full}, "
+                  "{region: llm, skeleton: pipe, order: 1f1b, recompute: layers=1}]")
 
 
 def _overrides(schedule: str, frozen: bool, extra=()):
@@ -75,6 +81,7 @@ def two_rank(tmp_path_factory):
     cases.append(_case(tmp, SPILL, True))  # next-step spill: frozen encoders only
     cases.append(_case(tmp, UNEVEN, False))  # explicit uneven cut of the LLM (3 + 1 layers)
     cases.append(_case(tmp, "zb_h1", False, EAGER))  # the eager path stays tested (every other case compiles)
+    cases += [_case(tmp, s, False) for s in RECOMPUTE_2 + [RECOMPUTE_BOTH]]
     ckpt = os.path.join(tmp, "ckpt")
     cases.append(_case(tmp, "transpose", False, steps=2, save_dir=ckpt, save_every=1,
                        dump_dir=os.path.join(tmp, "dump", "ckpt_first")))
@@ -120,6 +127,32 @@ def test_two_ranks_uneven_cut_matches_reference(two_rank):
     case = two_rank[case_name(f"{UNEVEN}_trained_")]
     assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [3, 1]
     assert_matches_reference(case, False)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule", RECOMPUTE_2)
+def test_two_ranks_recompute_matches_reference_and_the_memory_prediction(two_rank, schedule):
+    """Recomputed chunks train like the reference; every rank's held forwards and held bytes (kept inputs
+    included) equal the cost model's. Full recompute holds one LLM forward at a time on rank 0 (1F1B's warmup
+    held two); layers=K holds as many (its kept parts) but adds a boundary (more boundary bytes, less inside)."""
+    from helpers import measured_memory
+    case = two_rank[case_name(f"{schedule}_trained_")]
+    assert any(c.get("recompute") for c in case["plan"]["chunks"])
+    assert_matches_reference(case, False)
+    assert_memory_predicted(case, load_recipe(RECIPE, overrides=_overrides(schedule, False)))
+    plain = two_rank[case_name(f"{schedule.split('(')[0]}_trained_")]
+    got, base = measured_memory(case["dump_dir"])[0][0], measured_memory(plain["dump_dir"])[0][0]
+    if "full" in schedule:
+        assert got["peak_held"]["llm"] == 1 < base["peak_held"]["llm"]
+
+
+@pytest.mark.msrun
+def test_two_ranks_encoder_and_llm_recompute_match_reference_and_the_memory_prediction(two_rank):
+    case = two_rank[case_name(f"{RECOMPUTE_BOTH}_trained_")]
+    assert [(c["region"], c.get("recompute", False)) for c in case["plan"]["chunks"]] == [
+        ("vision", True)] + [("llm", True), ("llm", False)] * 2
+    assert_matches_reference(case, False)
+    assert_memory_predicted(case, load_recipe(RECIPE, overrides=_overrides(RECOMPUTE_BOTH, False)))
 
 
 @pytest.mark.msrun

@@ -90,7 +90,8 @@ def raws():
 @pytest.fixture(scope="module")
 def plans():
     out = []
-    for name, sched in (("tiny_mllm.yaml", None), ("llm_pipeline.yaml", None), ("tiny_mllm.yaml", "transpose(backward=central)")):
+    for name, sched in (("tiny_mllm.yaml", None), ("llm_pipeline.yaml", None), ("tiny_mllm.yaml", "transpose(backward=central)"),
+                        ("tiny_mllm.yaml", "1f1b(recompute=layers=1)")):
         out.append(derive_recipe(load_recipe(os.path.join(RECIPES, name)), sched).to_json())
     return out
 
@@ -294,6 +295,7 @@ def test_many_regions_are_linear(tmp_path):
     (lambda o: o["programs"]["0"][0].update(micro="0"), "plan programs.0[0].micro"),        # named no field
     (lambda o: o["programs"]["0"][0].update(micro="two"), "plan programs.0[0].micro"),
     (lambda o: o["programs"]["0"][0].update(colour="red"), "plan programs.0[0].colour"),   # was OK
+    (lambda o: o["chunks"][1].update(recompute="yes"), "plan chunks[1].recompute"),
     (lambda o: o.update(num_micro=float("nan")), "plan"),
 ])
 def test_corrupted_plans_are_refused_naming_the_field(edit, field, plans, tmp_path):

@@ -109,7 +109,8 @@ def test_flat_offset_sets_the_cut_plan_and_simulate(tmp_path, cli):
     assert per_layer[3] > per_layer[2]   # the last chunk also runs the LM head
     out = cli("plan", p)
     assert out.returncode == 0, out.stderr
-    assert "layers llm: 9@0 10@1 12@2 9@3" in out.stdout
+    # the config's recompute_config.recompute: True recomputes every chunk (R)
+    assert "layers llm: 9@0R 10@1R 12@2R 9@3R" in out.stdout
 
 
 def test_nested_offset_interleaved(tmp_path):
@@ -306,7 +307,10 @@ def test_vl_simulate_1f1b_vs_transpose_without_a_profile(cli):
     work now exceeds what device 0's short first chunk absorbs) the frozen encoder leaves device 0's
     critical path under transpose; the estimate's assumptions are stated."""
     heavy = ["--set", "data={images_per_sample: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], "
-                      "video_prob: 0, image_size: 448, patch: 14, text_len: 4080}"]
+                      "video_prob: 0, image_size: 448, patch: 14, text_len: 4080}",
+             # without the config's LLM recompute: with it (one more forward in every LLM backward) the LLM's
+             # work per micro-batch grows and 1F1B's inline encoder costs less than transpose's prefixes here
+             "--set", "recompute_config.recompute=false"]
     out = cli("simulate", VL, "--schedule", "1f1b", "--schedule", "transpose", "--json", *heavy)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)

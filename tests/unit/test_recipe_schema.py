@@ -200,7 +200,6 @@ def test_training_settings_refused_naming_the_key(sections, key, words):
 
 @pytest.mark.parametrize("override,words", [
     ("parallel_config.model_parallel=2", "parallel_config.model_parallel: 2 is not supported; give 1"),
-    ("recompute_config.recompute=true", "recompute_config.recompute: True is not supported"),
     ("runner_wrapper.scale_sense=[1024]", "runner_wrapper.scale_sense: [1024]: give a number (a static scale"),
     ("runner_config.gradient_accumulation_steps=4", "raise parallel_config.micro_batch_num instead"),
     ("context.mode=0", "context.mode: 0: hyperparallel's runtime runs PyNative"),
@@ -222,8 +221,6 @@ def test_what_the_runtime_cannot_do_is_refused_before_launch(override, words, tm
 
 
 @pytest.mark.parametrize("key,value,words", [
-    ("recompute_config.recompute", [1, 1], "recompute_config.recompute: [1, 1] is not supported"),
-    ("recompute_config.recompute", [[0, 1], [0, 0]], "recompute_config.recompute: [[0, 1], [0, 0]] is not"),
     ("recompute_config.select_recompute", ["feed_forward\\.mul"], "recompute_config.select_recompute: ["),
     ("recompute_config.select_recompute", {"feed_forward\\.w1": [1, 1]}, "recompute_config.select_recompute: {"),
     ("recompute_config.select_comm_recompute", [2, 0], "recompute_config.select_comm_recompute: [2, 0]"),
