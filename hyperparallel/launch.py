@@ -92,11 +92,11 @@ def msrun_overrides(world: int) -> Dict[str, str]:
                                                 "leave it out")
     if "worker_num" in out and out["worker_num"] != str(world):
         raise SpecError("HP_MSRUN_ARGS --worker_num", f"{out['worker_num']} but the plan needs "
-                                                      f"pipeline_stage x data_parallel = {world} ranks")
+                                                      f"pipeline_stage x data_parallel x model_parallel = {world} ranks")
     local = int(out.get("local_worker_num", world))
     if not 1 <= local <= world or world % local:
         raise SpecError("HP_MSRUN_ARGS --local_worker_num", f"{local} must divide the job's {world} ranks "
-                                                            f"(pipeline_stage x data_parallel) into whole nodes")
+                                                            f"(pipeline_stage x data_parallel x model_parallel) into whole nodes")
     nodes = world // local
     if int(out.get("node_rank", 0)) >= nodes:
         raise SpecError("HP_MSRUN_ARGS --node_rank", f"{out['node_rank']} but {world} ranks of {local} per node make "

@@ -38,6 +38,8 @@ class RunConfig:
         schema.check_batch_size(raw, data.micro_batch_size)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
+        from .recipe.recipe import tensor_parallel_of
+        model.check_tensor_parallel(tensor_parallel_of(raw))
         _check_data_fits(data, model)
         mode, fallback = compile_settings(raw)
         if getattr(data, "balance", "none") == "encoder" and train.loss_normalization != "tokens":

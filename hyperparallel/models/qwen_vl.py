@@ -248,6 +248,39 @@ class QwenVL(ModelAdapter):
                 if dtype is not None and str(dtype).replace("torch.", "") not in CPU_DTYPES:
                     raise SpecError(f"{where}.{key}", f"{dtype!r} cannot train on CPU here; set float32")
 
+    # -- tensor parallelism (parallel_config.model_parallel: T; :mod:`.qwen_vl_tp`) ---------------------------
+    def check_tensor_parallel(self, size: int) -> None:
+        """T must divide the query and key/value heads, the MLP channels and the vocabulary (Qwen2.5-VL's
+        language model; its encoder is replicated within the group); refused before launch, naming the key."""
+        if size == 1:
+            return
+        key = "parallel_config.model_parallel"
+        if self.kind != "qwen2_5_vl":
+            raise SpecError(key, f"{size}: tensor parallelism is done for Qwen2_5_VLForConditionalGeneration's "
+                                 f"language model only, not {self.arch}; allowed: 1")
+        t = self.text
+        for field, n in (("num_attention_heads", t.num_attention_heads), ("num_key_value_heads",
+                                                                           t.num_key_value_heads),
+                         ("intermediate_size", t.intermediate_size), ("vocab_size", t.vocab_size)):
+            if n % size:
+                allowed = [d for d in range(1, n + 1) if all(m % d == 0 for m in (
+                    t.num_attention_heads, t.num_key_value_heads, t.intermediate_size, t.vocab_size))]
+                raise SpecError(key, f"{size} does not divide {self._key(f'{self.text_key}.{field}')} ({n}); "
+                                     f"allowed: {', '.join(map(str, allowed))}")
+        if self.tied_weights():
+            raise SpecError(key, f"{size} with tied word embeddings (tie_word_embeddings: true) is not done; "
+                                 "allowed: 1, or untie them")
+
+    def shard(self, group) -> None:
+        """Split the language model's layers, embedding and LM head over ``group`` (before any chunk)."""
+        from .qwen_vl_tp import shard_network
+        shard_network(self.network(), group)
+        self.tp_group = group
+
+    def sharded_params(self) -> dict:
+        from .qwen_vl_tp import sharded
+        return sharded(int(self.text.num_hidden_layers)) if getattr(self, "tp_group", None) else {}
+
     def compile_reason(self, region: str) -> str:
         """Every chunk runs eager (:data:`EAGER_REASON`)."""
         self.depth(region)   # KeyError for a region the model lacks

@@ -24,28 +24,42 @@ from .optim import Optimizer, clip_scale, scaled, square_sum
 
 
 def plan_groups(plan: ir.Plan):
-    """Every communication group of the plan, as global-rank tuples: the replica groups of every
-    data-parallel index and every device's data-parallel group (all ranks list all, in one order)."""
+    """Every communication group of the plan, as global-rank tuples (the layout of :mod:`.comm`): the replica
+    groups of every data-parallel and tensor-parallel index, every device's data-parallel group of every
+    tensor-parallel index, and every stage replica's tensor-parallel group (all ranks list all, in one order)."""
+    D, T = plan.data_parallel, plan.tensor_parallel
+
+    def rank(d, i, t):
+        return (d * D + i) * T + t
     groups = set()
-    for i in range(plan.data_parallel):
-        for p in plan.programs.values():
-            for a in p:
-                if a.group is not None and a.group != ir.DP_GROUP:
-                    groups.add(tuple(sorted(d * plan.data_parallel + i for d in a.group)))
+    for i in range(D):
+        for t in range(T):
+            for p in plan.programs.values():
+                for a in p:
+                    if a.group is not None and a.group != ir.DP_GROUP:
+                        groups.add(tuple(sorted(rank(d, i, t) for d in a.group)))
     for d in range(plan.num_devices):
-        groups.add(tuple(d * plan.data_parallel + j for j in range(plan.data_parallel)))
+        for t in range(T):
+            groups.add(tuple(rank(d, j, t) for j in range(D)))
+        if T > 1:
+            for i in range(D):
+                groups.add(tuple(rank(d, i, t) for t in range(T)))
     return groups
 
 
-def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied: Optional[dict] = None) -> set:
+def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied: Optional[dict] = None,
+                   tp_index: int = 0, sharded=()) -> set:
     """Names of the parameters this rank counts in the global gradient norm: those of the chunks whose
     first holder is this device, on data-parallel index 0 (a replicated encoder and every data-parallel
     copy hold the same gradients once all-reduced: each is counted once); a tied weight (``tied``: {label:
-    parameter name} held here) only on the lowest device holding a copy (its copies' grads are summed)."""
+    parameter name} held here) only on the lowest device holding a copy (its copies' grads are summed).
+    Tensor parallelism: a parameter split over the group (``sharded``) counts on every tp index (each holds its
+    slice's gradient), a whole copy only on tp index 0 (the copies' gradients are equal)."""
     first = {(c.region, c.index): min(c.devices) for c in plan.chunks}
     if dp_index != 0:
         return set()
-    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()}
+    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()
+             if tp_index == 0 or p.name in sharded}
     for t in plan.tied_on(device):
         if device != min(t.devices):
             names.discard((tied or {}).get(t.name))
@@ -120,11 +134,15 @@ class RankRuntime:
                  compile: str = "jit", compile_fallback: str = "error", log=print,
                  pool: Optional[compiled.GraphPool] = None, pool_model: tuple = ()):
         check_regions(model, plan_depths(plan), where="plan")
-        if comm.world != plan.num_devices * plan.data_parallel:
-            raise RuntimeError(f"the plan needs {plan.num_devices * plan.data_parallel} ranks "
-                               f"(pipeline_stage x data_parallel), this job has {comm.world}")
+        if comm.world != plan.ranks:
+            raise RuntimeError(f"the plan needs {plan.ranks} ranks "
+                               f"(pipeline_stage x data_parallel x model_parallel), this job has {comm.world}")
         self.plan, self.model, self.source, self.train, self.comm = plan, model, source, train, comm
         comm.ensure_groups(plan_groups(plan))
+        if plan.tensor_parallel > 1 and chunks is None:   # the model splits its layers over the stage's T ranks
+            from .tensor_group import TensorGroup
+            model.shard(TensorGroup(comm))
+        self.sharded = model.sharded_params() if plan.tensor_parallel > 1 else {}
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
         # each chunk's forward, compiled (mpipe.compile: jit) or eager; logged once per rank
@@ -151,7 +169,8 @@ class RankRuntime:
             self.optimizer = sharded.ShardedOptimizer(self.interp.updated, shards, train, total_steps or train.steps)
         else:
             self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
-        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied) & \
+        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied,
+                                      getattr(comm, "tp_index", 0), self.sharded) & \
             {p.name for p in self.interp.updated}
         self.next_step = 0
         self._started = False
@@ -166,9 +185,12 @@ class RankRuntime:
         return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
 
     def parameter_counts(self) -> Dict[str, Tuple[str, int, bool]]:
-        """This rank's parameters: name -> (region, elements, trained: the region is trainable in the plan).
+        """This rank's parameters: name -> (region, elements of the whole parameter, trained: the region is
+        trainable in the plan).
         Gathered from every rank and merged by name (:func:`parameters_line`), each counts once."""
-        return {p.name: (region, int(p.size), bool(self.plan.trainable.get(region, True)))
+        T = self.plan.tensor_parallel   # a sharded parameter's whole size
+        return {p.name: (region, int(p.size) * (T if p.name in self.sharded else 1),
+                         bool(self.plan.trainable.get(region, True)))
                 for (region, _), cell in sorted(self.chunks.items()) for p in cell.get_parameters()}
 
     def step(self, step: Optional[int] = None, stop=False) -> StepResult:
@@ -182,6 +204,8 @@ class RankRuntime:
             self._started = True
         t0 = time.perf_counter()
         part = self.interp.run_step(s)
+        if getattr(self.comm, "tp_index", 0):
+            part = 0.0   # the T ranks of a stage compute the same loss: counted once
         grads = self.interp.step_grads()
         t1 = time.perf_counter()
         # one all-reduce: the step loss, the global gradient norm's square (clipping needs it before

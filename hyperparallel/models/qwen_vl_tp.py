@@ -1,0 +1,79 @@
+"""Tensor parallelism of mindone's Qwen2.5-VL language model, in place (:mod:`.tensor_parallel`).
+
+Over T ranks, after the whole network is built (its weights identical on every rank: one seed, or one
+pretrained directory), each rank keeps:
+
+* attention: the q/k/v rows of its ``num_attention_heads / T`` query heads and ``num_key_value_heads / T``
+  key/value heads (biases too; the grouping of query heads onto key/value heads stays rank-local), the
+  matching columns of ``o_proj``; the attention module runs ``g(attn(f(x)))``;
+* MLP: the rows of ``gate_proj`` / ``up_proj`` and the columns of ``down_proj`` of its ``intermediate_size / T``
+  channels; ``g(mlp(f(x)))``;
+* ``embed_tokens`` and ``lm_head``: its ``vocab_size / T`` rows; the embedding looks up the ids it holds and
+  the group sums, the LM head gives this rank's logit columns, and the loss is the vocabulary-parallel cross
+  entropy (:func:`.tensor_parallel.vocab_cross_entropy`).
+
+Norms and the vision encoder stay whole on every rank (the encoder is replicated within the group: its input
+is the same and the gradient reaching it is the same on every rank, so the copies stay equal without any
+collective). Parameter names are unchanged; :func:`sharded` lists the split ones with their axes.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+from . import tensor_parallel as tp
+
+ATTN = (("q_proj.weight", 0), ("q_proj.bias", 0), ("k_proj.weight", 0), ("k_proj.bias", 0),
+        ("v_proj.weight", 0), ("v_proj.bias", 0), ("o_proj.weight", 1))
+MLP = (("gate_proj.weight", 0), ("up_proj.weight", 0), ("down_proj.weight", 1))
+EMBED, HEAD = "model.language_model.embed_tokens.weight", "lm_head.weight"
+
+
+def sharded(num_layers: int) -> Dict[str, int]:
+    """{parameter name: axis} of every parameter split over the group."""
+    out = {EMBED: 0, HEAD: 0}
+    for i in range(num_layers):
+        pre = f"model.language_model.layers.{i}."
+        out.update({pre + "self_attn." + n: a for n, a in ATTN})
+        out.update({pre + "mlp." + n: a for n, a in MLP})
+    return out
+
+
+def shard_network(net, group) -> None:
+    """Split ``net``'s language model over ``group`` in place (see the module docstring)."""
+    lm = net.model.language_model
+    params = {p.name: p for p in net.get_parameters()}
+    for name, axis in sharded(len(lm.layers)).items():
+        if name in params:   # a bias the config leaves out
+            tp.split(params[name], axis, group)
+    for layer in lm.layers:
+        tp.parallel_block(layer.self_attn, group)
+        tp.parallel_block(layer.mlp, group, arg="x")
+    rows = lm.embed_tokens.weight.shape[0]
+    _vocab_embedding(lm.embed_tokens, group, group.rank * rows)
+    _column_head(net.lm_head, group)
+
+
+_CLASSES: Dict[tuple, type] = {}
+
+
+def _swap(cell, kind: str, construct) -> None:
+    key = (type(cell), kind)
+    if key not in _CLASSES:
+        _CLASSES[key] = type(f"{kind}{type(cell).__name__}", (type(cell),), {"construct": construct})
+    cell.__class__ = _CLASSES[key]
+
+
+def _vocab_embedding(cell, group, lo: int) -> None:
+    def construct(self, input):
+        return tp.vocab_embedding(input, self.weight, self._tp_lo, self.padding_idx, self._tp_group)
+    _swap(cell, "VocabParallel", construct)
+    cell._tp_group, cell._tp_lo = group, lo
+
+
+def _column_head(cell, group) -> None:
+    base = type(cell)
+
+    def construct(self, x):
+        return base.construct(self, tp.copy_to(x, self._tp_group))
+    _swap(cell, "ColumnParallel", construct)
+    cell._tp_group = group
