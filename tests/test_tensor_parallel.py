@@ -159,42 +159,70 @@ def _sets(demo, extra):
     return list(demo) + [f"train.steps={STEPS}", "mpipe.encoder.trainable=true"] + list(M2) + list(extra)
 
 
-def _case(tmp, demo, schedule, extra):
+def _case(tmp, demo, schedule, extra, **kw):
     name = case_name(f"tp_{schedule}_{'_'.join(extra)}")
-    return job_case(tmp, Q25, schedule, name, _sets(demo, extra), steps=STEPS, chunks="jit", extra=list(extra))
+    return job_case(tmp, Q25, schedule, name, _sets(demo, extra), steps=STEPS, chunks="jit", extra=list(extra), **kw)
 
 
 _REF = {}
 
 
-def _check(demo, case):
-    key = tuple(case["extra"])
+def _reference(demo, extra=()):
+    """(losses, first grads, every step's grads) of the single-process reference: mindone's whole model,
+    unsharded, one process (it never splits its layers; T in the recipe does not change it)."""
+    key = tuple(extra)
     if key not in _REF:
         from hyperparallel.recipe import load_recipe
-        # the reference: mindone's whole model, unsharded, one process (it never splits its layers)
-        _REF[key] = reference_run(load_recipe(Q25, _sets(demo, case["extra"])), STEPS)
-    losses, grads, per_step = _REF[key]
+        _REF[key] = reference_run(load_recipe(Q25, _sets(demo, extra)), STEPS)
+    return _REF[key]
+
+
+def _check(demo, case):
+    losses, grads, per_step = _reference(demo)
     got = assert_equivalent(case, losses, grads, per_step)
     assert any(k.startswith("model.visual.") for k in got)
     return got
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, demo):
-    """T=2 P=1 D=1: one launch of 2 ranks."""
-    tmp = str(tmp_path_factory.mktemp("tp2"))
-    cases = [_case(tmp, demo, "1f1b", T2 + P1)]
-    launch_cases(tmp, cases, 2, timeout=600)
-    return {c["name"]: c for c in cases}
+def hf_dir(tmp_path_factory, demo):
+    """An unsharded checkpoint: a Hugging Face directory (``save_pretrained``) of the tiny Qwen2.5-VL with other
+    weights than the recipe's seed gives."""
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runtime import compat
+    from hyperparallel.runconfig import run_config_of
+    compat.setup_device("CPU")
+    rc = run_config_of(load_recipe(Q25, _sets(demo, ()) + ["train.seed=123"]))
+    d = str(tmp_path_factory.mktemp("tphf"))
+    rc.model.network().save_pretrained(d)
+    return d
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory, demo):
-    """T=2 P=2 D=1: one launch of 4 ranks, 1f1b and transpose."""
+def two_ranks(tmp_path_factory, demo, hf_dir):
+    """T=2 P=1 D=1: one launch of 2 ranks. The plain case saves steps 2 and 3 (whole tensors); another case
+    starts from the unsharded Hugging Face directory (each rank slices it)."""
+    from hyperparallel.runtime.ckpt_files import resolve
+    tmp = str(tmp_path_factory.mktemp("tp2"))
+    cases = [_case(tmp, demo, "1f1b", T2 + P1, save_dir=os.path.join(tmp, "ckpt"), save_every=2),
+             _case(tmp, demo, "1f1b", T2 + P1, dump_dir=os.path.join(tmp, "dump", "from_hf"),
+                   resume_from=resolve(hf_dir).to_json())]
+    launch_cases(tmp, cases, 2, timeout=600)
+    return {os.path.basename(c["dump_dir"]): c for c in cases}
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory, demo, two_ranks):
+    """T=2 P=2 D=1: one launch of 4 ranks, 1f1b and transpose; and 1f1b resumed from the 2-rank run's step 2
+    (T=2 P=1: another layout of the same T) for its third step."""
+    from hyperparallel.runtime.ckpt_files import resolve
     tmp = str(tmp_path_factory.mktemp("tp4"))
+    saved = two_ranks[case_name(f"tp_1f1b_{'_'.join(T2 + P1)}")]["save_dir"]
     cases = [_case(tmp, demo, s, T2) for s in ("1f1b", "transpose")]
+    cases.append(_case(tmp, demo, "1f1b", T2, dump_dir=os.path.join(tmp, "dump", "resumed"),
+                       resume_from=resolve(os.path.join(saved, "step_2")).to_json()))
     launch_cases(tmp, cases, 4, timeout=900)
-    return {c["name"]: c for c in cases}
+    return {os.path.basename(c["dump_dir"]): c for c in cases}
 
 
 def _assert_trains_like_reference(runs, demo, schedule, extra):
@@ -227,3 +255,69 @@ def test_t2_p1_d1_trains_like_the_single_process_reference(two_ranks, demo):
 @pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
 def test_t2_p2_trains_like_the_single_process_reference(four_ranks, demo, schedule):
     _assert_trains_like_reference(four_ranks, demo, schedule, T2)
+
+
+# -- checkpoints: whole tensors, interchangeable with unsharded runs -------------------------------------
+
+@pytest.mark.msrun
+def test_a_tensor_parallel_checkpoint_is_what_an_unsharded_run_saves(two_ranks, demo):
+    """Step 2 of the T=2 run: one file (tp index 0 writes), every name of the whole model with its whole shape,
+    and the weights and Adam state an unsharded single-process run has after 2 steps (float32 rounding of the
+    two summation orders, through 2 Adam updates)."""
+    import numpy as np
+    import mindspore as ms
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runtime.ckpt_files import resolve
+    from hyperparallel.runtime.reference import Reference
+    case = two_ranks[case_name(f"tp_1f1b_{'_'.join(T2 + P1)}")]
+    src = resolve(os.path.join(case["save_dir"], "step_2"))
+    assert [os.path.basename(f) for f in src.files] == ["rank_0.safetensors"]
+    saved = ms.load_checkpoint(src.files[0], format="safetensors")
+    recipe = load_recipe(Q25, _sets(demo, ()))
+    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {"vision": True, "llm": True})
+    for s in range(2):
+        ref.step(s)
+    want = {p.name: p.asnumpy() for p in ref.all_params()}
+    weights = set(want)
+    want.update({n: v.asnumpy() for n, v in ref.opt.state().items()})
+    assert set(want) <= set(saved), sorted(set(want) - set(saved))[:5]
+    lr = recipe.raw["train"]["lr"]
+    for n, w in want.items():
+        got = saved[n].asnumpy()
+        assert got.shape == w.shape, n
+        # a weight: within 1% of one Adam step (lr) -- Adam's m / sqrt(v) of a gradient near zero moves with the
+        # float32 rounding of the two summation orders (measured: 2.1e-5 on one element of 8,192, lr 3e-3); a
+        # wrong slice or an unsummed partial gradient is off by whole steps. Moments: 1e-4 of their scale.
+        tol = 0.01 * lr if n in weights else 0.0
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=max(tol, 1e-4 * max(float(np.abs(w).max()), 1e-12)),
+                                   err_msg=n)
+    # and the unsharded reference loads it (restore: names and shapes checked) and gives the TP run's 3rd loss
+    fresh = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {"vision": True, "llm": True})
+    step, with_state = fresh.restore(src)
+    assert (step, with_state) == (2, True)
+    loss, _ = fresh.step(2)
+    with open(os.path.join(case["dump_dir"], "losses.json")) as f:
+        np.testing.assert_allclose(loss, __import__("json").load(f)["losses"][2], rtol=1e-5)
+
+
+@pytest.mark.msrun
+def test_an_unsharded_checkpoint_starts_a_tensor_parallel_run(two_ranks, demo, hf_dir):
+    """A Hugging Face directory (whole tensors, the hub's names) resumed under T=2: each rank slices it; the run
+    trains like the reference started from the same weights."""
+    import numpy as np
+    case = two_ranks["from_hf"]
+    losses, grads, per_step = _reference(demo, (f"model.pretrained={hf_dir}",))
+    assert_equivalent(case, losses, grads, per_step)
+    assert not np.allclose(losses[0], _reference(demo)[0][0])   # other weights than the seed's
+
+
+@pytest.mark.msrun
+def test_a_tensor_parallel_checkpoint_resumes_under_another_layout(four_ranks, demo):
+    """The T=2 P=1 step-2 checkpoint resumed with T=2 P=2: the third step's loss is the reference's."""
+    import json
+    import numpy as np
+    with open(os.path.join(four_ranks["resumed"]["dump_dir"], "losses.json")) as f:
+        got = json.load(f)
+    assert got["start"] == 2 and len(got["losses"]) == 1
+    np.testing.assert_allclose(got["losses"][0], _reference(demo)[0][2], rtol=1e-5)

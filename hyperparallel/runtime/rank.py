@@ -260,14 +260,15 @@ class RankRuntime:
         meta.setdefault("optimizer", self.train.optimizer)
         meta.setdefault("processor", processor_record(getattr(self.source, "cfg", None)))   # ckpt --export-hf
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
-                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied)
+                                self.model.checkpoint_files(), digests=digests, tied=self.interp.tied,
+                                sharded=self.sharded)
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks
         and optimizer; the data continue at its saved position. Returns (step, optimizer state loaded)
         and makes that step the next; CheckpointError if it does not fit."""
         step, with_state = checkpoint.restore_with_data(src, self.comm, self.chunks, self.optimizer, self.source,
-                                                        self.model.checkpoint_name)
+                                                        self.model.checkpoint_name, self.sharded)
         self.next_step, self._started = step, False
         return step, with_state
 

@@ -36,3 +36,25 @@ def gather_whole(comm, values: dict, sharded: dict) -> dict:
     for name in sorted(n for n in values if n in sharded):
         out[name] = ops.concat(comm.all_gather(ops.stop_gradient(values[name]), "tp"), axis=sharded[name])
     return out
+
+
+def with_state(sharded: dict, per: dict) -> dict:
+    """``sharded`` ({parameter name: axis}) with the optimizer state of each such parameter (``per``: {parameter
+    name: its state names}, :meth:`~.optim.Optimizer.state_groups`): a moment has its parameter's shape and split."""
+    out = dict(sharded)
+    for name, axis in sharded.items():
+        out.update({s: axis for s in per.get(name, [])})
+    return out
+
+
+def whole_shape(shape, axis: int, size: int) -> tuple:
+    """The shape of the whole tensor of which ``shape`` is one of ``size`` slices along ``axis``."""
+    s = list(shape)
+    s[axis] *= size
+    return tuple(s)
+
+
+def my_slice(value, axis: int, size: int, index: int):
+    """Slice ``index`` of ``size`` equal slices of a whole tensor ``value`` along ``axis``."""
+    n = value.shape[axis] // size
+    return ops.narrow(value, axis, index * n, n)
