@@ -62,10 +62,10 @@ def test_t_that_does_not_divide_the_vocabulary_is_refused(refused):
     assert "2 does not divide model.model_config.text_config.vocab_size (255); allowed: 1" in str(e)
 
 
-def test_models_without_tensor_parallel_layers_are_refused(refused):
+def test_models_and_settings_without_tensor_parallel_layers_are_refused(refused):
     assert "no tensor-parallel layers; allowed: 1" in str(refused(TINY, *T2))
-    e = refused(Q3, *T2)
-    assert e.field == "parallel_config.model_parallel" and "not Qwen3VLForConditionalGeneration" in str(e)
+    e = refused(Q3, *T2, "model.model_config.text_config.attention_bias=true")
+    assert e.field == "parallel_config.model_parallel" and "attention_bias: true is not done" in str(e)
     e = refused(Q25, *T2, "model.model_config.tie_word_embeddings=true",
                  "model.model_config.text_config.tie_word_embeddings=true")
     assert "tied word embeddings" in str(e)
@@ -159,26 +159,30 @@ def _sets(demo, extra):
     return list(demo) + [f"train.steps={STEPS}", "mpipe.encoder.trainable=true"] + list(M2) + list(extra)
 
 
-def _case(tmp, demo, schedule, extra, **kw):
-    name = case_name(f"tp_{schedule}_{'_'.join(extra)}")
-    return job_case(tmp, Q25, schedule, name, _sets(demo, extra), steps=STEPS, chunks="jit", extra=list(extra), **kw)
+def _key(path, schedule, extra):
+    return case_name(f"tp_{os.path.basename(path).split('_tiny')[0]}_{schedule}_{'_'.join(extra)}")
+
+
+def _case(tmp, demo, schedule, extra, path=Q25, **kw):
+    return job_case(tmp, path, schedule, _key(path, schedule, extra), _sets(demo, extra), steps=STEPS, chunks="jit",
+                    extra=list(extra), recipe=path, **kw)
 
 
 _REF = {}
 
 
-def _reference(demo, extra=()):
+def _reference(demo, extra=(), path=Q25):
     """(losses, first grads, every step's grads) of the single-process reference: mindone's whole model,
     unsharded, one process (it never splits its layers; T in the recipe does not change it)."""
-    key = tuple(extra)
+    key = (path, tuple(extra))
     if key not in _REF:
         from hyperparallel.recipe import load_recipe
-        _REF[key] = reference_run(load_recipe(Q25, _sets(demo, extra)), STEPS)
+        _REF[key] = reference_run(load_recipe(path, _sets(demo, extra)), STEPS)
     return _REF[key]
 
 
 def _check(demo, case):
-    losses, grads, per_step = _reference(demo)
+    losses, grads, per_step = _reference(demo, path=case["recipe"])
     got = assert_equivalent(case, losses, grads, per_step)
     assert any(k.startswith("model.visual.") for k in got)
     return got
@@ -206,7 +210,8 @@ def two_ranks(tmp_path_factory, demo, hf_dir):
     tmp = str(tmp_path_factory.mktemp("tp2"))
     cases = [_case(tmp, demo, "1f1b", T2 + P1, save_dir=os.path.join(tmp, "ckpt"), save_every=2),
              _case(tmp, demo, "1f1b", T2 + P1, dump_dir=os.path.join(tmp, "dump", "from_hf"),
-                   resume_from=resolve(hf_dir).to_json())]
+                   resume_from=resolve(hf_dir).to_json()),
+             _case(tmp, demo, "1f1b", T2 + P1, path=Q3)]
     launch_cases(tmp, cases, 2, timeout=600)
     return {os.path.basename(c["dump_dir"]): c for c in cases}
 
@@ -217,16 +222,16 @@ def four_ranks(tmp_path_factory, demo, two_ranks):
     (T=2 P=1: another layout of the same T) for its third step."""
     from hyperparallel.runtime.ckpt_files import resolve
     tmp = str(tmp_path_factory.mktemp("tp4"))
-    saved = two_ranks[case_name(f"tp_1f1b_{'_'.join(T2 + P1)}")]["save_dir"]
-    cases = [_case(tmp, demo, s, T2) for s in ("1f1b", "transpose")]
+    saved = two_ranks[_key(Q25, "1f1b", T2 + P1)]["save_dir"]
+    cases = [_case(tmp, demo, s, T2) for s in ("1f1b", "transpose")] + [_case(tmp, demo, "transpose", T2, path=Q3)]
     cases.append(_case(tmp, demo, "1f1b", T2, dump_dir=os.path.join(tmp, "dump", "resumed"),
                        resume_from=resolve(os.path.join(saved, "step_2")).to_json()))
     launch_cases(tmp, cases, 4, timeout=900)
     return {os.path.basename(c["dump_dir"]): c for c in cases}
 
 
-def _assert_trains_like_reference(runs, demo, schedule, extra):
-    case = runs[case_name(f"tp_{schedule}_{'_'.join(extra)}")]
+def _assert_trains_like_reference(runs, demo, schedule, extra, path=Q25):
+    case = runs[_key(path, schedule, extra)]
     assert case["plan"]["meta"]["tensor_parallel"] == 2
     grads = _check(demo, case)
     # every tensor-parallel rank held (and dumped, gathered whole) the sharded weights
@@ -245,7 +250,7 @@ def test_t2_p1_d1_trains_like_the_single_process_reference(two_ranks, demo):
     assert {"lm_head.weight", "model.language_model.embed_tokens.weight",
             "model.language_model.layers.3.mlp.down_proj.weight"} <= set(split)
     want = sum(g[0].size * 4 // (2 if n in split else 1) for n, g in grads.items())
-    case = two_ranks[case_name(f"tp_1f1b_{'_'.join(T2 + P1)}")]
+    case = two_ranks[_key(Q25, "1f1b", T2 + P1)]
     for rank in (0, 1):
         with open(os.path.join(case["dump_dir"], f"memory_rank{rank}.json")) as f:
             assert json.load(f)[0]["params_bytes"] == want
@@ -255,6 +260,17 @@ def test_t2_p1_d1_trains_like_the_single_process_reference(two_ranks, demo):
 @pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
 def test_t2_p2_trains_like_the_single_process_reference(four_ranks, demo, schedule):
     _assert_trains_like_reference(four_ranks, demo, schedule, T2)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("P", [1, 2], ids=["T2-P1-1f1b", "T2-P2-transpose"])
+def test_qwen3_vl_tensor_parallel_trains_like_the_single_process_reference(two_ranks, four_ranks, demo, P):
+    """Qwen3-VL: per-head q_norm / k_norm (their gradients summed over the group) and deepstack features added
+    to the (replicated) hidden state of the first layers."""
+    runs, schedule, extra = (two_ranks, "1f1b", T2 + P1) if P == 1 else (four_ranks, "transpose", T2)
+    grads = _assert_trains_like_reference(runs, demo, schedule, extra, path=Q3)
+    assert "model.language_model.layers.0.self_attn.q_norm.weight" in grads
+    assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
 
 
 # -- checkpoints: whole tensors, interchangeable with unsharded runs -------------------------------------
@@ -270,7 +286,7 @@ def test_a_tensor_parallel_checkpoint_is_what_an_unsharded_run_saves(two_ranks, 
     from hyperparallel.runconfig import RunConfig
     from hyperparallel.runtime.ckpt_files import resolve
     from hyperparallel.runtime.reference import Reference
-    case = two_ranks[case_name(f"tp_1f1b_{'_'.join(T2 + P1)}")]
+    case = two_ranks[_key(Q25, "1f1b", T2 + P1)]
     src = resolve(os.path.join(case["save_dir"], "step_2"))
     assert [os.path.basename(f) for f in src.files] == ["rank_0.safetensors"]
     saved = ms.load_checkpoint(src.files[0], format="safetensors")

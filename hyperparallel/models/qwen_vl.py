@@ -250,15 +250,15 @@ class QwenVL(ModelAdapter):
 
     # -- tensor parallelism (parallel_config.model_parallel: T; :mod:`.qwen_vl_tp`) ---------------------------
     def check_tensor_parallel(self, size: int) -> None:
-        """T must divide the query and key/value heads, the MLP channels and the vocabulary (Qwen2.5-VL's
-        language model; its encoder is replicated within the group); refused before launch, naming the key."""
+        """T must divide the query and key/value heads, the MLP channels and the vocabulary of the language model
+        (the encoder is replicated within the group); refused before launch, naming the key."""
         if size == 1:
             return
         key = "parallel_config.model_parallel"
-        if self.kind != "qwen2_5_vl":
-            raise SpecError(key, f"{size}: tensor parallelism is done for Qwen2_5_VLForConditionalGeneration's "
-                                 f"language model only, not {self.arch}; allowed: 1")
         t = self.text
+        if self.kind == "qwen3_vl" and getattr(t, "attention_bias", False):
+            raise SpecError(key, f"{size} with {self._key(f'{self.text_key}.attention_bias')}: true is not done "
+                                 "(o_proj's bias would be added on every rank); allowed: 1, or attention_bias: false")
         for field, n in (("num_attention_heads", t.num_attention_heads), ("num_key_value_heads",
                                                                            t.num_key_value_heads),
                          ("intermediate_size", t.intermediate_size), ("vocab_size", t.vocab_size)):

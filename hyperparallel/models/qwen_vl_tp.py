@@ -1,4 +1,4 @@
-"""Tensor parallelism of mindone's Qwen2.5-VL language model, in place (:mod:`.tensor_parallel`).
+"""Tensor parallelism of mindone's Qwen2.5-VL and Qwen3-VL language models, in place (:mod:`.tensor_parallel`).
 
 Over T ranks, after the whole network is built (its weights identical on every rank: one seed, or one
 pretrained directory), each rank keeps:
@@ -48,6 +48,9 @@ def shard_network(net, group) -> None:
     for layer in lm.layers:
         tp.parallel_block(layer.self_attn, group)
         tp.parallel_block(layer.mlp, group, arg="x")
+        for norm in ("q_norm", "k_norm"):   # Qwen3-VL
+            if hasattr(layer.self_attn, norm):
+                _head_norm(getattr(layer.self_attn, norm), group)
     rows = lm.embed_tokens.weight.shape[0]
     _vocab_embedding(lm.embed_tokens, group, group.rank * rows)
     _column_head(net.lm_head, group)
@@ -76,4 +79,19 @@ def _column_head(cell, group) -> None:
     def construct(self, x):
         return base.construct(self, tp.copy_to(x, self._tp_group))
     _swap(cell, "ColumnParallel", construct)
+    cell._tp_group = group
+
+
+def _head_norm(cell, group) -> None:
+    """An RMS norm over ``head_dim`` applied to this rank's heads only: the same computation with its weight
+    passed through *f* (its gradient summed over the group's heads)."""
+    import mindspore as ms
+    from mindspore import mint
+
+    def construct(self, hidden_states):
+        dtype = hidden_states.dtype
+        h = hidden_states.to(ms.float32)
+        h = h * mint.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return tp.copy_to(self.weight, self._tp_group) * h.to(dtype)
+    _swap(cell, "HeadParallel", construct)
     cell._tp_group = group
