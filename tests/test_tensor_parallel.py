@@ -5,7 +5,7 @@ entropy, the encoder replicated within each stage's T ranks.
 * refusals before launch: a T that does not divide the heads, channels or vocabulary, a model without
   tensor-parallel layers, Qwen3-VL, tied embeddings; ``HP_MSRUN_ARGS --worker_num`` other than P x D x T;
 * the rank layout: each stage replica's T ranks are neighbours, the groups are the ones the comm module builds;
-* equivalence (msrun): T=2 P=1 D=1 (2 ranks) and T=2 P=2 (4 ranks: 1f1b, transpose) train 3 steps like the
+* equivalence (msrun): T=2 P=1 D=1 (2 ranks) and T=2 P=2 (4 ranks: 1f1b, transpose, zb_h1) train 3 steps like the
   single-process float32 reference (mindone's whole model): losses within 1e-5 relative, every gradient
   (sharded ones gathered whole) within 1e-5 at the first step.
 """
@@ -24,6 +24,8 @@ STEPS = 3
 T2 = ("parallel_config.model_parallel=2",)
 P1 = ("parallel_config.pipeline_stage=1",)
 M2 = ("parallel_config.micro_batch_num=2",)
+# zb_h1: B and W split (f's gradient hook fires once, in B)
+SCHEDULES_P2 = ("1f1b", "transpose", "zb_h1")
 
 
 @pytest.fixture(scope="module")
@@ -218,12 +220,12 @@ def two_ranks(tmp_path_factory, demo, hf_dir):
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory, demo, two_ranks):
-    """T=2 P=2 D=1: one launch of 4 ranks, 1f1b and transpose; and 1f1b resumed from the 2-rank run's step 2
+    """T=2 P=2 D=1: one launch of 4 ranks, 1f1b, transpose and zb_h1 (Qwen3-VL: transpose); and 1f1b resumed from the 2-rank run's step 2
     (T=2 P=1: another layout of the same T) for its third step."""
     from hyperparallel.runtime.ckpt_files import resolve
     tmp = str(tmp_path_factory.mktemp("tp4"))
     saved = two_ranks[_key(Q25, "1f1b", T2 + P1)]["save_dir"]
-    cases = [_case(tmp, demo, s, T2) for s in ("1f1b", "transpose")] + [_case(tmp, demo, "transpose", T2, path=Q3)]
+    cases = [_case(tmp, demo, s, T2) for s in SCHEDULES_P2] + [_case(tmp, demo, "transpose", T2, path=Q3)]
     cases.append(_case(tmp, demo, "1f1b", T2, dump_dir=os.path.join(tmp, "dump", "resumed"),
                        resume_from=resolve(os.path.join(saved, "step_2")).to_json()))
     launch_cases(tmp, cases, 4, timeout=900)
@@ -257,7 +259,7 @@ def test_t2_p1_d1_trains_like_the_single_process_reference(two_ranks, demo):
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
+@pytest.mark.parametrize("schedule", SCHEDULES_P2)
 def test_t2_p2_trains_like_the_single_process_reference(four_ranks, demo, schedule):
     _assert_trains_like_reference(four_ranks, demo, schedule, T2)
 

@@ -265,7 +265,8 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
             print(f"ignoring incomplete checkpoint {path} ({src.why.get(path, 'not every rank finished writing it')})",
                   flush=True)
         print(f"resuming from {src.path} at step {src.step}" + _position_note(src, plan), flush=True)
-    print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
+    tp = f" T={plan.tensor_parallel}" if plan.tensor_parallel > 1 else ""   # parallel_config.model_parallel
+    print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel}{tp} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps ({args.steps_from}); run dir {run_dir}",
           flush=True)
     print(compile_line(rc.model, rc.compile), flush=True)
