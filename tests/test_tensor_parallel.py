@@ -22,6 +22,7 @@ Q3 = os.path.join(HERE, "..", "recipes", "qwen3_vl_tiny.yaml")
 TINY = os.path.join(HERE, "..", "recipes", "tiny_mllm.yaml")
 STEPS = 3
 T2 = ("parallel_config.model_parallel=2",)
+T4 = ("parallel_config.model_parallel=4",)   # > num_key_value_heads (2): each key/value head on 2 ranks
 P1 = ("parallel_config.pipeline_stage=1",)
 M2 = ("parallel_config.micro_batch_num=2",)
 # zb_h1: B and W split (f's gradient hook fires once, in B)
@@ -55,8 +56,8 @@ def refused(demo):
 def test_t_that_does_not_divide_the_heads_is_refused_naming_the_key_and_the_allowed_values(refused):
     e = refused(Q25, "parallel_config.model_parallel=3")
     assert e.field == "parallel_config.model_parallel"
-    # num_attention_heads 4, num_key_value_heads 2, intermediate 128, vocab 256: 1 or 2
-    assert "3 does not divide model.model_config.text_config.num_attention_heads (4); allowed: 1, 2" in str(e)
+    # num_attention_heads 4, num_key_value_heads 2 (4: each key/value head on 2 ranks), intermediate 128, vocab 256
+    assert "3 does not divide model.model_config.text_config.num_attention_heads (4); allowed: 1, 2, 4" in str(e)
 
 
 def test_t_that_does_not_divide_the_vocabulary_is_refused(refused):
@@ -147,12 +148,36 @@ def test_counted_params_count_a_sharded_weight_on_every_tp_rank_and_a_copy_once(
     pytest.importorskip("mindspore")
     from hyperparallel.runtime.rank import counted_params
     plan = types.SimpleNamespace(chunks=[types.SimpleNamespace(region="llm", index=0, devices=[0])],
-                                 tied_on=lambda d: [])
+                                 tied_on=lambda d: [], tensor_parallel=2)
     cell = types.SimpleNamespace(get_parameters=lambda: [types.SimpleNamespace(name="w"),
                                                          types.SimpleNamespace(name="norm")])
     chunks = {("llm", 0): cell}
     assert counted_params(plan, chunks, 0, 0, None, 0, {"w": 0}) == {"w", "norm"}
     assert counted_params(plan, chunks, 0, 0, None, 1, {"w": 0}) == {"w"}
+    plan.tensor_parallel = 4   # "w" in 2 slices, each on 2 ranks (key/value heads replicated): counted on 0 and 2
+    assert [counted_params(plan, chunks, 0, 0, None, t, {"w": (0, 2)}) for t in range(4)] == \
+        [{"w", "norm"}, set(), {"w"}, set()]
+
+
+def test_a_slice_held_by_several_ranks_is_gathered_and_sliced_by_its_parts():
+    pytest.importorskip("mindspore")
+    from hyperparallel.runtime import compat
+    compat.setup_device("CPU")   # before any kernel (blocking launch), as every in-process test of MindSpore
+    import numpy as np
+    from mindspore import Tensor
+    from hyperparallel.runtime.tensor_group import gather_whole, my_slice, whole_shape
+    whole = Tensor(np.arange(24, dtype=np.float32).reshape(4, 6))
+    # T = 4, two parts along axis 0: ranks 0, 1 hold rows 0-1, ranks 2, 3 rows 2-3
+    assert [my_slice(whole, (0, 2), 4, t).asnumpy()[0, 0] for t in range(4)] == [0, 0, 12, 12]
+    assert whole_shape((2, 6), (0, 2), 4) == (4, 6) and whole_shape((4, 3), 1, 2) == (4, 6)
+
+    class Group:   # the four ranks' slices, as all_gather returns them
+        T = 4
+
+        def all_gather(self, t, group):
+            return [my_slice(whole, (0, 2), 4, r) for r in range(4)]
+    got = gather_whole(Group(), {"w": my_slice(whole, (0, 2), 4, 1), "n": Tensor([1.0])}, {"w": (0, 2)})
+    assert (got["w"].asnumpy() == whole.asnumpy()).all() and got["n"].asnumpy()[0] == 1.0
 
 
 # -- equivalence on msrun ranks ------------------------------------------------------------------------
@@ -220,12 +245,14 @@ def two_ranks(tmp_path_factory, demo, hf_dir):
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory, demo, two_ranks):
-    """T=2 P=2 D=1: one launch of 4 ranks, 1f1b, transpose and zb_h1 (Qwen3-VL: transpose); and 1f1b resumed from the 2-rank run's step 2
+    """T=2 P=2 D=1: one launch of 4 ranks, 1f1b, transpose and zb_h1 (Qwen3-VL: transpose); T=4 P=1 (key/value
+    heads replicated on 2 ranks each); and 1f1b resumed from the 2-rank run's step 2
     (T=2 P=1: another layout of the same T) for its third step."""
     from hyperparallel.runtime.ckpt_files import resolve
     tmp = str(tmp_path_factory.mktemp("tp4"))
     saved = two_ranks[_key(Q25, "1f1b", T2 + P1)]["save_dir"]
-    cases = [_case(tmp, demo, s, T2) for s in SCHEDULES_P2] + [_case(tmp, demo, "transpose", T2, path=Q3)]
+    cases = [_case(tmp, demo, s, T2) for s in SCHEDULES_P2] + [_case(tmp, demo, "transpose", T2, path=Q3),
+                                                                _case(tmp, demo, "1f1b", T4 + P1)]
     cases.append(_case(tmp, demo, "1f1b", T2, dump_dir=os.path.join(tmp, "dump", "resumed"),
                        resume_from=resolve(os.path.join(saved, "step_2")).to_json()))
     launch_cases(tmp, cases, 4, timeout=900)
@@ -234,11 +261,12 @@ def four_ranks(tmp_path_factory, demo, two_ranks):
 
 def _assert_trains_like_reference(runs, demo, schedule, extra, path=Q25):
     case = runs[_key(path, schedule, extra)]
-    assert case["plan"]["meta"]["tensor_parallel"] == 2
+    T = 4 if T4[0] in extra else 2
+    assert case["plan"]["meta"]["tensor_parallel"] == T
     grads = _check(demo, case)
-    # every tensor-parallel rank held (and dumped, gathered whole) the sharded weights
+    # every tensor-parallel rank of the last stage held (and dumped, gathered whole) the sharded weights
     assert "model.language_model.layers.0.self_attn.q_proj.weight" in grads and "lm_head.weight" in grads
-    assert len(grads["lm_head.weight"]) == 2
+    assert len(grads["lm_head.weight"]) == T
     return grads
 
 
@@ -248,7 +276,7 @@ def test_t2_p1_d1_trains_like_the_single_process_reference(two_ranks, demo):
     # each rank really holds half of every sharded weight (its memory record), the rest whole
     import json
     from hyperparallel.models.qwen_vl_tp import sharded
-    split = sharded(4)
+    split = sharded(4, 2, 2)
     assert {"lm_head.weight", "model.language_model.embed_tokens.weight",
             "model.language_model.layers.3.mlp.down_proj.weight"} <= set(split)
     want = sum(g[0].size * 4 // (2 if n in split else 1) for n, g in grads.items())
@@ -339,3 +367,11 @@ def test_a_tensor_parallel_checkpoint_resumes_under_another_layout(four_ranks, d
         got = json.load(f)
     assert got["start"] == 2 and len(got["losses"]) == 1
     np.testing.assert_allclose(got["losses"][0], _reference(demo)[0][2], rtol=1e-5)
+
+
+@pytest.mark.msrun
+def test_t_above_the_key_value_heads_replicates_each_on_t_over_kv_ranks(four_ranks, demo):
+    """T=4 with 2 key/value heads: each rank has one query head and the key/value head it reads, held by 2
+    ranks whose gradients of it are summed; trains like the reference."""
+    grads = _assert_trains_like_reference(four_ranks, demo, "1f1b", T4 + P1)
+    assert len(grads["model.language_model.layers.0.self_attn.k_proj.weight"]) == 4

@@ -39,12 +39,30 @@ def reduce_from(x: Tensor, group) -> Tensor:
     return x + ops.stop_gradient(group.all_reduce(x) - x)
 
 
-def split(p, axis: int, group) -> None:
-    """Keep the ``group.rank``-th of ``group.size`` equal slices of parameter ``p`` along ``axis``."""
+def split(p, axis: int, group, parts: int = 0) -> None:
+    """Keep this rank's slice of parameter ``p`` along ``axis``: the ``group.rank``-th of ``group.size`` equal
+    slices, or with ``parts`` < size the ``rank // (size // parts)``-th of ``parts`` (a slice held by
+    ``size // parts`` consecutive ranks: key/value heads replicated when there are fewer than ranks)."""
+    parts = parts or group.size
     whole = p.asnumpy()
-    n = whole.shape[axis] // group.size
-    part = np.take(whole, np.arange(group.rank * n, (group.rank + 1) * n), axis=axis)
+    n, i = whole.shape[axis] // parts, group.rank // (group.size // parts)
+    part = np.take(whole, np.arange(i * n, (i + 1) * n), axis=axis)
     p.set_data(Tensor(np.ascontiguousarray(part), p.dtype), slice_shape=True)
+
+
+def shared_copy(w: Tensor, group, parts: int, axis: int = 0) -> Tensor:
+    """A weight slice held by ``size // parts`` ranks (:func:`split` with ``parts``), as the computation reads
+    it: forward ``w``; backward, the gradients of every rank holding the same slice summed (each has only its
+    own query heads' share). One all-reduce over the group: every rank puts its gradient at its slice's place
+    in a whole-sized buffer of zeros and keeps its place of the sum."""
+    i = group.rank // (group.size // parts)
+
+    def hook(g):
+        full = ops.concat([g if k == i else ops.zeros_like(g) for k in range(parts)], axis=axis)
+        return ops.narrow(group.all_reduce(full), axis, i * g.shape[axis], g.shape[axis])
+    y = w * 1.0
+    y.register_hook(hook)
+    return y
 
 
 _WRAPPED: Dict[type, type] = {}

@@ -48,18 +48,24 @@ def plan_groups(plan: ir.Plan):
 
 
 def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied: Optional[dict] = None,
-                   tp_index: int = 0, sharded=()) -> set:
+                   tp_index: int = 0, sharded=None) -> set:
     """Names of the parameters this rank counts in the global gradient norm: those of the chunks whose
     first holder is this device, on data-parallel index 0 (a replicated encoder and every data-parallel
     copy hold the same gradients once all-reduced: each is counted once); a tied weight (``tied``: {label:
     parameter name} held here) only on the lowest device holding a copy (its copies' grads are summed).
-    Tensor parallelism: a parameter split over the group (``sharded``) counts on every tp index (each holds its
-    slice's gradient), a whole copy only on tp index 0 (the copies' gradients are equal)."""
+    Tensor parallelism: a parameter split over the group (``sharded``: {name: spec}) counts on every tp index
+    holding the first copy of its slice (:func:`.tensor_group.first_copy`), a whole copy only on tp index 0 (the
+    copies' gradients are equal)."""
+    from .tensor_group import first_copy
     first = {(c.region, c.index): min(c.devices) for c in plan.chunks}
     if dp_index != 0:
         return set()
+    sharded, T = sharded or {}, plan.tensor_parallel
+
+    def counts(name):
+        return first_copy(sharded[name], T, tp_index) if name in sharded else tp_index == 0
     names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in cell.get_parameters()
-             if tp_index == 0 or p.name in sharded}
+             if counts(p.name)}
     for t in plan.tied_on(device):
         if device != min(t.devices):
             names.discard((tied or {}).get(t.name))
@@ -188,8 +194,12 @@ class RankRuntime:
         """This rank's parameters: name -> (region, elements of the whole parameter, trained: the region is
         trainable in the plan).
         Gathered from every rank and merged by name (:func:`parameters_line`), each counts once."""
+        from .tensor_group import split_of
         T = self.plan.tensor_parallel   # a sharded parameter's whole size
-        return {p.name: (region, int(p.size) * (T if p.name in self.sharded else 1),
+
+        def parts(name):
+            return split_of(self.sharded[name], T)[1] if name in self.sharded else 1
+        return {p.name: (region, int(p.size) * parts(p.name),
                          bool(self.plan.trainable.get(region, True)))
                 for (region, _), cell in sorted(self.chunks.items()) for p in cell.get_parameters()}
 

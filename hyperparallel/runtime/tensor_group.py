@@ -26,15 +26,30 @@ class TensorGroup:
         return self.comm.all_gather(ops.stop_gradient(t), "tp")
 
 
+def split_of(spec, size: int):
+    """(axis, parts) of a sharded-parameter spec: an axis (``size`` slices, one per rank) or (axis, parts) with
+    parts < ``size`` (each slice held by ``size // parts`` consecutive ranks: key/value heads replicated)."""
+    return (spec, size) if isinstance(spec, int) else (int(spec[0]), int(spec[1]))
+
+
+def first_copy(spec, size: int, index: int) -> bool:
+    """Whether rank ``index`` of the group holds the first copy of its slice (each slice counts once)."""
+    _, parts = split_of(spec, size)
+    return index % (size // parts) == 0
+
+
 def gather_whole(comm, values: dict, sharded: dict) -> dict:
     """``values`` ({parameter name: tensor of this rank}) with every tensor split over the tensor-parallel group
-    (``sharded``: {name: axis}) gathered whole, in name order (a collective: every rank of the group calls it
-    with the same names). Unsplit tensors pass as they are."""
-    if not sharded or getattr(comm, "T", 1) == 1:
+    (``sharded``: {name: spec}, :func:`split_of`) gathered whole, in name order (a collective: every rank of the
+    group calls it with the same names). Unsplit tensors pass as they are."""
+    T = getattr(comm, "T", 1)
+    if not sharded or T == 1:
         return dict(values)
     out = dict(values)
     for name in sorted(n for n in values if n in sharded):
-        out[name] = ops.concat(comm.all_gather(ops.stop_gradient(values[name]), "tp"), axis=sharded[name])
+        axis, parts = split_of(sharded[name], T)
+        got = comm.all_gather(ops.stop_gradient(values[name]), "tp")
+        out[name] = ops.concat(got[::T // parts], axis=axis)
     return out
 
 
@@ -47,14 +62,16 @@ def with_state(sharded: dict, per: dict) -> dict:
     return out
 
 
-def whole_shape(shape, axis: int, size: int) -> tuple:
-    """The shape of the whole tensor of which ``shape`` is one of ``size`` slices along ``axis``."""
+def whole_shape(shape, spec, size: int) -> tuple:
+    """The shape of the whole tensor of which ``shape`` is this rank's slice (``spec``: :func:`split_of`)."""
+    axis, parts = split_of(spec, size)
     s = list(shape)
-    s[axis] *= size
+    s[axis] *= parts
     return tuple(s)
 
 
-def my_slice(value, axis: int, size: int, index: int):
-    """Slice ``index`` of ``size`` equal slices of a whole tensor ``value`` along ``axis``."""
-    n = value.shape[axis] // size
-    return ops.narrow(value, axis, index * n, n)
+def my_slice(value, spec, size: int, index: int):
+    """Rank ``index``'s slice of a whole tensor ``value`` (``spec``: :func:`split_of`)."""
+    axis, parts = split_of(spec, size)
+    n = value.shape[axis] // parts
+    return ops.narrow(value, axis, index // (size // parts) * n, n)
