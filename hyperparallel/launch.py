@@ -106,6 +106,15 @@ def msrun_overrides(world: int) -> Dict[str, str]:
     return out
 
 
+def refuse_tensor_parallel(recipe, command: str) -> None:
+    """The measuring commands (bench, profile, tune's verify) launch P x D ranks without tensor parallelism: a
+    recipe with ``parallel_config.model_parallel`` > 1 is refused before launch (``train`` runs it)."""
+    from .errors import SpecError
+    if getattr(recipe, "tensor_parallel", 1) > 1:
+        raise SpecError("parallel_config.model_parallel", f"{recipe.tensor_parallel}: {command} runs without tensor "
+                                                          "parallelism; allowed: 1 (hyperparallel train runs T > 1)")
+
+
 def local_ranks(world: int, overrides: Dict[str, str]) -> List[int]:
     """The global ranks msrun starts on this node: ``local_worker_num`` of them from ``node_rank x local``."""
     local = int(overrides.get("local_worker_num", world))

@@ -100,6 +100,14 @@ def test_worker_num_must_be_p_x_d_x_t(mindone, monkeypatch):
     assert "pipeline_stage x data_parallel x model_parallel = 4 ranks" in str(e.value)
 
 
+def test_bench_and_profile_refuse_t_before_launch(tmp_path):
+    p = run_main("bench", TINY, "--set", "parallel_config.model_parallel=2", "--out", str(tmp_path / "b.json"))
+    assert p.returncode == 2 and "parallel_config.model_parallel: 2: hyperparallel bench runs without tensor " \
+                                 "parallelism; allowed: 1" in p.stderr, p.stderr
+    p = run_main("profile", TINY, "--set", "parallel_config.model_parallel=2")
+    assert p.returncode == 2 and "hyperparallel profile runs without tensor parallelism" in p.stderr, p.stderr
+
+
 def test_the_plan_carries_t_and_the_ranks():
     from hyperparallel.recipe import derive_recipe, load_recipe
     plan = derive_recipe(load_recipe(TINY, ["parallel_config.model_parallel=2", "parallel_config.data_parallel=2"]))

@@ -314,6 +314,8 @@ def prepare(args):
     if args.save_profile:
         output_file("--save-profile", args.save_profile, inputs=(args.recipe,))
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
+    from ..launch import refuse_tensor_parallel
+    refuse_tensor_parallel(recipe, "hyperparallel bench")
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
     for line in rc.model.notes():   # said once here, before launch; the ranks build the same model silently
