@@ -100,12 +100,16 @@ def test_worker_num_must_be_p_x_d_x_t(mindone, monkeypatch):
     assert "pipeline_stage x data_parallel x model_parallel = 4 ranks" in str(e.value)
 
 
-def test_bench_and_profile_refuse_t_before_launch(tmp_path):
-    p = run_main("bench", TINY, "--set", "parallel_config.model_parallel=2", "--out", str(tmp_path / "b.json"))
+def test_bench_and_profile_refuse_t_before_launch(demo, tmp_path):
+    sets = [a for kv in demo + T2 for a in ("--set", kv)]
+    p = run_main("bench", Q25, *sets, "--out", str(tmp_path / "b.json"))
     assert p.returncode == 2 and "parallel_config.model_parallel: 2: hyperparallel bench runs without tensor " \
                                  "parallelism; allowed: 1" in p.stderr, p.stderr
-    p = run_main("profile", TINY, "--set", "parallel_config.model_parallel=2")
+    p = run_main("profile", Q25, *sets)
     assert p.returncode == 2 and "hyperparallel profile runs without tensor parallelism" in p.stderr, p.stderr
+    # a model without tensor-parallel layers: the model's own refusal
+    p = run_main("bench", TINY, "--set", T2[0], "--out", str(tmp_path / "b.json"))
+    assert p.returncode == 2 and "no tensor-parallel layers; allowed: 1" in p.stderr, p.stderr
 
 
 def test_the_plan_carries_t_and_the_ranks():
