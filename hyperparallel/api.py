@@ -63,7 +63,8 @@ class Runtime:
         self.plan, self.adapter = plan, adapter
         self.train = train or TrainConfig()
         self._feed = _Feed()
-        self.rank_runtime = RankRuntime(plan, adapter, self._feed, self.train, Comm(plan.data_parallel),
+        comm = Comm(plan.data_parallel).with_data_parallel(plan.data_parallel, plan.tensor_parallel)
+        self.rank_runtime = RankRuntime(plan, adapter, self._feed, self.train, comm,
                                         compile=compile, compile_fallback=compile_fallback)
 
     @classmethod

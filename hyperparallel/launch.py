@@ -92,11 +92,11 @@ def msrun_overrides(world: int) -> Dict[str, str]:
                                                 "leave it out")
     if "worker_num" in out and out["worker_num"] != str(world):
         raise SpecError("HP_MSRUN_ARGS --worker_num", f"{out['worker_num']} but the plan needs "
-                                                      f"pipeline_stage x data_parallel = {world} ranks")
+                                                      f"pipeline_stage x data_parallel x model_parallel = {world} ranks")
     local = int(out.get("local_worker_num", world))
     if not 1 <= local <= world or world % local:
         raise SpecError("HP_MSRUN_ARGS --local_worker_num", f"{local} must divide the job's {world} ranks "
-                                                            f"(pipeline_stage x data_parallel) into whole nodes")
+                                                            f"(pipeline_stage x data_parallel x model_parallel) into whole nodes")
     nodes = world // local
     if int(out.get("node_rank", 0)) >= nodes:
         raise SpecError("HP_MSRUN_ARGS --node_rank", f"{out['node_rank']} but {world} ranks of {local} per node make "
@@ -104,6 +104,15 @@ def msrun_overrides(world: int) -> Dict[str, str]:
     if "master_port" in out and not 1024 <= int(out["master_port"]) <= 65535:
         raise SpecError("HP_MSRUN_ARGS --master_port", f"must be 1024..65535, got {out['master_port']}")
     return out
+
+
+def refuse_tensor_parallel(recipe, command: str) -> None:
+    """The measuring commands (bench, profile, tune's verify) launch P x D ranks without tensor parallelism: a
+    recipe with ``parallel_config.model_parallel`` > 1 is refused before launch (``train`` runs it)."""
+    from .errors import SpecError
+    if getattr(recipe, "tensor_parallel", 1) > 1:
+        raise SpecError("parallel_config.model_parallel", f"{recipe.tensor_parallel}: {command} runs without tensor "
+                                                          "parallelism; allowed: 1 (hyperparallel train runs T > 1)")
 
 
 def local_ranks(world: int, overrides: Dict[str, str]) -> List[int]:

@@ -39,6 +39,8 @@ class RunConfig:
         schema.check_batch_size(raw, data.micro_batch_size)
         model = adapter_for(raw.get("model"), data.shapes(), train.seed)
         model.check_device(device)
+        from .recipe.recipe import tensor_parallel_of
+        model.check_tensor_parallel(tensor_parallel_of(raw))
         check_precision(model, train)
         data.check_model(model)   # the data section can lay out micro-batches the way this model reads them
         mode, fallback = compile_settings(raw)

@@ -315,6 +315,8 @@ def prepare(args):
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
+    from ..launch import refuse_tensor_parallel
+    refuse_tensor_parallel(recipe, "hyperparallel bench")
     for line in rc.model.notes():   # said once here, before launch; the ranks build the same model silently
         print(f"note: {line}", flush=True)
     scheds = args.schedule or [recipe.schedule if isinstance(recipe.schedule, str) else json.dumps(recipe.schedule)]

@@ -37,6 +37,8 @@ def prepare(args):
     recipe = load_recipe(args.recipe, args.overrides)
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
     rc = run_config_of(recipe)
+    from ..launch import refuse_tensor_parallel
+    refuse_tensor_parallel(recipe, "hyperparallel profile")
     for line in rc.model.notes():   # said once here, before launch; the ranks build the same model silently
         print(f"note: {line}", flush=True)
     sched = args.schedule

@@ -100,6 +100,8 @@ def verify(args, space, outcome, n: int, launcher=None) -> Tuple[int, dict]:
     rec = space.recipe
     world = rec.pipeline_stage * rec.data_parallel
     preflight(world, rec.device)
+    from ..launch import refuse_tensor_parallel
+    refuse_tensor_parallel(rec, "tune's verify")
     stem = os.path.splitext(os.path.basename(args.recipe))[0]
     run_dir = os.path.abspath(args.run_dir or os.path.join("runs", slug(f"tune_{stem}")))
     jobs = []

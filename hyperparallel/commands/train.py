@@ -24,7 +24,7 @@ def _prepare(args):
 
     from ..launch import preflight
     recipe = load_recipe(args.recipe, args.overrides)
-    preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)  # the device is here, HP_MSRUN_ARGS
+    preflight(recipe.ranks, recipe.device)  # the device is here, HP_MSRUN_ARGS
     rc = run_config_of(recipe)
     plan = checked_plan(recipe, args.schedule)
     refuse_over_memory_limit(recipe, plan)   # the predicted peak of every device within mpipe.memory_limit_gb
@@ -228,7 +228,7 @@ def run(args) -> int:
         with runlock.holding([("--run-dir", run_dir)], echo=_note):
             return _run_reference(recipe, rc, steps, run_dir, getattr(args, "schedule_steps", steps), args.source)
     from ..launch import local_ranks, msrun_overrides
-    world = plan.num_devices * plan.data_parallel
+    world = plan.ranks
     overrides = msrun_overrides(world)
     node0 = 0 in local_ranks(world, overrides)
     with runlock.holding([("--run-dir", run_dir), ("--save-dir", args.save_dir)], int(overrides.get("node_rank", 0)),
@@ -264,7 +264,8 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
             print(f"ignoring incomplete checkpoint {path} ({src.why.get(path, 'not every rank finished writing it')})",
                   flush=True)
         print(f"resuming from {src.path} at step {src.step}" + _position_note(src, plan), flush=True)
-    print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel} "
+    tp = f" T={plan.tensor_parallel}" if plan.tensor_parallel > 1 else ""   # parallel_config.model_parallel
+    print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel}{tp} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps ({args.steps_from}); run dir {run_dir}",
           flush=True)
     print(compile_line(rc.model, rc.compile), flush=True)

@@ -44,7 +44,15 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   them). The chunks holding a copy of one must hold one and the same Parameter (build them from one
   network); the plan's ``tied`` entries (from the recipe's ``tie_word_embeddings``) must name the same labels.
 
-Constructing an adapter, ``regions()``, ``check_device()`` and ``compile_reason()`` are pure Python (the
+* ``check_tensor_parallel(T)`` / ``shard(group)`` / ``sharded_params()`` (optional: tensor parallelism,
+  ``parallel_config.model_parallel: T``): refuse, before launch, a T the model cannot split its layers into
+  (default: every T > 1); on each rank, before any ``build_chunk``, split the layers over ``group`` (its
+  ``size``, ``rank`` and the group's collectives ``all_reduce(t)`` / ``all_gather(t)``, which the T ranks call
+  in the same order: inside chunk forwards and backwards, which they run identically); and name the
+  parameters split so (``{name: axis}``: each rank holds the ``rank``-th of ``size`` equal slices along
+  ``axis``; the others are whole copies). Parameter names stay the model's; checkpoints hold whole tensors.
+
+Constructing an adapter, ``regions()``, ``check_device()``, ``check_tensor_parallel()`` and ``compile_reason()`` are pure Python (the
 launcher checks a recipe before any rank starts); the other methods may import MindSpore.
 """
 from __future__ import annotations
@@ -119,6 +127,22 @@ class ModelAdapter:
         """Pure Python, before launch: (compute dtype name, the recipe key that set it; '' for the default).
         Default float32."""
         return "float32", ""
+
+    def check_tensor_parallel(self, size: int) -> None:
+        """Pure Python, before launch: SpecError('parallel_config.model_parallel', ...) if the model cannot split
+        its layers over ``size`` ranks. Default: only 1 (no tensor-parallel layers)."""
+        if size != 1:
+            from ..errors import SpecError
+            raise SpecError("parallel_config.model_parallel", f"{size}: the {self.family} model has no "
+                                                              "tensor-parallel layers; allowed: 1")
+
+    def shard(self, group) -> None:
+        """Split the model's layers over the tensor-parallel ``group`` (see the module docstring)."""
+        raise NotImplementedError(f"{self.family}: no tensor-parallel layers")
+
+    def sharded_params(self) -> dict:
+        """{parameter name: axis} of the parameters split over the tensor-parallel group (default none)."""
+        return {}
 
     def notes(self) -> List[str]:
         """Pure Python, before launch: lines the front end prints once on the console (a recipe's spelling

@@ -13,6 +13,7 @@ MAX_PIPELINE_STAGE = 4096      # P
 MAX_INTERLEAVE = 256           # V (chunks per device)
 MAX_MICRO_BATCH = 100_000      # M
 MAX_DATA_PARALLEL = 65_536     # D
+MAX_TENSOR_PARALLEL = 1_024    # T (model_parallel)
 MAX_REGIONS = 1000             # profile regions
 MAX_LAYERS = 100_000           # layers of one region
 MAX_TASKS = 100_000            # forwards of one step: M x (P x V + regions - 1)

@@ -233,6 +233,17 @@ class Plan:
     meta: dict = field(default_factory=dict)
     tied: List[Tied] = field(default_factory=list)
 
+    @property
+    def tensor_parallel(self) -> int:
+        """T, the tensor-parallel ranks of each stage replica (``meta["tensor_parallel"]``, from the recipe's
+        ``parallel_config.model_parallel``; every one of them runs its device's program)."""
+        return int(self.meta.get("tensor_parallel", 1) or 1)
+
+    @property
+    def ranks(self) -> int:
+        """The job's ranks: P x D x T."""
+        return self.num_devices * self.data_parallel * self.tensor_parallel
+
     def tied_on(self, device: int) -> List[Tied]:
         """The tied weights a device holds a copy of."""
         return [t for t in self.tied if device in t.devices]

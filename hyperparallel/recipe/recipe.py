@@ -60,7 +60,8 @@ ENCODER_KEYS = ("owners", "backward", "spill", "optimizer", "trainable")
 TRANSPOSE_KEYS = ("owners", "backward", "spill", "optimizer")   # the encoder keys that are transpose options
 DEVICES = ("CPU", "Ascend")
 #: Keys the recipe front end reads that a recipe may leave out (a ``--set`` may add them).
-READ_KEYS = (("device", "parallel_config.data_parallel", "parallel_config.pp_interleave_num",
+READ_KEYS = (("device", "parallel_config.data_parallel", "parallel_config.model_parallel",
+              "parallel_config.pp_interleave_num",
               "parallel_config.seq_split_num", "mpipe.schedule", "mpipe.profile", "mpipe.encoder",
               "mpipe.compile", "mpipe.compile_fallback", "mpipe.recompute")
              + tuple(f"mpipe.encoder.{k}" for k in ENCODER_KEYS))
@@ -89,6 +90,12 @@ class Recipe:
     # the pipelined region's recompute as the recipe gives it: (key, value) of ``mpipe.recompute`` or MindFormers'
     # ``recompute_config.recompute``; None: neither (the schedule's own, default none)
     recompute: Optional[Tuple[str, object]] = None
+    tensor_parallel: int = 1   # T: parallel_config.model_parallel, the tensor-parallel ranks of each stage
+
+    @property
+    def ranks(self) -> int:
+        """The ranks a run of this recipe launches: pipeline_stage x data_parallel x model_parallel."""
+        return self.pipeline_stage * self.data_parallel * self.tensor_parallel
 
     @property
     def estimated(self) -> bool:
@@ -210,6 +217,15 @@ def _parallel(raw: dict) -> Tuple[int, int, int, int, str, str]:
         V = 1
     mf.seq_split_num(raw)
     return P, M, V, D, v_key, note
+
+
+def tensor_parallel_of(raw: dict) -> int:
+    """T, ``parallel_config.model_parallel`` (default 1): a whole number 1..MAX_TENSOR_PARALLEL. Whether the
+    model can split its layers T ways is the model adapter's to say (``check_tensor_parallel``)."""
+    pc = raw.get("parallel_config") if isinstance(raw.get("parallel_config"), dict) else {}
+    key = "parallel_config.model_parallel"
+    T = bounds.at_most(key, whole(key, pc.get("model_parallel", 1)), bounds.MAX_TENSOR_PARALLEL)
+    return T
 
 
 UNIT = dict(forward_ms=1.0, backward_ms=1.0, weight_ms=1.0, activation_mb=1.0, output_mb=1.0, param_mb=1.0)
@@ -398,6 +414,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     schema.check_keys(raw)   # an unknown key (in the file or through --set): refused, the nearest named
     train_note = _training_refusal(raw)
     P, M, V, D, v_key, v_note = _parallel(raw)
+    T = tensor_parallel_of(raw)
     mp, enc = _mpipe(raw)
     prof = mp.get("profile")
     hand_written = prof is not None
@@ -416,7 +433,7 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
                     encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
                     memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
                     notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n),
-                    recompute=_recompute(raw, mp))
+                    recompute=_recompute(raw, mp), tensor_parallel=T)
     recipe.recompute_spec("")   # a bad value, or a recompute of a model without backward: refused now
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
@@ -464,6 +481,8 @@ def derive_recipe(recipe: Recipe, schedule=None) -> Plan:
     plan = derive(recipe.profile, recipe.plan_schedule(schedule), recipe.pipeline_stage, recipe.micro_batch_num,
                   recipe.pp_interleave_num, recipe.data_parallel, recipe.zero)
     plan.meta["recipe"] = recipe.path
+    if recipe.tensor_parallel > 1:
+        plan.meta["tensor_parallel"] = recipe.tensor_parallel
     return plan
 
 

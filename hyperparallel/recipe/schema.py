@@ -190,7 +190,6 @@ def _not_off(v) -> bool:
 
 #: (key, refused when, what to give instead)
 _REFUSED = (
-    ("parallel_config.model_parallel", _more_than_one, "1: hyperparallel's runtime has no tensor parallelism"),
     ("parallel_config.context_parallel", _more_than_one, "1: no context parallelism"),
     ("parallel_config.expert_parallel", _more_than_one, "1: no expert parallelism"),
     ("parallel_config.use_seq_parallel", _true, "false: no sequence parallelism"),

@@ -15,8 +15,11 @@ and the OS error, and every rank raises :class:`SaveError` together, so the job 
 rank left waiting in a barrier) and the older complete steps stay as they were.
 A rank that dies in between leaves a directory without the marker, which ``--resume`` ignores.
 Restoring loads by global name (``Parameter.name``) into whatever chunks this rank holds, so a
-checkpoint saved under one (schedule, P, V, D) resumes under any other; names and shapes are
+checkpoint saved under one (schedule, P, V, D, T) resumes under any other; names and shapes are
 checked against the whole model (all ranks' names, gathered) before anything is loaded.
+Tensor parallelism (T > 1): files hold whole tensors, as an unsharded run's. The T ranks of a writing stage
+gather each split parameter (and its optimizer state) in the write phase and tp index 0 writes; a restoring
+rank reads the whole tensor and keeps its slice.
 """
 from __future__ import annotations
 
@@ -83,7 +86,8 @@ class Saver:
 
     def __init__(self, save_dir: str, comm, plan, chunks, opt, source, meta: dict, fmt: str = "safetensors",
                  extra_files: Optional[Dict[str, str]] = None, digests: bool = True,
-                 tied: Optional[Dict[str, str]] = None, loss_scale=None):
+                 tied: Optional[Dict[str, str]] = None, loss_scale=None,
+                 sharded: Optional[Dict[str, int]] = None):
         self.comm, self.plan, self.fmt, self.digests = comm, plan, fmt, digests
         self.loss_scale = loss_scale   # the run's LossScale (.loss_scale): its state goes into meta.json
         self.extra_files = dict(extra_files or {})   # {name: text} rank 0 writes into every step directory
@@ -107,6 +111,9 @@ class Saver:
             self.items.update({n: state[n] for n in per.get(p.name, [])})
         if mine and comm.device == scalar_owner(plan):
             self.items.update({n: state[n] for n in glob})
+        from .tensor_group import with_state
+        self.sharded = with_state(sharded or {}, per)   # {name: axis} split over the tensor-parallel group
+        self.writes = bool(self.items) and getattr(comm, "tp_index", 0) == 0   # the T ranks gather, tp 0 writes
         self.files = [rank_file(r, fmt) for r in writers(plan)]
         self.fault = save_fault(comm.rank)
         self.source = source
@@ -188,7 +195,10 @@ class Saver:
         kept = getattr(self, "_fresh", None)
         fresh = kept[1] if kept is not None and kept[0] == step else self._gathered()
         self._fresh = None
-        if self.items:
+        if self.items and self.sharded:   # every rank of the tensor-parallel group, in name order
+            from .tensor_group import gather_whole
+            fresh = gather_whole(self.comm, {n: fresh.get(n, p) for n, p in self.items.items()}, self.sharded)
+        if self.writes:
             name = rank_file(self.comm.rank, self.fmt)
             tmp = os.path.join(d, f".tmp_{name}")
             if self.fault and self.fault == (step, "enospc"):   # a full disk, simulated
@@ -293,17 +303,24 @@ def check_one_value(src: Source) -> None:
             first.setdefault(n, (f, v))
 
 
-def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
+def restore(src: Source, comm, chunks, opt, rename=_same, sharded: Optional[Dict[str, int]] = None) -> Tuple[int, bool]:
     """Load ``src`` into this rank's chunks (and optimizer state when the checkpoint has it), names
-    mapped by ``rename`` (the model adapter's ``checkpoint_name``).
+    mapped by ``rename`` (the model adapter's ``checkpoint_name``); ``sharded``: {parameter name: axis} split
+    over the tensor-parallel group (the file's whole tensor is sliced).
 
     Returns (step to continue from, optimizer state loaded). Every rank reaches the same
     verdict (names gathered from all ranks), so a refused checkpoint stops all ranks alike.
     """
+    from .tensor_group import my_slice, whole_shape, with_state
     check_one_value(src)
     shapes, where, values = _index(src, rename)
-    params = {p.name: tuple(p.shape) for cell in chunks.values() for p in trained(cell.get_parameters())}
-    state = {n: tuple(p.shape) for n, p in opt.state().items()}
+    T, t = int(getattr(comm, "T", 1)), int(getattr(comm, "tp_index", 0))
+    split = with_state(sharded or {}, opt.state_groups()[0]) if T > 1 else {}
+
+    def whole(n, shape):   # the shape in a file of a tensor this rank holds a slice of
+        return whole_shape(shape, split[n], T) if n in split else tuple(shape)
+    params = {p.name: whole(p.name, p.shape) for cell in chunks.values() for p in trained(cell.get_parameters())}
+    state = {n: whole(n, p.shape) for n, p in opt.state().items()}
     gathered = comm.all_gather_object((params, state))
     all_params, all_state = {}, {}
     for p, s in gathered:
@@ -318,6 +335,7 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
             got = ms.load_checkpoint(f, format="safetensors",
                                      choice_func=lambda n, f=f: rename(n) in need and where[rename(n)] == f)
             values.update({rename(n): v for n, v in got.items()})
+    values = {n: (ms.Parameter(my_slice(v, split[n], T, t), name=n) if n in split else v) for n, v in values.items()}
     for cell in chunks.values():  # every name of the cell is given; in place (compiled chunks read the buffers)
         for p in trained(cell.get_parameters()):
             write_param(p, values[p.name])
@@ -328,11 +346,12 @@ def restore(src: Source, comm, chunks, opt, rename=_same) -> Tuple[int, bool]:
     return (src.step if src.meta else 0), load_state
 
 
-def restore_with_data(src: Source, comm, chunks, opt, data, rename=_same) -> Tuple[int, bool]:
+def restore_with_data(src: Source, comm, chunks, opt, data, rename=_same,
+                      sharded: Optional[Dict[str, int]] = None) -> Tuple[int, bool]:
     """:func:`restore`, then the data source ``data`` continues at the checkpoint's saved data position
     (``data.seek``). Returns (step to continue from, optimizer state loaded); CheckpointError if the
     checkpoint does not fit this model or its data position this data set."""
-    step, with_state = restore(src, comm, chunks, opt, rename)
+    step, with_state = restore(src, comm, chunks, opt, rename, sharded)
     pos = dict((src.meta or {}).get("data_position") or {})
     for k in ("next_step", "micro_batch", "micro_batches_per_step"):
         pos.pop(k, None)

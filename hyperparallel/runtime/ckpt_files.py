@@ -346,8 +346,8 @@ def chunk_owners(plan: ir.Plan) -> Dict[Tuple[str, int], int]:
 
 
 def writers(plan: ir.Plan) -> List[int]:
-    """Global ranks that write a file (dp_index 0 of each owning device), ascending."""
-    return sorted({d * plan.data_parallel for d in chunk_owners(plan).values()})
+    """Global ranks that write a file (dp_index 0, tp_index 0 of each owning device), ascending."""
+    return sorted({d * plan.data_parallel * plan.tensor_parallel for d in chunk_owners(plan).values()})
 
 
 def scalar_owner(plan: ir.Plan) -> int:

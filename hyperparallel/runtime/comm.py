@@ -1,9 +1,12 @@
 """Communication for one rank: pipeline-device addressing over MindSpore collectives.
 
-Global rank layout is stage-major, as MindSpore/MindFormers use:
-``global = device * D + dp_index``; pipeline group i = {d*D + i}, data-parallel
-group of device d = {d*D + j}. The interpreter speaks in pipeline devices; this
-module maps them to global ranks and to communication groups.
+Global rank layout is stage-major, as MindSpore/MindFormers use, with the T tensor-parallel ranks of a
+stage replica innermost (neighbours: one node on Ascend):
+``global = (device * D + dp_index) * T + tp_index``; pipeline group (i, t) = {(d*D + i)*T + t},
+data-parallel group of device d = {(d*D + j)*T + tp_index}, tensor-parallel group = {(d*D + i)*T + t}.
+With T = 1 this is ``device * D + dp_index``. The interpreter speaks in pipeline devices; this
+module maps them to global ranks and to communication groups. Every tensor-parallel rank runs the
+same program as its group's other ranks, talking to the same tp_index of its peers.
 
 On MCCL all traffic between two processes shares one FIFO channel (tags ignored),
 so calls must happen in the order the programs give; nothing here reorders.
@@ -29,34 +32,43 @@ class Comm:
         compat.fix_default_comm_group()
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.D = int(data_parallel)
-        self.device = self.rank // self.D
-        self.dp_index = self.rank % self.D
         self._groups: Dict[Tuple[int, ...], str] = {}
+        self._place(int(data_parallel), 1)
 
-    def with_data_parallel(self, data_parallel: int) -> "Comm":
-        """This rank's communication under another data-parallel degree (one launch runs cases of several
-        layouts): the same process group and subgroups, another device / dp_index mapping."""
-        D = int(data_parallel)
-        if D == self.D:
+    def _place(self, D: int, T: int) -> None:
+        self.D, self.T = D, T
+        self.device, self.dp_index, self.tp_index = self.rank // (D * T), (self.rank // T) % D, self.rank % T
+
+    def with_data_parallel(self, data_parallel: int, tensor_parallel: int = 1) -> "Comm":
+        """This rank's communication under another data- (and tensor-) parallel degree (one launch runs cases
+        of several layouts): the same process group and subgroups, another device / dp_index / tp_index."""
+        D, T = int(data_parallel), int(tensor_parallel)
+        if (D, T) == (self.D, self.T):
             return self
-        if D < 1 or self.world % D:
-            raise RuntimeError(f"data_parallel {D} does not divide the job's {self.world} ranks")
+        if D < 1 or T < 1 or self.world % (D * T):
+            raise RuntimeError(f"data_parallel {D} x model_parallel {T} does not divide the job's {self.world} ranks")
         import copy
         c = copy.copy(self)   # the subgroup cache (by global-rank tuples) is shared
-        c.D, c.device, c.dp_index = D, self.rank // D, self.rank % D
+        c._place(D, T)
         return c
 
     # -- addressing ---------------------------------------------------------
     def global_rank(self, device: int) -> int:
-        return int(device) * self.D + self.dp_index
+        return (int(device) * self.D + self.dp_index) * self.T + self.tp_index
 
     def dp_ranks(self) -> Tuple[int, ...]:
-        return tuple(self.device * self.D + j for j in range(self.D))
+        return tuple((self.device * self.D + j) * self.T + self.tp_index for j in range(self.D))
+
+    def tp_ranks(self) -> Tuple[int, ...]:
+        """The tensor-parallel group of this rank: its stage replica's T neighbours."""
+        base = (self.device * self.D + self.dp_index) * self.T
+        return tuple(range(base, base + self.T))
 
     def ranks_of(self, group) -> Tuple[int, ...]:
         if group == "dp":
             return self.dp_ranks()
+        if group == "tp":
+            return self.tp_ranks()
         return tuple(sorted(self.global_rank(d) for d in group))
 
     def ensure_groups(self, all_groups: Iterable[Tuple[int, ...]]) -> None:
@@ -144,7 +156,7 @@ class LocalComm:
     """The communication of a one-device program in one process (no msrun peers): the bench's tight-loop
     profile and any in-process rank. Every collective is the identity; there is no point-to-point."""
 
-    D, device, dp_index, world = 1, 0, 0, 1
+    D, T, device, dp_index, tp_index, world = 1, 1, 0, 0, 0, 1
 
     def __init__(self, rank: int = 0):
         self.rank = rank

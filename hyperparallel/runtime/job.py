@@ -63,7 +63,14 @@ def case_runtime(case: dict, comm, hooks=None, pool=None):
     return rc, RankRuntime(plan, rc.model, source, rc.train, comm, hooks,
                            total_steps=int(case.get("schedule_steps") or case.get("steps") or rc.train.steps), compile=rc.compile,
                            compile_fallback=rc.compile_fallback, log=_rank_log(case.get("name", "run")),
-                           pool=pool, pool_model=(case["raw"].get("model"), rc.data.shapes(), rc.train.seed))
+                           pool=pool, pool_model=(_pooled_model(case, plan, comm), rc.data.shapes(), rc.train.seed))
+
+
+def _pooled_model(case: dict, plan, comm):
+    """What a pooled chunk was built from besides the data and seed: the model section, and under tensor
+    parallelism the slice this rank holds (a sharded chunk is never another layout's)."""
+    model = case["raw"].get("model")
+    return model if plan.tensor_parallel == 1 else [model, plan.tensor_parallel, comm.tp_index]
 
 
 def _rank_log(name: str):

@@ -28,28 +28,48 @@ from .optim import Optimizer, clip_scale, scaled, square_sum
 
 
 def plan_groups(plan: ir.Plan):
-    """Every communication group of the plan, as global-rank tuples: the replica groups of every
-    data-parallel index and every device's data-parallel group (all ranks list all, in one order)."""
+    """Every communication group of the plan, as global-rank tuples (the layout of :mod:`.comm`): the replica
+    groups of every data-parallel and tensor-parallel index, every device's data-parallel group of every
+    tensor-parallel index, and every stage replica's tensor-parallel group (all ranks list all, in one order)."""
+    D, T = plan.data_parallel, plan.tensor_parallel
+
+    def rank(d, i, t):
+        return (d * D + i) * T + t
     groups = set()
-    for i in range(plan.data_parallel):
-        for p in plan.programs.values():
-            for a in p:
-                if a.group is not None and a.group != ir.DP_GROUP:
-                    groups.add(tuple(sorted(d * plan.data_parallel + i for d in a.group)))
+    for i in range(D):
+        for t in range(T):
+            for p in plan.programs.values():
+                for a in p:
+                    if a.group is not None and a.group != ir.DP_GROUP:
+                        groups.add(tuple(sorted(rank(d, i, t) for d in a.group)))
     for d in range(plan.num_devices):
-        groups.add(tuple(d * plan.data_parallel + j for j in range(plan.data_parallel)))
+        for t in range(T):
+            groups.add(tuple(rank(d, j, t) for j in range(D)))
+        if T > 1:
+            for i in range(D):
+                groups.add(tuple(rank(d, i, t) for t in range(T)))
     return groups
 
 
-def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied: Optional[dict] = None) -> set:
+def counted_params(plan: ir.Plan, chunks: dict, device: int, dp_index: int, tied: Optional[dict] = None,
+                   tp_index: int = 0, sharded=None) -> set:
     """Names of the parameters this rank counts in the global gradient norm: those of the chunks whose
     first holder is this device, on data-parallel index 0 (a replicated encoder and every data-parallel
     copy hold the same gradients once all-reduced: each is counted once); a tied weight (``tied``: {label:
-    parameter name} held here) only on the lowest device holding a copy (its copies' grads are summed)."""
+    parameter name} held here) only on the lowest device holding a copy (its copies' grads are summed).
+    Tensor parallelism: a parameter split over the group (``sharded``: {name: spec}) counts on every tp index
+    holding the first copy of its slice (:func:`.tensor_group.first_copy`), a whole copy only on tp index 0 (the
+    copies' gradients are equal)."""
+    from .tensor_group import first_copy
     first = {(c.region, c.index): min(c.devices) for c in plan.chunks}
     if dp_index != 0:
         return set()
-    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in trained(cell.get_parameters())}
+    sharded, T = sharded or {}, plan.tensor_parallel
+
+    def counts(name):
+        return first_copy(sharded[name], T, tp_index) if name in sharded else tp_index == 0
+    names = {p.name for key, cell in chunks.items() if first.get(key) == device for p in trained(cell.get_parameters())
+             if counts(p.name)}
     for t in plan.tied_on(device):
         if device != min(t.devices):
             names.discard((tied or {}).get(t.name))
@@ -126,11 +146,15 @@ class RankRuntime:
                  compile: str = "jit", compile_fallback: str = "error", log=print,
                  pool: Optional[compiled.GraphPool] = None, pool_model: tuple = ()):
         check_regions(model, plan_depths(plan), where="plan")
-        if comm.world != plan.num_devices * plan.data_parallel:
-            raise RuntimeError(f"the plan needs {plan.num_devices * plan.data_parallel} ranks "
-                               f"(pipeline_stage x data_parallel), this job has {comm.world}")
+        if comm.world != plan.ranks:
+            raise RuntimeError(f"the plan needs {plan.ranks} ranks "
+                               f"(pipeline_stage x data_parallel x model_parallel), this job has {comm.world}")
         self.plan, self.model, self.source, self.train, self.comm = plan, model, source, train, comm
         comm.ensure_groups(plan_groups(plan))
+        if plan.tensor_parallel > 1 and chunks is None:   # the model splits its layers over the stage's T ranks
+            from .tensor_group import TensorGroup
+            model.shard(TensorGroup(comm))
+        self.sharded = model.sharded_params() if plan.tensor_parallel > 1 else {}
         self.chunks = chunks if chunks is not None else {
             (c.region, c.index): model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks_on(comm.device)}
         # each chunk's forward, compiled (mpipe.compile: jit) or eager; logged once per rank
@@ -159,10 +183,13 @@ class RankRuntime:
         else:
             self.optimizer = Optimizer(self.interp.updated, train, total_steps or train.steps)
         updated = {p.name for p in self.interp.updated}
-        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied) & updated
+        tp = getattr(comm, "tp_index", 0)
+        self.counted = counted_params(plan, self.chunks, comm.device, comm.dp_index, self.interp.tied, tp,
+                                      self.sharded) & updated
         # ZeRO-2: every data-parallel rank holds a different slice of the reduced gradients, each counted once
         # where data-parallel index 0 would count the whole parameter
-        self.counted_shares = counted_params(plan, self.chunks, comm.device, 0, self.interp.tied) & updated
+        self.counted_shares = counted_params(plan, self.chunks, comm.device, 0, self.interp.tied, tp,
+                                             self.sharded) & updated
         self.next_step = 0
         self._started = False
         self.steps_skipped = 0   # steps of this process without an update (train.nonfinite: skip, overflow)
@@ -177,10 +204,16 @@ class RankRuntime:
         return {p.name: p for cell in self.chunks.values() for p in cell.get_parameters()}
 
     def parameter_counts(self) -> Dict[str, Tuple[str, int, bool]]:
-        """This rank's parameters: name -> (region, elements, trained: the region is trainable in the plan and
-        the weight is no base weight LoRA froze).
+        """This rank's parameters: name -> (region, elements of the whole parameter, trained: the region is
+        trainable in the plan and the weight is no base weight LoRA froze).
         Gathered from every rank and merged by name (:func:`parameters_line`), each counts once."""
-        return {p.name: (region, int(p.size), bool(self.plan.trainable.get(region, True)) and not is_frozen_base(p))
+        from .tensor_group import split_of
+        T = self.plan.tensor_parallel   # a sharded parameter's whole size
+
+        def parts(name):
+            return split_of(self.sharded[name], T)[1] if name in self.sharded else 1
+        return {p.name: (region, int(p.size) * parts(p.name),
+                         bool(self.plan.trainable.get(region, True)) and not is_frozen_base(p))
                 for (region, _), cell in sorted(self.chunks.items()) for p in cell.get_parameters()}
 
     def step(self, step: Optional[int] = None, stop=False) -> StepResult:
@@ -196,6 +229,8 @@ class RankRuntime:
         scale = self.scaler.value
         self.interp.loss_seed = scale   # the backward's seed on the last stage (loss scaling; 1: none)
         part = self.interp.run_step(s)
+        if getattr(self.comm, "tp_index", 0):
+            part = 0.0   # the T ranks of a stage compute the same loss: counted once
         grads = scaled(self.interp.step_grads(), 1.0 / scale)   # unscaled before the norm, clipping, the update
         t1 = time.perf_counter()
         # one all-reduce: the step loss, the global gradient norm's square (clipping needs it before
@@ -265,14 +300,14 @@ class RankRuntime:
         meta.setdefault("processor", processor_record(getattr(self.source, "cfg", None)))   # ckpt --export-hf
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
                                 self.model.checkpoint_files(), digests=digests, tied=self.interp.tied,
-                                loss_scale=self.scaler)
+                                loss_scale=self.scaler, sharded=self.sharded)
 
     def restore(self, src) -> Tuple[int, bool]:
         """Load checkpoint ``src`` (:class:`~.ckpt_files.Source`) by global name into this rank's chunks
         and optimizer; the data continue at its saved position. Returns (step, optimizer state loaded)
         and makes that step the next; CheckpointError if it does not fit."""
         step, with_state = checkpoint.restore_with_data(src, self.comm, self.chunks, self.optimizer, self.source,
-                                                        self.model.checkpoint_name)
+                                                        self.model.checkpoint_name, self.sharded)
         self.scaler.load((src.meta or {}).get("loss_scale") or {})   # a dynamic scale continues where it was
         self.next_step, self._started = step, False
         return step, with_state

@@ -128,7 +128,8 @@ class _CaseRun:
         from hyperparallel.errors import SpecError
         from hyperparallel.watch import Heartbeat
         self.case, self.stopper = case, stopper
-        self.comm = comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)))
+        self.comm = comm = comm.with_data_parallel(int(case["plan"].get("data_parallel", 1)),
+                                                   int(case["plan"].get("meta", {}).get("tensor_parallel", 1)))
         self.hb = hb = Heartbeat(beat_dir, comm.rank, int(case.get("start_step", 0))) if beat_dir else None
         self.progress = progress = Progress(hb, comm) if hb else None
         try:
@@ -246,8 +247,10 @@ class _CaseRun:
         if self.dump_dir and step in (self.start, self.steps - 1):
             os.makedirs(self.dump_dir, exist_ok=True)
             kind = "grads" if step == self.start else "grads_last"
+            from hyperparallel.runtime.tensor_group import gather_whole
+            grads = gather_whole(self.comm, self.rt.full_grads(res.grads), self.rt.sharded)   # ZeRO-2, TP: whole
             np.savez(os.path.join(self.dump_dir, f"{kind}_rank{self.comm.rank}.npz"),
-                     **{k: v.asnumpy() for k, v in self.rt.full_grads(res.grads).items()})
+                     **{k: v.asnumpy() for k, v in grads.items()})
 
     def log_step(self, step: int, res, mem_all) -> None:
         """Rank 0's console line and metrics.jsonl record of the step."""

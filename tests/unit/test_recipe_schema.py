@@ -199,7 +199,8 @@ def test_training_settings_refused_naming_the_key(sections, key, words):
 # -- what the runtime cannot do: refused for train, plan still works ------------------------------------
 
 @pytest.mark.parametrize("override,words", [
-    ("parallel_config.model_parallel=2", "parallel_config.model_parallel: 2 is not supported; give 1"),
+    ("parallel_config.model_parallel=2", "parallel_config.model_parallel: 2: the mindformers LlamaForCausalLM model "
+                                         "has no tensor-parallel layers; allowed: 1"),
     ("runner_wrapper.scale_sense=[1024]", "runner_wrapper.scale_sense: [1024]: give a number (a static scale"),
     ("runner_config.gradient_accumulation_steps=4", "raise parallel_config.micro_batch_num instead"),
     ("context.mode=0", "context.mode: 0: hyperparallel's runtime runs PyNative"),

@@ -293,6 +293,46 @@ class QwenVL(ModelAdapter):
             raise SpecError(kb, f"{b!r} but {ka} is {a!r}: the model computes in one dtype; give the same")
         return found[0]
 
+    # -- tensor parallelism (parallel_config.model_parallel: T; :mod:`.tp`) ---------------------------
+    def check_tensor_parallel(self, size: int) -> None:
+        """T must divide the query heads, the MLP channels and the vocabulary of the language model, and divide
+        the key/value heads or be a multiple of them (each then replicated on T / kv ranks; the encoder is
+        replicated within the group); refused before launch, naming the key."""
+        if size == 1:
+            return
+        key = "parallel_config.model_parallel"
+        t = self.text
+        if self.kind == "qwen3_vl" and getattr(t, "attention_bias", False):
+            raise SpecError(key, f"{size} with {self._key(f'{self.text_key}.attention_bias')}: true is not done "
+                                 "(o_proj's bias would be added on every rank); allowed: 1, or attention_bias: false")
+        H, KV = t.num_attention_heads, t.num_key_value_heads
+
+        def fits(d):   # key/value heads split, or each replicated on d / KV ranks
+            return all(m % d == 0 for m in (H, t.intermediate_size, t.vocab_size)) and (KV % d == 0 or d % KV == 0)
+        allowed = ", ".join(str(d) for d in range(1, H + 1) if fits(d))
+        for field, n in (("num_attention_heads", H), ("intermediate_size", t.intermediate_size),
+                         ("vocab_size", t.vocab_size)):
+            if n % size:
+                raise SpecError(key, f"{size} does not divide {self._key(f'{self.text_key}.{field}')} ({n}); "
+                                     f"allowed: {allowed}")
+        if KV % size and size % KV:
+            raise SpecError(key, f"{size} neither divides nor is a multiple of "
+                                 f"{self._key(f'{self.text_key}.num_key_value_heads')} ({KV}); allowed: {allowed}")
+        if self.tied_weights():
+            raise SpecError(key, f"{size} with tied word embeddings (tie_word_embeddings: true) is not done; "
+                                 "allowed: 1, or untie them")
+
+    def shard(self, group) -> None:
+        """Split the language model's layers, embedding and LM head over ``group`` (before any chunk)."""
+        from .tp import shard_network
+        shard_network(self.network(), group, self.text.num_attention_heads, self.text.num_key_value_heads)
+        self.tp_group = group
+
+    def sharded_params(self) -> dict:
+        from .tp import sharded
+        g = getattr(self, "tp_group", None)
+        return sharded(int(self.text.num_hidden_layers), g.size, self.text.num_key_value_heads) if g else {}
+
     def compile_reason(self, region: str) -> str:
         """Every chunk runs eager (:data:`EAGER_REASON`)."""
         self.depth(region)   # KeyError for a region the model lacks

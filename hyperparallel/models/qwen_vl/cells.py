@@ -230,6 +230,7 @@ class LLMChunk(_Slice):
         self.first, self.last = start == 0, stop == adapter.text.num_hidden_layers
         self.kind, self.n_ds, self.D = adapter.kind, len(adapter.deepstack), adapter.text.hidden_size
         self.vocab = adapter.text.vocab_size
+        self._tp = getattr(adapter, "tp_group", None)   # tensor parallelism: the vocabulary-parallel loss
         self._aux = (lm.rotary_emb, lm, net)   # a tuple: not registered (no parameters of their own here)
         self.layers = nn.CellList(list(lm.layers)[start:stop])
         if self.first:
@@ -271,7 +272,11 @@ class LLMChunk(_Slice):
                     h = lm._deepstack_process(h, t.visual_pos_masks, ds.pop(0))
         if self.last:
             logits = self.lm_head(self.norm(h))
-            loss = net.loss_function(logits=logits, labels=t.labels, vocab_size=self.vocab)
+            if self._tp is not None:   # this rank's vocabulary slice of the logits (:mod:`.tp`)
+                from ..tensor_parallel import vocab_cross_entropy
+                loss = vocab_cross_entropy(logits, t.labels, self._tp.rank * logits.shape[-1], self._tp)
+            else:
+                loss = net.loss_function(logits=logits, labels=t.labels, vocab_size=self.vocab)
             return loss * t.loss_scale
         if ds:
             return ops.concat([h.reshape(-1)] + [d.reshape(-1) for d in ds], axis=0)
