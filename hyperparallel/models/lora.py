@@ -102,7 +102,7 @@ def _regex(text: str, key: str) -> str:
 def module_names(kind: str, vision_depth: int, text_layers: int, deepstack: int = 0) -> Dict[str, str]:
     """{module name: class kind} of mindone's whole Qwen2.5-VL (``kind`` qwen2_5_vl) or Qwen3-VL (qwen3_vl)
     model, as ``Cell.cells_and_names`` names them (the root left out); the kind is ``Linear``,
-    ``Embedding``, ``Conv3d`` or ``other``. tests/test_lora.py checks it against the built models."""
+    ``Embedding``, ``Conv3d`` or ``other``. tests/unit/test_lora.py checks it against the built models."""
     L, E, C, O = "Linear", "Embedding", "Conv3d", "other"
     out = {"model": O, "model.visual": O, "model.visual.patch_embed": O, "model.visual.patch_embed.proj": C,
            "model.visual.rotary_pos_emb": O, "model.visual.blocks": O, "model.visual.merger": O,
