@@ -11,6 +11,7 @@ from ..errors import SpecError
 from ..mpipe.ir import Plan
 from ..mpipe.table import program_table
 from ..recipe import derive_recipe, load_recipe, memory_warning, planned
+from ..recipe.memory import memory_line
 from ..util import output_file, write_text
 
 
@@ -23,11 +24,26 @@ def check_generated_data(recipe) -> None:
         data_config(recipe.raw)
 
 
+def check_tensor_parallel(recipe) -> None:
+    """T (``parallel_config.model_parallel``) checked against the model as ``train`` checks it (the adapter's
+    ``check_tensor_parallel``: heads, MLP channels, vocabulary), so a plan never predicts a split the runtime
+    refuses. A model with no runtime adapter (plan and simulate still work for it) is planned as given."""
+    if recipe.tensor_parallel <= 1:
+        return
+    from ..models import adapter_for
+    try:
+        model = adapter_for(recipe.raw.get("model"), {}, 0)
+    except (SpecError, ValueError):   # no adapter for this model here: train names it
+        return
+    model.check_tensor_parallel(recipe.tensor_parallel)
+
+
 def cmd_plan(args) -> int:
     if args.export:
         output_file("--export", args.export, inputs=(args.recipe,))
     recipe, plan = planned(args.recipe, args.overrides, args.schedule)
     check_generated_data(recipe)
+    check_tensor_parallel(recipe)
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
           f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
     print(cut_lines(plan))
@@ -39,6 +55,9 @@ def cmd_plan(args) -> int:
     if args.export:
         write_text(args.export, plan.dumps())
         print(f"wrote {args.export}")
+    line = memory_line(recipe, plan)
+    if line:
+        print(line)
     warning = memory_warning(recipe, plan)
     if warning:
         print(warning, file=sys.stderr)

@@ -168,6 +168,9 @@ def profile_dict(profile: ModelProfile) -> dict:
         out["measured_on"] = dict(profile.measured_on)
     if profile.device_scale:
         out["device_scale"] = list(profile.device_scale)
+    if profile.tensor_link is not None:
+        out["tensor_link"] = {"latency_ms": profile.tensor_link.latency_ms,
+                              "bandwidth_gb_s": profile.tensor_link.bandwidth_gb_s}
     if profile.action_overhead_ms:
         out["action_overhead_ms"] = profile.action_overhead_ms
     if profile.step_overhead_ms:
