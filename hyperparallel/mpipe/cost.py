@@ -152,7 +152,10 @@ def tensor_parallel_profile(profile: ModelProfile, T: int, split) -> ModelProfil
     and per layer two all-reduces forward (after ``o_proj`` and ``down_proj``; a recompute repeats them) and
     two backward (before q/k/v and gate/up), each of the layer's output (``output_mb``: tokens x hidden x
     the compute dtype) over the T group on ``tensor_link`` (else ``link``) by :func:`ring_ms`, charged in the
-    task's time (they block the layer). The stage output stays whole on every rank (``output_mb``)."""
+    task's time (they block the layer). The stage output stays whole on every rank (``output_mb``).
+    A profile whose activations count attention scores (the estimate's ``5 x heads x context / hidden``
+    term, no flash attention) splits those T ways too: the 10/34 whole share overstates it there (the
+    predicted peak errs high)."""
     if T <= 1:
         return profile
     link = profile.tensor_link or profile.link
