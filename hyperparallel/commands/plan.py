@@ -55,10 +55,15 @@ def cmd_plan(args) -> int:
     if args.export:
         write_text(args.export, plan.dumps())
         print(f"wrote {args.export}")
-    line = memory_line(recipe, plan)
+    report = None
+    if recipe.memory_limit_gb is not None:   # one cost-model run for the line and the warning
+        from ..mpipe.cost import simulate
+        from ..recipe import steady_steps
+        report = simulate(plan, recipe.profile, steps=steady_steps([plan]))
+    line = memory_line(recipe, plan, report)
     if line:
         print(line)
-    warning = memory_warning(recipe, plan)
+    warning = memory_warning(recipe, plan, report)
     if warning:
         print(warning, file=sys.stderr)
     return 0
