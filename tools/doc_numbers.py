@@ -282,6 +282,32 @@ def paper_memory() -> str:
             " (the gather of the encoder's updated parameters).\n")
 
 
+#: the memory levers of the real-size recipes, and the --set overrides that turn them off
+REAL_SIZES = (("recipes/qwen2_5_vl_7b.yaml", ("1f1b", "transpose"), "ZeRO-1",
+               ("parallel_config.optimizer_shard=false",)),
+              ("recipes/qwen2_5_vl_72b.yaml", ("interleaved", "transpose"), "TP 2, ZeRO-1, full recompute",
+               ("parallel_config.model_parallel=1", "parallel_config.optimizer_shard=false", "mpipe.recompute=none")))
+
+
+def real_sizes() -> str:
+    """The 7B and 72B recipes at MindSpeed-MM's layouts: per schedule the predicted step and the largest
+    per-device peak with its parts, with the memory levers and without them, against mpipe.memory_limit_gb."""
+    gb = lambda mb: mb / 1024.0  # noqa: E731
+    lines = ["| recipe | levers | schedule | step (ms) | largest peak (GB) | = activations + params + grads + "
+             "optimizer (GB) | 64 GB |", "|---|---|---|---|---|---|---|"]
+    for name, schedules, levers, off in REAL_SIZES:
+        limit = recipe(name).memory_limit_gb
+        for label, sets in ((levers, ()), ("none", off)):
+            for r in simulate(name, *schedules, sets=sets):
+                d = max(r["devices"], key=lambda x: x["peak_memory_mb"])
+                parts = " + ".join(f"{gb(d[k]):.1f}" for k in ("peak_activation_mb", "params_mb", "grads_mb",
+                                                                "optimizer_mb"))
+                fits = "fits" if gb(d["peak_memory_mb"]) <= limit else "**over**"
+                lines.append(f"| `{os.path.basename(name)}` | {label} | `{r['schedule']}` | {r['makespan_ms']:.0f} | "
+                             f"{gb(d['peak_memory_mb']):.1f} | {parts} | {fits} |")
+    return "\n".join(lines) + "\n"
+
+
 # -- measured (rendered from hyperparallel bench --out JSON) ---------------------------------------
 def _runs():
     return [("frozen", bench("bench_2rank.json")), ("trained", bench("bench_2rank_trained.json"))]
@@ -616,6 +642,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "frozen-vit": frozen_vit,
     "paper-scale": paper_scale,
     "paper-memory": paper_memory,
+    "real-sizes": real_sizes,
     "bench-memory": bench_memory,
     "bench-memory-note": bench_memory_note,
     "bench-overhead": bench_overhead,
@@ -640,7 +667,7 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "shape-buckets": lambda: tool_table("shape_buckets.py", "recipes/tiny_mllm_data.yaml", "--demo", "--steps", "40"),
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
-SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "paper-memory", "schedule-orders", "schedule-torch",
+SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "paper-memory", "real-sizes", "schedule-orders", "schedule-torch",
              "balance-replay")
 
 

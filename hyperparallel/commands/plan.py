@@ -11,6 +11,7 @@ from ..errors import SpecError
 from ..mpipe.ir import Plan
 from ..mpipe.table import program_table
 from ..recipe import derive_recipe, load_recipe, memory_warning, planned
+from ..recipe.memory import memory_line
 from ..util import output_file, write_text
 
 
@@ -23,11 +24,29 @@ def check_generated_data(recipe) -> None:
         data_config(recipe.raw)
 
 
+def check_tensor_parallel(recipe) -> None:
+    """T (``parallel_config.model_parallel``) checked against the model as ``train`` checks it (the adapter's
+    ``check_tensor_parallel``: heads, MLP channels, vocabulary), so a plan never predicts a split the runtime
+    refuses. A model whose adapter does not split layers (the base rule refuses any T > 1), or that has no
+    adapter that can be built from its section alone, is planned as given (plan reads a MindFormers config
+    as given; ``train`` names what it cannot run)."""
+    if recipe.tensor_parallel <= 1:
+        return
+    from ..models import ModelAdapter, adapter_for
+    try:
+        model = adapter_for(recipe.raw.get("model"), {}, 0)
+    except Exception:   # noqa: BLE001 - no adapter built here: train names why
+        return
+    if type(model).check_tensor_parallel is not ModelAdapter.check_tensor_parallel:
+        model.check_tensor_parallel(recipe.tensor_parallel)
+
+
 def cmd_plan(args) -> int:
     if args.export:
         output_file("--export", args.export, inputs=(args.recipe,))
     recipe, plan = planned(args.recipe, args.overrides, args.schedule)
     check_generated_data(recipe)
+    check_tensor_parallel(recipe)
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
           f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
     print(cut_lines(plan))
@@ -39,7 +58,15 @@ def cmd_plan(args) -> int:
     if args.export:
         write_text(args.export, plan.dumps())
         print(f"wrote {args.export}")
-    warning = memory_warning(recipe, plan)
+    report = None
+    if recipe.memory_limit_gb is not None:   # one cost-model run for the line and the warning
+        from ..mpipe.cost import simulate
+        from ..recipe import steady_steps
+        report = simulate(plan, recipe.profile, steps=steady_steps([plan]))
+    line = memory_line(recipe, plan, report)
+    if line:
+        print(line)
+    warning = memory_warning(recipe, plan, report)
     if warning:
         print(warning, file=sys.stderr)
     return 0

@@ -37,8 +37,9 @@ def run_simulate(args) -> int:
         whole("--steps", args.steps)
         bounds.at_most("--steps", args.steps, bounds.MAX_SIM_STEPS, "(the steady state shows after 3 steps)")
     recipe = load_recipe(args.recipe, args.overrides)
-    from .plan import check_generated_data
+    from .plan import check_generated_data, check_tensor_parallel
     check_generated_data(recipe)
+    check_tensor_parallel(recipe)
     schedules = args.schedule or [None]
     plans = [checked_plan(recipe, s) for s in schedules]
     # next-step spill only shows in the steady state: then every schedule runs the same steps

@@ -102,7 +102,7 @@ def candidate_json(space: Space, rank: int, s: Scored) -> dict:
             "offset": space.offset(c), "split": c.split, "step_ms": round(s.step_ms, 6),
             "bubble_ratio": round(s.bubble, 6), "peak_memory_mb": [round(x, 3) for x in s.peaks_mb],
             "peak_mb": round(s.peak_mb, 3), "peak_device": s.peak_device, "keys": space.keys(c),
-            "same_plan": list(s.same_plan)}
+            "same_plan": list(s.same_plan), "T": c.T, "recompute": c.recompute or "recipe"}
 
 
 def result_json(args, space: Space, out: Outcome, own: dict) -> dict:
@@ -206,8 +206,38 @@ def _table(space: Space, out: Outcome) -> str:
     for i, s in enumerate(out.table):
         c = s.cand
         rows.append([i + 1, s.name, c.V, c.M, space.batch.samples // c.M, json.dumps(space.offset(c)),
-                     f"{s.step_ms:.2f}", f"{s.bubble:.3f}", f"{memory(s.peak_mb)} (device {s.peak_device})"])
-    return text_table(["rank", "schedule", "V", "M", "mbs", "offset", "step_ms", "bubble", "peak memory"], rows)
+                     f"{s.step_ms:.2f}", f"{s.bubble:.3f}", f"{memory(s.peak_mb)} (device {s.peak_device})"]
+                    + ([c.T] if len(space.Ts) > 1 else []))
+    return text_table(["rank", "schedule", "V", "M", "mbs", "offset", "step_ms", "bubble", "peak memory"]
+                      + (["T"] if len(space.Ts) > 1 else []), rows)
+
+
+#: the largest T tune tries: a stage's T ranks are neighbours in one node (8 NPUs on Ascend)
+MAX_TUNE_T = 8
+
+
+def levers(recipe) -> tuple:
+    """The memory levers ``--memory-limit`` searches: (the T values the model's adapter can split its
+    language model into, 1..MAX_TUNE_T, or the recipe's T alone for a model with no runtime adapter;
+    the LLM's recompute: the recipe's own (None), ``none`` and ``full``)."""
+    from ..models import adapter_for
+    from ..errors import SpecError
+    ts = [recipe.tensor_parallel]
+    try:
+        model = adapter_for(recipe.raw.get("model"), {}, 0)
+    except Exception:   # noqa: BLE001 - no adapter built from the section alone: the recipe's T only
+        model = None
+    if model is not None:
+        for t in range(1, MAX_TUNE_T + 1):
+            try:
+                model.check_tensor_parallel(t)
+            except SpecError:
+                continue
+            ts.append(t)
+    own = recipe.recompute[1] if recipe.recompute else "none"
+    own = "full" if own is True else own
+    recs = (None,) + tuple(r for r in ("none", "full") if r != own)
+    return tuple(sorted(set(ts))), recs
 
 
 def memory(mb: float) -> str:
@@ -218,7 +248,8 @@ def memory(mb: float) -> str:
 def run(args) -> int:
     _check_args(args)
     recipe = load(args.recipe, args.overrides)
-    space = Space(recipe, profiles=profiles(args.profile))
+    ts, recs = levers(recipe) if args.memory_limit is not None else ((), (None,))
+    space = Space(recipe, profiles=profiles(args.profile), tensor_parallel=ts, recompute=recs)
     limit = None if args.memory_limit is None else args.memory_limit * GB
     out = search(space, limit, args.top)
     if not out.ranked:

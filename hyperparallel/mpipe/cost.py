@@ -127,6 +127,51 @@ def ring_ms(kind: str, g: int, mb: float, link) -> float:
     raise ValueError(f"no ring formula for {kind!r}")
 
 
+#: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"), flash attention
+#: (no s x s scores kept): a layer keeps 34 x s x h half-precision bytes; under T-way tensor parallelism
+#: without sequence parallelism 24 of them split T ways and 10 (the LayerNorm inputs, the residual, the
+#: dropout masks) stay whole on every rank
+TP_SPLIT_SHARE = 24.0 / 34.0
+
+
+def tensor_parallel_regions(plan: Plan) -> Tuple[str, ...]:
+    """The regions whose layers the plan's T ranks split: ``meta["tensor_parallel_regions"]``, else the
+    language model (the last region: the runtime splits it; encoders stay whole in the T group)."""
+    if plan.tensor_parallel <= 1:
+        return ()
+    return tuple(plan.meta.get("tensor_parallel_regions") or plan.regions()[-1:])
+
+
+def tensor_parallel_profile(profile: ModelProfile, T: int, split) -> ModelProfile:
+    """The per-rank profile of a whole-layer profile under T-way tensor parallelism of the ``split`` regions.
+
+    A profile's costs are a whole layer's (``hyperparallel profile`` measures without T; the estimate and a
+    hand-written profile state whole layers). Per rank of a split region: parameters (hence grads and
+    optimizer state) 1/T; compute times (layers and head: the LM head is vocabulary-parallel) 1/T, an ideal
+    split; activations ``1 - TP_SPLIT_SHARE + TP_SPLIT_SHARE / T`` of a layer's (:data:`TP_SPLIT_SHARE`);
+    and per layer two all-reduces forward (after ``o_proj`` and ``down_proj``; a recompute repeats them) and
+    two backward (before q/k/v and gate/up), each of the layer's output (``output_mb``: tokens x hidden x
+    the compute dtype) over the T group on ``tensor_link`` (else ``link``) by :func:`ring_ms`, charged in the
+    task's time (they block the layer). The stage output stays whole on every rank (``output_mb``).
+    A profile whose activations count attention scores (the estimate's ``5 x heads x context / hidden``
+    term, no flash attention) splits those T ways too: the 10/34 whole share overstates it there (the
+    predicted peak errs high)."""
+    if T <= 1:
+        return profile
+    link = profile.tensor_link or profile.link
+    keep = 1.0 - TP_SPLIT_SHARE + TP_SPLIT_SHARE / T
+    regions = []
+    for r in profile.regions:
+        if r.name in split:
+            ar = 2 * ring_ms(ALLREDUCE, T, r.output_mb, link)
+            r = replace(r, forward_ms=r.forward_ms / T + ar, backward_ms=r.backward_ms / T + ar,
+                        weight_ms=r.weight_ms / T, head_forward_ms=r.head_forward_ms / T,
+                        head_backward_ms=r.head_backward_ms / T, head_weight_ms=r.head_weight_ms / T,
+                        param_mb=r.param_mb / T, activation_mb=r.activation_mb * keep)
+        regions.append(r)
+    return replace(profile, regions=tuple(regions))
+
+
 def sharded_regions(plan: Plan) -> set:
     """Regions whose optimizer state is sharded over their pipeline replicas (an ALLGATHER of their weights)."""
     return {a.region for p in plan.programs.values() for a in p if a.kind == ALLGATHER and a.group != DP_GROUP}
@@ -299,12 +344,14 @@ def _per_device_collectives(plan: Plan):
 
 def simulate(plan: Plan, profile: ModelProfile, steps: int = 1,
              work: Optional[Callable[[Action], float]] = None) -> CostReport:
-    """Execute ``steps`` optimizer steps; per-step figures come from the last step (steady state).
+    """Execute ``steps`` optimizer steps; per-step figures come from the last step (steady state); with
+    T > 1 (``plan.tensor_parallel``) on one rank of each T group (:func:`tensor_parallel_profile`).
     ``work(action)``: a multiplier on the action's compute time (the runtime overhead per action
     excluded), e.g. a micro-batch's encoder work over the profile's average (``simulate --data-steps``)."""
     if profile.device_scale and len(profile.device_scale) != plan.num_devices:
         raise SpecError("mpipe.profile.device_scale", f"has {len(profile.device_scale)} entries but the plan has "
                         f"{plan.num_devices} pipeline devices (one per device, or leave it out)")
+    profile = tensor_parallel_profile(profile, plan.tensor_parallel, tensor_parallel_regions(plan))
     dur = Durations(plan, profile)
     run, device_of = _per_device_collectives(plan)
     over = profile.action_overhead_ms

@@ -34,14 +34,28 @@ class Excess:
                 "parts_gb": {k: round(v, 6) for k, v in self.parts_gb.items()}}
 
 
+def parts_gb(d) -> Dict[str, float]:
+    """A device cost's peak parts in GB (keys of PARTS)."""
+    mb = (d.peak_activation_mb, d.params_mb, d.grads_mb, d.optimizer_mb)
+    return {k: v / 1024.0 for k, v in zip(PARTS, mb)}
+
+
+def peak_line(report: CostReport, limit_gb: float) -> str:
+    """One line: the device with the highest predicted peak, its parts, and whether it fits ``limit_gb``."""
+    d = max(report.devices, key=lambda x: (x.peak_memory_mb, -x.device))
+    peak = d.peak_memory_mb / 1024.0
+    parts = " + ".join(f"{PARTS[k]} {gb:.4g}" for k, gb in parts_gb(d).items())
+    verdict = f"fits {limit_gb:g} GB" if peak <= limit_gb else f"exceeds {limit_gb:g} GB"
+    return f"memory: device {d.device}'s predicted peak {peak:.4g} GB ({parts} GB) {verdict} ({FIELD})"
+
+
 def over_limit(report: CostReport, limit_gb: float) -> List[Excess]:
     """The devices whose predicted peak exceeds ``limit_gb``, highest peak first."""
     out = []
     for d in report.devices:
         peak = d.peak_memory_mb / 1024.0
         if peak > limit_gb:
-            mb = (d.peak_activation_mb, d.params_mb, d.grads_mb, d.optimizer_mb)
-            out.append(Excess(d.device, peak, limit_gb, {k: v / 1024.0 for k, v in zip(PARTS, mb)}))
+            out.append(Excess(d.device, peak, limit_gb, parts_gb(d)))
     return sorted(out, key=lambda e: (-e.peak_gb, e.device))
 
 

@@ -110,6 +110,8 @@ class ModelProfile:
     tied: Tuple[TiedWeight, ...] = ()
     # the number of repeated measurements the regions' ``spread`` is over; None: not recorded
     repeats: Optional[int] = None
+    # the link inside a stage's tensor-parallel group (one node), for its all-reduces; None: ``link``
+    tensor_link: Optional[LinkProfile] = None
 
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {r.name: r for r in self.regions})
@@ -145,7 +147,7 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
     if not isinstance(obj, dict):
         raise SpecError(where, "must be a mapping with 'regions' (and optional 'link')")
     top = ("regions", "link", "optimizer_factor", "measured_on", "device_scale", "action_overhead_ms",
-           "step_overhead_ms", "micro_batch_size", "tied", "repeats")
+           "step_overhead_ms", "micro_batch_size", "tied", "repeats", "tensor_link")
     unknown = set(obj) - set(top)
     if unknown:
         raise unknown_key(where, obj, top)
@@ -180,20 +182,15 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         seen.add(name)
         regions.append(RegionProfile(name=name, layers=_count(f"{w}.layers", r["layers"], bounds.MAX_LAYERS),
                                      trainable=trainable, **kw))
-    link_obj = obj.get("link", {}) or {}
-    if not isinstance(link_obj, dict):
-        raise SpecError(f"{where}.link", "must be a mapping with latency_ms, bandwidth_gb_s")
-    unknown = set(link_obj) - {"latency_ms", "bandwidth_gb_s"}
-    if unknown:
-        raise unknown_key(f"{where}.link", link_obj, ("latency_ms", "bandwidth_gb_s"))
-    link = LinkProfile(**{k: number(f"{where}.link.{k}", v) for k, v in link_obj.items()})
+    link = _link(obj.get("link", {}) or {}, f"{where}.link")
+    tensor_link = None if obj.get("tensor_link") is None else _link(obj["tensor_link"], f"{where}.tensor_link")
     opt = number(f"{where}.optimizer_factor", obj.get("optimizer_factor", 2.0))
     scale = obj.get("device_scale", []) or []
     if not isinstance(scale, list):
         raise SpecError(f"{where}.device_scale", f"must be a list of numbers > 0 (one per pipeline device), got {scale!r}")
     for i, v in enumerate(scale):
         number(f"{where}.device_scale[{i}]", v, 0.0, strict=True)
-    return ModelProfile(regions=tuple(regions), link=link, optimizer_factor=opt,
+    return ModelProfile(regions=tuple(regions), link=link, tensor_link=tensor_link, optimizer_factor=opt,
                         measured_on=_measured_on(obj.get("measured_on"), f"{where}.measured_on"),
                         device_scale=tuple(float(v) for v in scale),
                         action_overhead_ms=number(f"{where}.action_overhead_ms", obj.get("action_overhead_ms", 0.0)),
@@ -203,6 +200,16 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
                         tied=parse_tied(obj.get("tied", []), {r.name: r.layers for r in regions}, f"{where}.tied"),
                         repeats=(None if obj.get("repeats") is None else
                                  _count(f"{where}.repeats", obj["repeats"])))
+
+
+def _link(link_obj, where: str) -> LinkProfile:
+    """A ``{latency_ms, bandwidth_gb_s}`` mapping as a LinkProfile, refusing bad input."""
+    if not isinstance(link_obj, dict):
+        raise SpecError(where, "must be a mapping with latency_ms, bandwidth_gb_s")
+    unknown = set(link_obj) - {"latency_ms", "bandwidth_gb_s"}
+    if unknown:
+        raise unknown_key(where, link_obj, ("latency_ms", "bandwidth_gb_s"))
+    return LinkProfile(**{k: number(f"{where}.{k}", v) for k, v in link_obj.items()})
 
 
 def parse_spread(obj, where: str) -> Tuple[Tuple[str, float], ...]:

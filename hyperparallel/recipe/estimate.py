@@ -8,7 +8,11 @@ kept for backward (the usual ``tokens x hidden x (34 + 5 x heads x context / hid
 count, doubled for float32), output bytes, parameter bytes; the language model's head (``vocab x hidden``)
 and an encoder's projector as the region's head. Times are FLOPs at an *assumed* sustained rate per
 device (:data:`RATE_TFLOPS`); they rank schedules, they do not predict seconds. ``hyperparallel profile
-RECIPE --out FILE`` measures the real costs.
+RECIPE --out FILE`` measures the real costs. The costs are a whole layer's: with
+``parallel_config.model_parallel`` T the cost model splits the language model's over T
+(:func:`~hyperparallel.mpipe.cost.tensor_parallel_profile`). Parameter bytes: ``param_init_type``, else
+float32 (the runtime's mixed precision keeps float32 master weights, grads and Adam state); activations
+and outputs in the compute dtype (``compute_dtype`` / ``torch_dtype`` / ``dtype``).
 
 Tokens per micro-batch: the language model's sequence length (``data.seq_len``, else the model's
 ``seq_length``, else ``data.text_len`` plus images) times the micro-batch size; an encoder's images per sample from ``data.images_per_sample`` (+ video), else 1

@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence
 from ..mpipe.cost import CostReport, simulate
 from ..errors import SpecError
 from ..mpipe.ir import Plan
-from ..mpipe.memory import FIELD, Excess, over_limit, summary
+from ..mpipe.memory import FIELD, Excess, over_limit, peak_line, summary
 from .recipe import Recipe
 
 
@@ -36,3 +36,12 @@ def memory_warning(recipe: Recipe, plan: Plan, report: Optional[CostReport] = No
     if not excess:
         return None
     return f"warning: {FIELD}: {plan.meta.get('schedule_name', '')}: {summary(excess, plan.num_devices)}"
+
+
+def memory_line(recipe: Recipe, plan: Plan, report: Optional[CostReport] = None) -> Optional[str]:
+    """The line ``plan`` prints with ``mpipe.memory_limit_gb`` set: the highest predicted peak, its parts
+    and whether it fits (None without a limit)."""
+    if recipe.memory_limit_gb is None:
+        return None
+    report = report or simulate(plan, recipe.profile, steps=steady_steps([plan]))
+    return peak_line(report, recipe.memory_limit_gb)

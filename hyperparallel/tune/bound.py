@@ -56,7 +56,7 @@ def _needs_bwd(profile: ModelProfile) -> List[bool]:
 
 
 def time_bound(space: Space, c: Candidate) -> float:
-    prof = space.profile_at(c.M)
+    prof = space.rank_profile(c)   # a recompute's R only adds time: the bound holds without it
     P, M, n = space.P, c.M, space.P * c.V
     scale = [prof.device_scale[d] if prof.device_scale else 1.0 for d in range(P)]
     ovh = prof.action_overhead_ms
@@ -110,9 +110,14 @@ def time_bound(space: Space, c: Candidate) -> float:
 
 
 def memory_bound(space: Space, c: Candidate) -> List[float]:
-    """Per device, a lower bound of its peak memory (MB)."""
-    prof = space.profile_at(c.M)
+    """Per device, a lower bound of its peak memory (MB). A recomputed chunk still holds its whole
+    activation from its R to its backward, so the one-chunk activation term holds under recompute; ZeRO
+    counts the optimizer state (and at level 2 the grads) 1/D, as the cost model does."""
+    prof = space.rank_profile(c)
     P, n = space.P, space.P * c.V
+    D = space.D
+    zero = space.recipe.zero
+    gshare, oshare = (1.0 / D if zero == 2 else 1.0), (1.0 / D if zero else 1.0)
     needs = _needs_bwd(prof)
     body = prof.regions[-1]
     opt = prof.optimizer_factor
@@ -121,27 +126,27 @@ def memory_bound(space: Space, c: Candidate) -> List[float]:
     for k in range(n):
         d = orders.device_of(c.order, k, P)
         p = body.param_mb * c.layers[k]
-        out[d] += p * (1 + (1 + opt if body.trainable else 0))
+        out[d] += p * (1 + (gshare + opt * oshare if body.trainable else 0))
         if needs[-1]:
             act[d] = max(act[d], body.activation_mb * c.layers[k])
     for i, r in enumerate(prof.regions[:-1]):
         p = r.param_mb * r.layers
         if c.encoder.skeleton == "place":
-            out[0] += p * (1 + (1 + opt if r.trainable else 0))
+            out[0] += p * (1 + (gshare + opt * oshare if r.trainable else 0))
             continue
         central = c.encoder.backward == "central"
         for d in range(P):
             holds = r.trainable and not (central and d != 0)
-            out[d] += p * (1 + (1 + opt if holds else 0))
+            out[d] += p * (1 + (gshare + opt * oshare if holds else 0))
     return [s + a for s, a in zip(out, act)]
 
 
 def body_bound(space: Space, c: Candidate, cache: Dict[tuple, float]) -> float:
     """The step of the LLM alone with ``c``'s order, V, M and split and free communication (see the
     module docstring); cached per (order, V, M, split) in ``cache``."""
-    key = (c.order, c.V, c.M, c.layers)
+    key = (c.order, c.V, c.M, c.layers, c.T)
     if key not in cache:
-        prof = space.profile_at(c.M)
+        prof = space.rank_profile(c)
         body = replace(prof, regions=(prof.regions[-1],), link=LinkProfile(0.0, 0.0))
         sched = Schedule(((space.body.name, Pipe(order=c.order, layers=c.layers)),))
         plan = derive(body, sched, space.P, c.M, c.V, space.D)

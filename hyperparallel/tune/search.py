@@ -85,7 +85,8 @@ class Outcome:
 def rank_key(space: Space, s: Scored) -> tuple:
     """Step time, then peak memory, then the fewest changes to the recipe, then the shortest spelling."""
     c = s.cand
-    changes = (c.M != space.M0) + (c.V != space.V0) + (c.split not in ("even", "recipe", "all"))
+    changes = ((c.M != space.M0) + (c.V != space.V0) + (c.split not in ("even", "recipe", "all"))
+               + (c.T != space.recipe.tensor_parallel) + (c.recompute is not None))
     return (round(s.step_ms, 6), round(s.peak_mb, 3), changes, len(s.name), s.name, c.M, c.V, c.layers)
 
 
@@ -238,7 +239,7 @@ class _Run:
                     layers = list(c.layers)
                     layers[i] -= 1
                     layers[j] += 1
-                    nc = Candidate(c.order, c.V, c.M, c.encoder, tuple(layers), "moved")
+                    nc = Candidate(c.order, c.V, c.M, c.encoder, tuple(layers), "moved", c.T, c.recompute)
                     key = (nc.family, nc.layers)
                     if key not in self.seen:
                         self.seen.add(key)

@@ -12,7 +12,12 @@ Dimensions (each from the algebra's own registries, nothing hard-coded per sched
   owner policy, and ``backward`` owner/central (encoder trained) or ``spill`` none/next_step (frozen);
 * the LLM's layer split: every composition when there are at most ``ALL_SPLITS_MAX`` of them, else the
   even split (remainder early, as the cut does), the remainder late, a load-balanced split and the
-  recipe's own; the search refines the best ones by moving single layers (:mod:`.search`).
+  recipe's own; the search refines the best ones by moving single layers (:mod:`.search`);
+* T (``parallel_config.model_parallel``): the values the command allows (those the model can split its
+  language model into: heads, MLP channels, vocabulary; the recipe's alone by default), at the recipe's P
+  and D, so a larger T uses T times the ranks (P x D x T); costed on one rank of each T group
+  (:func:`~hyperparallel.mpipe.cost.tensor_parallel_profile`);
+* recompute of the LLM: the recipe's alone by default, or ``none`` and ``full`` (``mpipe.recompute``).
 
 Per-micro-batch costs at another micro-batch size (forward/backward/weight times, heads, activations,
 outputs) come from the profiles measured at known sizes (the recipe's own, at the size its
@@ -31,11 +36,12 @@ from math import comb
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..mpipe import orders
+from ..mpipe.cost import tensor_parallel_profile
 from ..mpipe.cut import split_layers
 from ..errors import SpecError, whole
 from ..mpipe.profile import COST_KEYS, ModelProfile, task_ms
 from ..mpipe.schedule import Pipe, Place, Schedule, Transpose, OWNERS, BACKWARDS, SPILLS
-from ..recipe.mindformers import offset_of
+from ..recipe.mindformers import RECOMPUTE_KEY, offset_of
 from ..recipe.recipe import Recipe, recipe_from_dict
 from ..recipe.schema import value_at
 
@@ -168,6 +174,9 @@ def profile_dict(profile: ModelProfile) -> dict:
         out["measured_on"] = dict(profile.measured_on)
     if profile.device_scale:
         out["device_scale"] = list(profile.device_scale)
+    if profile.tensor_link is not None:
+        out["tensor_link"] = {"latency_ms": profile.tensor_link.latency_ms,
+                              "bandwidth_gb_s": profile.tensor_link.bandwidth_gb_s}
     if profile.action_overhead_ms:
         out["action_overhead_ms"] = profile.action_overhead_ms
     if profile.step_overhead_ms:
@@ -204,11 +213,13 @@ class Candidate:
     encoder: Optional[Encoder]   # None: the model has no region before the LLM
     layers: Tuple[int, ...]      # the LLM's layers per chunk, data-flow order
     split: str = "even"          # how the split was made: even, late, balanced, recipe, all, moved
+    T: int = 1                   # tensor-parallel ranks of each stage (parallel_config.model_parallel)
+    recompute: Optional[str] = None   # the LLM's mpipe.recompute (None: the recipe's own)
 
     @property
     def family(self) -> tuple:
         """Everything but the layer split."""
-        return (self.order, self.V, self.M, self.encoder)
+        return (self.order, self.V, self.M, self.encoder, self.T, self.recompute)
 
     @property
     def spill(self) -> bool:
@@ -226,8 +237,11 @@ class Space:
     """The candidates of one recipe and how each becomes a recipe (see the module docstring)."""
 
     def __init__(self, recipe: Recipe, max_v: int = MAX_V, all_splits_max: int = ALL_SPLITS_MAX,
-                 profiles: Optional[Dict[str, ModelProfile]] = None):
+                 profiles: Optional[Dict[str, ModelProfile]] = None, tensor_parallel: Tuple[int, ...] = (),
+                 recompute: Tuple[Optional[str], ...] = (None,)):
         self.recipe = recipe
+        self.Ts = sorted(set(tensor_parallel)) or [recipe.tensor_parallel]
+        self.recomputes = list(recompute)
         self.P, self.D = recipe.pipeline_stage, recipe.data_parallel
         self.M0, self.V0 = recipe.micro_batch_num, recipe.pp_interleave_num
         self.profile = recipe.profile
@@ -271,11 +285,17 @@ class Space:
         return out
 
     def families(self) -> Iterator[tuple]:
-        for V in self.Vs:
-            for M in self.Ms:
-                for order in self.orders_at(V, M):
-                    for enc in self.encoders:
-                        yield order, V, M, enc
+        for T in self.Ts:
+            for rec in self.recomputes:
+                for V in self.Vs:
+                    for M in self.Ms:
+                        for order in self.orders_at(V, M):
+                            for enc in self.encoders:
+                                yield order, V, M, enc, T, rec
+
+    def rank_profile(self, c: Candidate) -> ModelProfile:
+        """The profile of one rank of ``c`` (its M's micro-batch size; the LLM split over ``c.T``)."""
+        return tensor_parallel_profile(self.profile_at(c.M), c.T, (self.body.name,))
 
     def profile_at(self, M: int) -> ModelProfile:
         """The profile of candidates with M micro-batches (micro-batch size samples / M)."""
@@ -345,9 +365,9 @@ class Space:
         return tuple(layers)
 
     def candidates(self) -> Iterator[Candidate]:
-        for order, V, M, enc in self.families():
+        for order, V, M, enc, T, rec in self.families():
             for layers, how in self.splits(order, V, M, enc):
-                yield Candidate(order, V, M, enc, layers, how)
+                yield Candidate(order, V, M, enc, layers, how, T, rec)
 
     def size(self) -> int:
         return sum(1 for _ in self.candidates())
@@ -373,6 +393,12 @@ class Space:
             put(out, key, v)
         if self.profile_at(c.M) is not self.recipe.profile:
             put(out, "mpipe.profile", profile_dict(self.profile_at(c.M)))
+        if c.T != self.recipe.tensor_parallel:
+            put(out, "parallel_config.model_parallel", c.T)
+        if c.recompute is not None:
+            put(out, "mpipe.recompute", c.recompute)
+            if value_at(self.recipe.raw, RECOMPUTE_KEY) is not None:   # one place: mpipe.recompute
+                put(out, RECOMPUTE_KEY, False)
         if self.mf:
             put(out, self.recipe.layout["key"], self.offset(c))
             ppc = value_at(self.recipe.raw, "parallel.pipeline_config")
@@ -391,7 +417,7 @@ class Space:
     def recipe_for(self, c: Candidate) -> Recipe:
         """The recipe of ``c``'s V, M (and, for a MindFormers config, layer split): the loaded recipe with
         :meth:`keys` merged in, read by the recipe loader (the schedule is passed to the derivation)."""
-        key = (c.V, c.M, c.layers if self.mf else None, c.order == "zbv" if self.mf else None)
+        key = (c.V, c.M, c.layers if self.mf else None, c.order == "zbv" if self.mf else None, c.T, c.recompute)
         if key not in self._recipes:
             raw = merge(copy.deepcopy(self.recipe.raw), self.keys(c, with_schedule=False))
             self._recipes[key] = recipe_from_dict(raw, path=self.recipe.path)
@@ -403,6 +429,7 @@ class Space:
                        for V in self.Vs}
         return {"orders": list(orders.ORDERS), "orders_by_V": {str(V): o for V, o in orders_by_v.items()},
                 "V": self.Vs, "M": self.Ms, "encoders": [_enc_name(e) for e in self.encoders],
+                "T": self.Ts, "recompute": [r or "recipe" for r in self.recomputes],
                 "splits_all_when_at_most": self.all_splits_max, "families": sum(1 for _ in self.families()),
                 "base_candidates": self.size()}
 

@@ -232,13 +232,13 @@ def test_ascend_recipes_are_mindformers_configs(name):
 
 
 @pytest.mark.parametrize("args,expect", [
-    (["check", "recipes/qwen2_5_vl_7b.yaml"], "OK: 4 devices, 16 micro-batches"),
+    (["check", "recipes/qwen2_5_vl_7b.yaml"], "OK: 2 devices, 16 micro-batches"),
     (["check", "recipes/qwen2_5_vl_72b.yaml"], "OK: 8 devices, 32 micro-batches"),
-    (["plan", "recipes/qwen2_5_vl_7b.yaml", "--set", "mpipe.schedule=1f1b"], "schedule 1f1b: P=4 M=16 V=1 D=2"),
-    (["plan", "recipes/qwen2_5_vl_72b.yaml"], "schedule transpose(order=interleaved): P=8 M=32 V=2 D=2"),
+    (["plan", "recipes/qwen2_5_vl_7b.yaml", "--set", "mpipe.schedule=1f1b"], "schedule 1f1b: P=2 M=16 V=1 D=4"),
+    (["plan", "recipes/qwen2_5_vl_72b.yaml"], "schedule transpose(order=interleaved, recompute=full): P=8 M=32 V=2 D=8"),
     (["simulate", "recipes/qwen2_5_vl_7b.yaml", "--schedule", "1f1b", "--schedule", "transpose"], "transpose"),
     (["simulate", "recipes/qwen2_5_vl_72b.yaml", "--schedule", "interleaved", "--schedule",
-      "transpose(order=interleaved)"], "transpose(order=interleaved)"),
+      "transpose(order=interleaved)"], "transpose(order=interleaved, recompute=full)"),
     (["plan", "recipes/tiny_mllm_mindformers.yaml"], "schedule transpose(owners=min): P=2 M=4"),
 ])
 def test_cli_accepts_mindformers_recipes(cli, args, expect):
@@ -251,7 +251,7 @@ def test_transpose_on_72b_means_transpose_plus_interleaved(cli):
     # the recipe has pp_interleave_num > 1: a transpose without order pipes the LLM interleaved
     r = cli("plan", "recipes/qwen2_5_vl_72b.yaml", "--schedule", "transpose")
     assert r.returncode == 0, r.stderr
-    assert "schedule transpose(order=interleaved)" in r.stdout
+    assert "schedule transpose(order=interleaved, recompute=full)" in r.stdout   # the recipe's mpipe.recompute
     # an explicit V = 1 order is still refused, naming the key
     r = cli("plan", "recipes/qwen2_5_vl_72b.yaml", "--schedule", "transpose(order=1f1b)")
     assert r.returncode == 2 and "pp_interleave_num" in r.stderr and "Traceback" not in r.stderr

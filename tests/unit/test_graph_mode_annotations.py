@@ -126,15 +126,19 @@ def _refused(schedule, field, words, *overrides):
 
 
 def test_ascend_recipe_settings():
-    gp = graph_pipeline(plan_of("interleaved", recipe=os.path.join(ROOT, "recipes", "qwen2_5_vl_72b.yaml")))
+    # graph mode carries no schedule recompute (MindSpore's recompute_config does it): the recipe's is turned off
+    r72 = os.path.join(ROOT, "recipes", "qwen2_5_vl_72b.yaml")
+    with pytest.raises(GraphModeUnsupported, match="schedule.llm.recompute"):
+        graph_pipeline(plan_of("interleaved", recipe=r72))
+    gp = graph_pipeline(plan_of("interleaved", "mpipe.recompute=none", recipe=r72))
     assert gp.mindformers() == {
-        "parallel_config": {"data_parallel": 2, "pipeline_stage": 8, "micro_batch_num": 32},
+        "parallel_config": {"data_parallel": 8, "pipeline_stage": 8, "micro_batch_num": 32},
         "parallel": {"pipeline_config": {"pipeline_interleave": True, "pipeline_scheduler": "1f1b"}},
         "model": {"model_config": {"pp_interleave_num": 2, "offset": 0}},
     }
     assert gp.frozen_regions == ["vision"]
     with pytest.raises(GraphModeUnsupported, match="PyNative"):
-        graph_pipeline(plan_of(None, recipe=os.path.join(ROOT, "recipes", "qwen2_5_vl_72b.yaml")))
+        graph_pipeline(plan_of(None, "mpipe.recompute=none", recipe=r72))
 
 
 @pytest.mark.parametrize("schedule,overrides", [
