@@ -144,6 +144,18 @@ class ModelAdapter:
         """{parameter name: axis} of the parameters split over the tensor-parallel group (default none)."""
         return {}
 
+    def processor_record(self, data_cfg) -> Optional[dict]:
+        """Pure Python: what a checkpoint's ``meta.json`` records of the run's processor (where its tokenizer
+        came from, the image settings in effect), from the run's data config, so ``ckpt --export-hf`` can
+        write the processor files. Default: None (this model writes none)."""
+        return None
+
+    def write_processor(self, record: Optional[dict], hf_cfg: dict, out: str) -> Tuple[List[str], str]:
+        """Write the processor files of ``record`` (:meth:`processor_record`) into the export folder ``out``
+        for the Hugging Face config ``hf_cfg``. Returns (files written, '') or ([], why none were)."""
+        arch = (hf_cfg.get("architectures") or [self.family])[0]
+        return [], f"no processor is written for {arch} (the {self.family} adapter writes none)"
+
     def notes(self) -> List[str]:
         """Pure Python, before launch: lines the front end prints once on the console (a recipe's spelling
         read as another, e.g. MindFormers' ``num_layers`` as ``num_hidden_layers``); the ranks, building the

@@ -415,7 +415,8 @@ def export_hf(src: Source, out: str, say=print, merge_lora: bool = False) -> int
     command refuses that without ``--force``): the previous weights there are replaced
     (:func:`~hyperparallel.models.hf_dir.install`), the rest kept. The processor files (tokenizer, chat
     template, preprocessor configs) come too when ``meta.json`` records the run's tokenizer
-    (:mod:`~hyperparallel.models.qwen_vl.processor`); ``say`` tells which, or why none. A run with ``model.lora`` (its
+    (the adapter's ``write_processor``; Qwen-VL: :mod:`~hyperparallel.models.qwen_vl.processor`); ``say`` tells
+    which, or why none. A run with ``model.lora`` (its
     step carries ``lora.json``) writes PEFT's adapter directory (``adapter_model.safetensors`` +
     ``adapter_config.json``, ``base_model_name_or_path`` its ``model.pretrained``), or with ``merge_lora`` the
     merged whole model (PEFT's ``merge_and_unload``). Returns the number of tensors read from the step."""
@@ -461,7 +462,7 @@ def export_hf(src: Source, out: str, say=print, merge_lora: bool = False) -> int
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", suffix=".tmp", dir=parent)
     try:   # written whole beside OUT first: save_pretrained's clean-up sees no file of the user's
         net.save_pretrained(tmp)
-        _write_processor(src, cfg, tmp, say)
+        _write_processor(adapter, src, cfg, tmp, say)
         hf_dir.install(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -478,12 +479,12 @@ def _lora_record(src: Source) -> Optional[dict]:
         return json.load(f)
 
 
-def _write_processor(src: Source, cfg: dict, tmp: str, say) -> None:
-    """The processor files of the step's recorded tokenizer into the export's folder ``tmp``; ``say``
-    names them, or says why none were written (the directory then lacks what ``AutoProcessor`` reads)."""
-    from hyperparallel.models.qwen_vl import processor as hf_processor
+def _write_processor(adapter, src: Source, cfg: dict, tmp: str, say) -> None:
+    """The processor files of the step's recorded tokenizer into the export's folder ``tmp``, written by the
+    model's adapter (``ModelAdapter.write_processor``); ``say`` names them, or says why none were written
+    (the directory then lacks what ``AutoProcessor`` reads)."""
     try:
-        names, why = hf_processor.write_processor((src.meta or {}).get("processor"), cfg, tmp)
+        names, why = adapter.write_processor((src.meta or {}).get("processor"), cfg, tmp)
     except (ImportError, OSError, ValueError, TypeError, KeyError) as e:   # e.g. a tokenizer file transformers refuses
         names, why = [], f"writing them failed: {os_error_text(e)}"
     if names:

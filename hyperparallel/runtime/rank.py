@@ -294,10 +294,9 @@ class RankRuntime:
         """The saver of this rank's part of ``SAVE_DIR/step_<N>/`` (``meta``: recipe hash, schedule,
         optimizer name for ``meta.json``, and the data's processor: where its tokenizer came from;
         ``digests``: record every file's SHA-256)."""
-        from ..models.qwen_vl.processor import processor_record
         meta = dict(meta or {})
         meta.setdefault("optimizer", self.train.optimizer)
-        meta.setdefault("processor", processor_record(getattr(self.source, "cfg", None)))   # ckpt --export-hf
+        meta.setdefault("processor", self.model.processor_record(getattr(self.source, "cfg", None)))   # ckpt --export-hf
         return checkpoint.Saver(save_dir, self.comm, self.plan, self.chunks, self.optimizer, self.source, meta, fmt,
                                 self.model.checkpoint_files(), digests=digests, tied=self.interp.tied,
                                 loss_scale=self.scaler, sharded=self.sharded)

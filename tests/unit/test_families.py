@@ -126,6 +126,17 @@ def test_a_new_family_is_one_folder_and_one_registry_line(family_dir, demo, monk
         assert np.array_equal(a.patches, b.patches)
 
 
+def test_processor_files_come_through_the_adapter(demo, tmp_path):
+    """``ckpt --export-hf``'s processor files: the runtime asks the adapter (``processor_record`` at save,
+    ``write_processor`` at export); a family without processor files records none and says so at export."""
+    tiny = RunConfig.from_raw(_raw(demo, "tiny_mllm"))
+    assert tiny.model.processor_record(tiny.data) is None
+    assert tiny.model.write_processor({"tokenizer": demo["tokenizer"]}, {"architectures": ["TinyMLLM"]},
+                                      str(tmp_path)) == ([], "no processor is written for TinyMLLM (the tiny_mllm "
+                                                             "adapter writes none)")
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_the_new_family_trains_as_the_model_it_derives_from(family_dir, demo, monkeypatch):
     """The reference of the new family (its adapter, its layout's source) runs the tiny MLLM's steps."""
@@ -141,12 +152,7 @@ def test_the_new_family_trains_as_the_model_it_derives_from(family_dir, demo, mo
 
 PKG_ROOT = os.path.join(ROOT, "hyperparallel")
 # modules outside a family's folder that import one of its modules, and why (none else may)
-SEAMS = {
-    ("hyperparallel.runtime.rank", "hyperparallel.models.qwen_vl.processor"):
-        "meta.json records the data's processor (tokenizer, image settings) for ckpt --export-hf",
-    ("hyperparallel.runtime.checkpoint", "hyperparallel.models.qwen_vl.processor"):
-        "ckpt --export-hf writes the Qwen processor files",
-}
+SEAMS = {}   # the runtime reaches a family only through its adapter (processor files: write_processor)
 
 
 def _modules():

@@ -393,6 +393,14 @@ class QwenVL(ModelAdapter):
     def model_input(self, tensors):
         return tensors.pixel_values
 
+    def processor_record(self, data_cfg):
+        from .processor import processor_record
+        return processor_record(data_cfg)
+
+    def write_processor(self, record, hf_cfg, out):
+        from .processor import write_processor
+        return write_processor(record, hf_cfg, out)
+
     def reference(self):
         """mindone's whole model as users call it; under a float16 / bfloat16 compute dtype the chunks chained
         (None) instead: MindSpore's mixed precision casts the ops of the cell they run in, and the whole model
