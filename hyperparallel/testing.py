@@ -8,6 +8,40 @@ import os
 
 #: the layer of every package and top-level module of hyperparallel, from the ground up: an import only ever
 #: points down or within its layer (tests/unit/test_layering.py checks it; tools/layout.py writes docs/layout.md)
+
+def package_modules(root: str) -> dict:
+    """{dotted module name: file path} of every module under the package folder ``root`` (``hyperparallel``)."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                rel = os.path.relpath(path, os.path.dirname(root))[:-3].replace(os.sep, ".")
+                out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = path
+    return out
+
+
+def module_imports(name: str, path: str, modules) -> set:
+    """The modules of ``modules`` that module ``name`` (file ``path``) imports, at module level or inside a
+    function, as absolute names (``from . import x`` imports the submodule ``x`` only)."""
+    import ast
+    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            if node.module:
+                found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m in modules and m != name}
+
+
 FRONT = 7
 LAYERS = {"mpipe": 1, "recipe": 2, "tune": 2, "data": 3, "models": 4, "runconfig": 5, "watch": 5, "runtime": 6, "errors": 1,
           "commands": FRONT, "bench": FRONT, "cli": FRONT, "api": FRONT, "launch": FRONT, "util": FRONT, "runlock": FRONT, "fileio": 1,

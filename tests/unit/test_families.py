@@ -19,6 +19,7 @@ from hyperparallel.data import formats
 from hyperparallel.data.demo import write_demo
 from hyperparallel.recipe import load_recipe
 from hyperparallel.runconfig import RunConfig
+from hyperparallel.testing import module_imports, package_modules
 
 from helpers import ROOT
 
@@ -155,42 +156,15 @@ PKG_ROOT = os.path.join(ROOT, "hyperparallel")
 SEAMS = {}   # the runtime reaches a family only through its adapter (processor files: write_processor)
 
 
-def _modules():
-    out = {}
-    for d, _, files in os.walk(PKG_ROOT):
-        for f in files:
-            if f.endswith(".py"):
-                path = os.path.join(d, f)
-                rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = path
-    return out
-
-
-def _imports(name, path):
-    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(open(path).read(), path)):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-            found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names}
-    return found
-
-
 def test_no_module_outside_a_family_folder_imports_it():
     """Families are found through ``FAMILIES`` (by name, at run time), so an import of a family's module
     from outside its folder is a second place to touch when a family is added, moved or removed."""
     fams = [p for p in models.FAMILIES if p.startswith("hyperparallel.models.")]
     assert len(fams) == 3
-    mods = _modules()
+    mods = package_modules(PKG_ROOT)
     found = set()
     for m, path in mods.items():
-        deps = {d for d in _imports(m, path) if d in mods}
+        deps = module_imports(m, path, mods)
         for fam in fams:
             if m == fam or m.startswith(fam + "."):
                 continue
@@ -217,7 +191,7 @@ def test_the_data_layer_names_no_family_and_no_family_layout():
     names = {f.name for f in models.families()} | (set(formats.LAYOUTS) - {formats.MERGE_INDEX})
     assert {"qwen_vl", "mf_llama", "tiny_mllm"} <= names
     hits = []
-    for m, path in _modules().items():
+    for m, path in package_modules(PKG_ROOT).items():
         if m.startswith("hyperparallel.data"):
             for s in _code_strings(ast.parse(open(path).read(), path)):
                 hits += [f"{m}: {s!r}" for n in names if n in s.lower()]

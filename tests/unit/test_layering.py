@@ -11,46 +11,15 @@ import os
 
 import pytest
 
-from hyperparallel.testing import LAYERS   # tools/layout.py renders the same table
+from hyperparallel.testing import LAYERS, module_imports, package_modules   # tools/layout.py renders the same table
 
 ROOT = os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "hyperparallel")
 
 
-def _modules():
-    out = {}
-    for d, _, files in os.walk(ROOT):
-        for f in files:
-            if f.endswith(".py"):
-                path = os.path.join(d, f)
-                rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
-                out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = path
-    return out
+MODULES = package_modules(ROOT)
 
 
-MODULES = _modules()
-
-
-def _imports(name: str, path: str):
-    """Project modules ``name`` imports (absolute names)."""
-    is_pkg = path.endswith("__init__.py")
-    package = name if is_pkg else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(open(path).read(), path)):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[: len(parts) - node.level + 1]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            if node.module:   # "from . import x" imports the submodules only
-                found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names}
-    return {m for m in found if m in MODULES and m != name}
-
-
-GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+GRAPH = {m: module_imports(m, p, MODULES) for m, p in MODULES.items()}
 
 
 def _layer_key(module: str) -> str:
