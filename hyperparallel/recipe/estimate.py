@@ -121,7 +121,7 @@ def _seq_len(model_cfg: dict, data: dict) -> Tuple[int, str]:
         p = data.get("images_per_sample")
         p = p if isinstance(p, list) and p else [0, 1]
         return data["text_len"] + max(len(p) - 1, 0), "data.text_len + images"
-    return 2048, "2048 tokens (assumed)"
+    return 2048, "assumed"
 
 
 def param_bytes(model_cfg: dict) -> int:

@@ -45,10 +45,20 @@ def _deep(dst: dict, src: dict) -> dict:
     return out
 
 
+def pretrained_model_dir_config(raw: dict) -> Optional[str]:
+    """The ``config.json`` of MindFormers' top-level ``pretrained_model_dir`` (its newer configs take the
+    model's sizes from that Hugging Face directory), or None when the key is absent or the directory has
+    none (a placeholder path of a public config)."""
+    d = raw.get("pretrained_model_dir")
+    cfg = os.path.join(d, "config.json") if isinstance(d, str) and d else None
+    return cfg if cfg and os.path.isfile(cfg) else None
+
+
 def model_config(raw: dict) -> dict:
     """The model's config fields: ``model.pretrained``'s ``config.json`` (a Hugging Face model
-    directory), then ``model.config`` (a ``config.json`` path), then the inline ``model.model_config``,
-    each deep-merged over the one before. Without config files: ``model.model_config`` itself."""
+    directory; else that of MindFormers' ``pretrained_model_dir``, where it has one), then ``model.config``
+    (a ``config.json`` path), then the inline ``model.model_config``, each deep-merged over the one before.
+    Without config files: ``model.model_config`` itself."""
     model = raw.get("model")
     if not isinstance(model, dict):
         return {}
@@ -60,6 +70,8 @@ def model_config(raw: dict) -> dict:
             raise SpecError("model.pretrained", f"{model['pretrained']}: not a Hugging Face model directory "
                                                 "(no config.json)")
         files.append(("model.pretrained", cfg))
+    elif pretrained_model_dir_config(raw):
+        files.append(("pretrained_model_dir", pretrained_model_dir_config(raw)))
     if model.get("config"):
         files.append(("model.config", str(model["config"])))
     if not files:
@@ -288,6 +300,16 @@ class Tower(tuple):
     config = property(lambda s: s[3])
 
 
+def _layers(node: dict, path: str, key: str) -> int:
+    """The layer count ``node[key]``, plus a multi-token-prediction depth (``mtp_depth``, DeepSeek-V3):
+    MindFormers lays out ``num_layers + mtp_depth`` layers over the stages (its DeepSeek-V3 model builds
+    ``LayerSetting(config.num_layers + mtp_depth, ...)``), so the offsets sum against that count."""
+    n = whole(f"{path}.{key}", node[key])
+    if node.get("mtp_depth") is not None:
+        n += whole(f"{path}.mtp_depth", node["mtp_depth"], minimum=0)
+    return n
+
+
 def _count(cfg: dict, where: str) -> Optional[Tuple[int, str, dict]]:
     """(layers, key, the dict holding it) of a tower config, looking into a nested ``model_config``."""
     for node, path in ((cfg, where), (cfg.get("model_config"), where + ".model_config")):
@@ -295,8 +317,7 @@ def _count(cfg: dict, where: str) -> Optional[Tuple[int, str, dict]]:
             continue
         for k in LAYER_KEYS:
             if k in node:
-                v = node[k]
-                return whole(f"{path}.{k}", v), f"{path}.{k}", node
+                return _layers(node, path, k), f"{path}.{k}", node
     return None
 
 
@@ -342,7 +363,7 @@ def towers(mc: dict) -> List[Tower]:
     if llm is None:
         for k in ("num_hidden_layers", "num_layers"):
             if k in mc:
-                llm = Tower(("llm", whole(f"{base}.{k}", mc[k]), f"{base}.{k}", mc))
+                llm = Tower(("llm", _layers(mc, base, k), f"{base}.{k}", mc))
                 break
     return enc + [llm] if llm is not None else []
 

@@ -178,6 +178,20 @@ def _model_config(raw: dict) -> dict:
     return mf.model_config(raw)
 
 
+#: ``TransformerOpParallelConfig``'s defaults (MindFormers 1.9.0): what a MindFormers config without these
+#: keys (a predict or export config) runs with
+MINDFORMERS_PARALLEL_DEFAULTS = {"pipeline_stage": 1, "micro_batch_num": 1}
+
+
+def parallel_defaults_note(raw: dict) -> str:
+    """The note naming the ``parallel_config`` keys a MindFormers config leaves to MindFormers' defaults."""
+    pc = raw.get("parallel_config") if isinstance(raw.get("parallel_config"), dict) else {}
+    absent = [f"parallel_config.{k}: {v}" for k, v in MINDFORMERS_PARALLEL_DEFAULTS.items() if k not in pc]
+    if not absent or not mf.is_mindformers_config(raw):
+        return ""
+    return f"note: absent, so MindFormers' defaults (TransformerOpParallelConfig): {', '.join(absent)}"
+
+
 def _parallel(raw: dict) -> Tuple[int, int, int, int, str, str]:
     """(P, M, V, D, the key that set V, why a given V > 1 reads as 1 or '') from ``parallel_config`` and
     MindFormers' V keys."""
@@ -186,11 +200,14 @@ def _parallel(raw: dict) -> Tuple[int, int, int, int, str, str]:
         raise SpecError("parallel_config", f"must be a mapping with pipeline_stage and micro_batch_num, got "
                                            f"{type(pc).__name__} {pc!r}")
     if not isinstance(pc, dict):
-        raise SpecError("parallel_config", "missing; give pipeline_stage and micro_batch_num "
-                                           "(and optional pp_interleave_num, data_parallel)")
+        if not mf.is_mindformers_config(raw):
+            raise SpecError("parallel_config", "missing; give pipeline_stage and micro_batch_num "
+                                               "(and optional pp_interleave_num, data_parallel)")
+        pc = {}
     for k in ("pipeline_stage", "micro_batch_num"):
-        if k not in pc:
+        if k not in pc and not mf.is_mindformers_config(raw):
             raise SpecError(f"parallel_config.{k}", "missing")
+    pc = {**MINDFORMERS_PARALLEL_DEFAULTS, **pc}
     v_key, v = "parallel_config.pp_interleave_num", pc.get("pp_interleave_num", 1)
     mc_v = _model_config(raw).get("pp_interleave_num")
     if mc_v is not None:
@@ -265,8 +282,10 @@ def _mpipe(raw: dict) -> Tuple[dict, dict]:
     if mp is None and mf.is_mindformers_config(raw) and mf.model_towers(raw):
         mp = {}
     if not isinstance(mp, dict):
+        d = raw.get("pretrained_model_dir")
+        where = f"; pretrained_model_dir {d!r} holds no config.json to read them from" if d else ""
         raise SpecError("mpipe", "missing; add an mpipe: section (schedule, and profile unless "
-                                 "model.model_config gives the layer counts)")
+                                 f"model.model_config gives the layer counts){where}")
     unknown = sorted(set(mp) - set(MPIPE_KEYS))
     if unknown:
         raise unknown_key("mpipe", mp, MPIPE_KEYS)
@@ -384,9 +403,10 @@ def _layout(raw: dict, profile: ModelProfile, P: int, V: int) -> Optional[dict]:
     llm = ts[-1] if ts else None
     offset, key = mc.get("offset"), "model.model_config.offset"
     if llm is not None:
+        counted = llm.key + (" + mtp_depth" if llm.config.get("mtp_depth") else "")
         if llm.layers != body.layers:
             raise SpecError(f"mpipe.profile.regions[{len(profile.regions) - 1}].layers",
-                            f"{body.layers} differs from {llm.key} ({llm.layers}); give the same layer count")
+                            f"{body.layers} differs from {counted} ({llm.layers}); give the same layer count")
         if llm.config is not mc and "offset" in llm.config:
             offset, key = llm.config["offset"], llm.key.rsplit(".", 1)[0] + ".offset"
         if llm.layers < P * V:
@@ -432,7 +452,8 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
                     data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
                     encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
                     memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
-                    notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n),
+                    notes=tuple(n for n in (schema.other_release_note(raw), parallel_defaults_note(raw), zero_note(raw, D),
+                                              train_note) if n),
                     recompute=_recompute(raw, mp), tensor_parallel=T)
     recipe.recompute_spec("")   # a bad value, or a recompute of a model without backward: refused now
     if recipe.layout is not None:
@@ -450,13 +471,12 @@ MINDFORMERS_TRAINING = ("optimizer", "lr_schedule", "runner_wrapper", "calculate
 
 def _training_refusal(raw: dict) -> str:
     """The training settings read as ``train`` will read them: '' when they train, else the note naming the
-    MindFormers value ``train`` refuses (SpecError at once for a misspelt key, or any refusal in
-    hyperparallel's own ``train:`` section)."""
+    MindFormers value (or unknown key: public configs of other releases carry some, e.g. ``optimizer.beta1``
+    for AdamW) ``train`` refuses; any refusal in hyperparallel's own ``train:`` section is raised at once."""
     try:
         TrainConfig.from_raw(raw)
     except SpecError as e:
-        typo = "unknown key" in str(e)   # a misspelt key (errors.unknown_key) is refused by every command
-        if typo or e.field.split(".")[0] not in MINDFORMERS_TRAINING:
+        if e.field.split(".")[0] not in MINDFORMERS_TRAINING:
             raise
         return f"note: {e} (train refuses it; the plan does not read it)"
     return ""
@@ -464,9 +484,30 @@ def _training_refusal(raw: dict) -> str:
 
 def _zero(raw: dict, D: int) -> int:
     """The ZeRO level (``train.zero`` or ``parallel_config.optimizer_shard``), refused naming its key when
-    there is a single data-parallel replica to shard over."""
+    there is a single data-parallel replica to shard over. MindFormers' ``optimizer_shard: true`` with one
+    replica (public configs carry it; MindSpore shards over nothing) plans as level 0, named in a note
+    (:func:`zero_note`); ``train`` refuses it (``schema.train_refusals``)."""
     level, key = zero_of(raw)
+    if _shard_over_one(raw, key, D):
+        return 0
     return check_zero(level, D, key) if key != "default" else 0
+
+
+def _shard_over_one(raw: dict, key: str, D: int) -> bool:
+    own = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    return key == "parallel_config.optimizer_shard" and D < 2 and "zero" not in own
+
+
+def zero_note(raw: dict, D: int) -> str:
+    """The plan's note for MindFormers' ``optimizer_shard: true`` over a single replica."""
+    level, key = zero_of(raw)
+    if not _shard_over_one(raw, key, D):
+        return ""
+    try:
+        check_zero(level, D, key)
+    except SpecError as e:
+        return f"note: {e} (train refuses it; the plan holds the whole optimizer state)"
+    return ""
 
 
 def load_recipe(path: str, overrides: Iterable[str] = ()) -> Recipe:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import SpecError, unknown_key
+from ..mpipe.derive import check_zero
 
 #: top-level scalar keys of MindFormers' ``GeneralConfig``
 GENERAL = ("seed", "output_dir", "run_mode", "use_parallel", "resume_training", "print_separate_loss",
@@ -61,6 +62,9 @@ OTHER_RELEASES: Dict[str, str] = {
     "runner_config.has_trained_epoches": "1.0 configs", "runner_config.has_trained_steps": "1.0 configs",
     "runner_config.per_epoch_size": "1.0-1.2 configs", "runner_wrapper.sens": "1.0-1.5 configs",
     "runner_wrapper.enable_global_norm": "1.0-1.1 configs", "runner_wrapper.enable_check_overflow": "1.1-1.5 configs",
+    "eval": "0.6-0.7 configs", "run_status": "0.3-0.7 configs", "no_decay_params": "0.3-0.7 configs",
+    "resume_checkpoint_path": "0.3 configs", "resume_or_finetune_checkpoint": "0.2-0.3 configs",
+    "runner_config.layer_decay": "0.2-0.3 configs", "runner_wrapper.clip_norm": "0.2 configs",
 }
 _OTHER_TOP = tuple(k for k in OTHER_RELEASES if "." not in k)
 TOP = GENERAL + SECTIONS + OURS
@@ -220,8 +224,16 @@ _REFUSED = (
                        "1.0-1.2 top-level key)"),
 )
 
-#: keys of other releases in sections MindFormers 1.9.0 checks, refused for training with what 1.9.0 reads
+#: keys of other releases that would change the training (in sections MindFormers 1.9.0 checks, or top-level
+#: ones that load weights or set weight decay), refused for training with what 1.9.0 reads
 _OLD_SECTION_KEYS = {
+    "resume_checkpoint_path": "not read; start from weights with model.pretrained or train --resume-from",
+    "resume_or_finetune_checkpoint": "not read; start from weights with model.pretrained or train --resume-from",
+    "no_decay_params": "not read; MindFormers 1.9.0's trainer leaves 1-D parameters and biases out of weight decay "
+                       "by its own rule (as the runtime does); remove it",
+    "runner_config.layer_decay": "not a runner_config key of MindFormers 1.9.0; layer-wise learning rates are not "
+                                 "supported; remove it",
+    "runner_wrapper.clip_norm": "MindFormers 1.9.0 spells clipping use_clip_grad (with max_grad_norm); give those",
     "runner_config.image_size": "not a runner_config key of MindFormers 1.9.0 (its RunnerConfig refuses it); "
                                 "remove it",
     "runner_config.initial_epoch": "not read; resume with hyperparallel train --resume / --resume-from",
@@ -253,6 +265,12 @@ def train_refusals(raw: dict, device: str) -> List[Tuple[str, str]]:
     for key, why in _OLD_SECTION_KEYS.items():
         if value_at(raw, key) is not None:
             out.append((key, f"a key of MindFormers {OTHER_RELEASES[key]}: {why}"))
+    pc = _section(raw, "parallel_config")
+    if pc.get("optimizer_shard") is True and "zero" not in _section(raw, "train"):
+        try:   # the plan reads it as no sharding over a single replica; a run would not be what it asks
+            check_zero(1, pc.get("data_parallel", 1), "parallel_config.optimizer_shard")
+        except SpecError as e:
+            out.append((e.field, str(e)[len(e.field) + 2:]))
     rm = raw.get("run_mode")
     if rm is not None and rm not in ("train", "finetune"):
         out.append(("run_mode", f"{rm!r}: hyperparallel trains (allowed: train, finetune)"))
@@ -321,7 +339,8 @@ def unused_keys(raw: dict) -> List[str]:
     logging, evaluation, prediction), for the one line ``train`` prints."""
     out = [s for s in _UNUSED_SECTIONS if raw.get(s) is not None]
     out += [k for k in _UNUSED_KEYS if value_at(raw, k) is not None]
-    out += [k for k in _OTHER_TOP if k in raw and not (k == "recompute" and _on(raw[k]))]
+    out += [k for k in _OTHER_TOP if k in raw and k not in _OLD_SECTION_KEYS
+            and not (k == "recompute" and _on(raw[k]))]
     return out
 
 

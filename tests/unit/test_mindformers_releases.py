@@ -79,3 +79,79 @@ def test_other_release_keys_are_not_1_9_template_keys():
     for key in schema.OTHER_RELEASES:
         sec, _, name = key.rpartition(".")
         assert (name not in schema.STRICT[sec]) if sec else (key not in schema.TOP), key
+
+
+def test_old_release_keys_that_change_training_are_refused_by_train_and_named_by_plan(capsys):
+    """Keys of MindFormers 0.x configs that load weights or set weight decay: plan names them once, train
+    refuses them (a silently ignored ``resume_or_finetune_checkpoint`` would train from random weights)."""
+    old = ["resume_or_finetune_checkpoint=/ckpt", "no_decay_params=[bias]", "runner_config.layer_decay=0.65",
+           "runner_wrapper.clip_norm=1.0", "eval=False", "run_status=train"]
+    sets = [a for s in old for a in ("--set", s)]
+    rc, out, err = _main(capsys, "plan", ADAMW, *sets)
+    assert rc == 0, err
+    note = [ln for ln in out.splitlines() if "keys of other MindFormers releases" in ln]
+    assert note == ["note: keys of other MindFormers releases, without effect on the plan: eval (0.6-0.7 configs), "
+                    "run_status (0.3-0.7 configs), no_decay_params (0.3-0.7 configs), resume_or_finetune_checkpoint "
+                    "(0.2-0.3 configs), runner_config.layer_decay (0.2-0.3 configs), runner_wrapper.clip_norm "
+                    "(0.2 configs)"], out
+    raw = load_recipe(ADAMW, old).raw
+    found = dict(schema.train_refusals(raw, "CPU"))
+    assert found["resume_or_finetune_checkpoint"].startswith("a key of MindFormers 0.2-0.3 configs: not read; start "
+                                                             "from weights with model.pretrained")
+    assert {"no_decay_params", "runner_config.layer_decay", "runner_wrapper.clip_norm"} <= set(found)
+    assert {"eval", "run_status"} <= set(schema.unused_keys(raw))
+    assert not {"resume_or_finetune_checkpoint", "no_decay_params"} & set(schema.unused_keys(raw))
+
+
+def _mf_config(tmp_path, text):
+    p = tmp_path / "mf.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_a_predict_config_without_pipeline_keys_plans_with_mindformers_defaults(capsys, tmp_path):
+    """MindFormers' TransformerOpParallelConfig defaults pipeline_stage and micro_batch_num to 1: a config
+    without them (a predict or export config) plans one stage, named in a note; a recipe that is not a
+    MindFormers config still has to give them."""
+    f = _mf_config(tmp_path, "run_mode: predict\nmodel:\n  model_config: {num_layers: 4, hidden_size: 64, "
+                             "num_heads: 4, vocab_size: 128, seq_length: 32}\n")
+    rc, out, err = _main(capsys, "plan", f)
+    assert rc == 0, err
+    assert out.splitlines()[0] == "schedule 1f1b: P=1 M=1 V=1 D=1", out
+    assert ("note: absent, so MindFormers' defaults (TransformerOpParallelConfig): parallel_config.pipeline_stage: 1, "
+            "parallel_config.micro_batch_num: 1") in out.splitlines()
+    f = _mf_config(tmp_path, "parallel_config: {pipeline_stage: 2, micro_batch_num: 4}\nmodel:\n  model_config: "
+                             "{num_layers: 4}\n")
+    rc, out, err = _main(capsys, "plan", f)
+    assert rc == 0 and "MindFormers' defaults" not in out, err
+
+
+def test_mtp_layers_count_in_the_layer_layout(capsys, tmp_path):
+    """DeepSeek-V3's ``mtp_depth`` adds layers MindFormers lays out over the stages (61 + 1 over 16 stages:
+    its public config's offsets sum to 62 % 16 = 14)."""
+    offset = [1] * 15 + [-1]
+    f = _mf_config(tmp_path, f"parallel_config: {{pipeline_stage: 16, micro_batch_num: 32}}\nmodel:\n  model_config: "
+                             f"{{num_layers: 61, mtp_depth: 1, offset: {offset}}}\n")
+    rc, out, err = _main(capsys, "plan", f)
+    assert rc == 0, err
+    assert "(62 layers; chunk layers@device)" in out.splitlines()[1], out
+    f = _mf_config(tmp_path, "parallel_config: {pipeline_stage: 2, micro_batch_num: 4}\nmodel:\n  model_config: "
+                             "{num_layers: 4, mtp_depth: -1}\n")
+    rc, out, err = _main(capsys, "plan", f)
+    assert rc == 2 and err.strip() == "error: model.model_config.mtp_depth: must be a whole number >= 0, got -1", err
+
+
+def test_pretrained_model_dir_gives_the_sizes_where_it_holds_a_config(capsys, tmp_path):
+    """MindFormers' newer configs take the model's sizes from ``pretrained_model_dir`` (a Hugging Face
+    directory); a placeholder path is named in the refusal."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 4,
+                                                "vocab_size": 128, "intermediate_size": 128}))
+    text = "parallel_config: {pipeline_stage: 2, micro_batch_num: 4}\npretrained_model_dir: %s\nmodel:\n  model_config: {type: Qwen3Config}\n"
+    rc, out, err = _main(capsys, "plan", _mf_config(tmp_path, text % hf))
+    assert rc == 0, err
+    assert out.splitlines()[1].endswith("(6 layers; chunk layers@device)"), out
+    rc, out, err = _main(capsys, "plan", _mf_config(tmp_path, text % "/path/hf_dir"))
+    assert rc == 2 and err.strip().endswith("; pretrained_model_dir '/path/hf_dir' holds no config.json to read them "
+                                            "from"), err

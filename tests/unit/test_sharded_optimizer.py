@@ -7,7 +7,7 @@ from hyperparallel.mpipe.cost import ring_ms, simulate
 from hyperparallel.errors import SpecError
 from hyperparallel.mpipe.ir import ALLGATHER, ALLREDUCE, DP_GROUP, REDUCESCATTER, WEIGHTS, WGRAD
 from hyperparallel.mpipe.profile import LinkProfile
-from hyperparallel.recipe import checked_plan, load_recipe
+from hyperparallel.recipe import schema, checked_plan, load_recipe
 
 from helpers import recipe
 
@@ -156,7 +156,7 @@ def test_recipe_keys_give_the_zero_level(over, level):
     (["train.zero=1"], "train.zero", "ZeRO 1 shards over the data-parallel replicas, but "
                                      r"parallel_config.data_parallel is 1 \(a single replica\); allowed with "
                                      r"data_parallel 1: 0 \(or raise data_parallel to 2 or more\)$"),
-    (["parallel_config.optimizer_shard=true"], "parallel_config.optimizer_shard",
+    (["parallel_config.optimizer_shard=true", "train.zero=1"], "parallel_config.optimizer_shard",
      "ZeRO 1 shards over the data-parallel replicas, .* allowed with data_parallel 1: false"),
     (["parallel_config.data_parallel=2", "train.zero=3"], "train.zero", "3 unknown; allowed: 0, 1, 2"),
     (["parallel_config.data_parallel=2", "train.zero=true"], "train.zero", "True unknown; allowed: 0, 1, 2"),
@@ -168,6 +168,20 @@ def test_recipe_keys_give_the_zero_level(over, level):
 def test_bad_zero_settings_name_the_key(over, field, words):
     with pytest.raises(SpecError, match=rf"^{field}: {words}"):
         load_recipe(TINY, over)
+
+
+def test_mindformers_optimizer_shard_over_one_replica_plans_unsharded_with_a_note_and_train_refuses_it():
+    """Public MindFormers configs set ``optimizer_shard: true`` with ``data_parallel: 1`` (MindSpore then shards
+    over nothing): the plan holds whole optimizer state and says why; ``train`` refuses the pair before launch."""
+    rec = load_recipe(TINY, ["parallel_config.optimizer_shard=true"])
+    why = ("parallel_config.optimizer_shard: ZeRO 1 shards over the data-parallel replicas, but "
+           "parallel_config.data_parallel is 1 (a single replica); allowed with data_parallel 1: false (or raise "
+           "data_parallel to 2 or more)")
+    assert rec.zero == 0 and f"note: {why} (train refuses it; the plan holds the whole optimizer state)" in rec.notes
+    with pytest.raises(SpecError) as e:
+        schema.check_trainable(rec.raw, "CPU")
+    assert str(e.value) == why
+    assert not load_recipe(TINY, ["parallel_config.optimizer_shard=true", "parallel_config.data_parallel=2"]).notes
 
 
 def test_zero_and_a_pipeline_sharded_encoder_are_one_or_the_other():
