@@ -294,11 +294,11 @@ def test_micro_batches_without_pipeline_refused_for_a_mindformers_recipe():
     """MindFormers resets micro_batch_num to 1 when pipeline_stage is 1 (no accumulation): a MindFormers
     training recipe asking for more is refused for training naming the key (plan still reads it as given);
     the project's train: recipes accumulate."""
-    from hyperparallel.runconfig import run_config_of
-    planned = load_recipe(MF, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b"])
+    from hyperparallel.runconfig import load_parsed
+    planned = load_parsed(MF, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b"])
     assert (planned.pipeline_stage, planned.micro_batch_num) == (1, 4)
     with pytest.raises(SpecError) as e:
-        run_config_of(planned)
+        planned.run
     assert str(e.value).startswith("parallel_config.micro_batch_num: 4 with pipeline_stage 1: MindFormers resets it "
                                    "to 1"), str(e.value)
     r = load_recipe(MF, ["parallel_config.pipeline_stage=1", "parallel_config.micro_batch_num=1",
