@@ -84,7 +84,7 @@ def test_mindformers_defaults_that_cannot_train_on_cpu_are_named():
 def test_mindformers_recipe_regions_come_from_the_model():
     from hyperparallel.runconfig import load_parsed
     rc = load_parsed(recipe("mf_qwen2_mllm.yaml"), ["model.model_config.num_layers=6",
-                                                                   "mpipe.profile.regions.1.layers=6"]).run
+                                                    "mpipe.profile.regions.1.layers=6"]).run
     assert [(r.name, r.layers, r.key) for r in rc.model.regions()] == [
         ("vision", 2, "model.vision.num_layers"), ("llm", 6, "model.model_config.num_layers")]
     assert rc.model.setting("n_kv_heads") == 2 and rc.model.setting("qkv_has_bias") is True

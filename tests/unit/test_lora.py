@@ -134,8 +134,8 @@ def test_module_names_are_the_built_models(demo, path):
         {n for n, k in names.items() if k != "other"}
     assert all(built[n] == k for n, k in names.items() if k != "other")
     rc = load_parsed(path, demo + ["model.lora={target_modules: [v_proj, qkv], "
-                                                 "modules_to_save: [lm_head]}",
-                                          "model.model_config.vision_config.depth=3"]).run
+                                   "modules_to_save: [lm_head]}",
+                            "model.model_config.vision_config.depth=3"]).run
     net = rc.model.network()
     wrapped = sorted(n for n, c in net.cells_and_names() if type(c).__name__ == "Linear" and hasattr(c, "lora_A"))
     want = rc.model.lora_modules
