@@ -417,7 +417,8 @@ def device_of(raw: dict) -> str:
     return device
 
 
-def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[str] = (), cls=None) -> Recipe:
+def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[str] = (),
+                     cls: type = Recipe) -> Recipe:
     """The checked recipe of a raw dict (``--set`` overrides applied first). ``cls``: the class to build, a
     :class:`Recipe` (default) or a subclass (:class:`hyperparallel.runconfig.ParsedRecipe`, which adds the run
     config)."""
@@ -441,12 +442,12 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     bounds.check_plan_size(P, V, M, len(profile.regions))
     spec = _schedule_spec(raw, mp, P, V, M, v_key)
     device = device_of(raw)
-    recipe = (cls or Recipe)(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
-                    data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
-                    encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
-                    memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
-                    notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n),
-                    recompute=_recompute(raw, mp), tensor_parallel=T, train_parsed=train)
+    recipe = cls(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
+                 data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
+                 encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
+                 memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
+                 notes=tuple(n for n in (schema.other_release_note(raw), train_note) if n),
+                 recompute=_recompute(raw, mp), tensor_parallel=T, train_parsed=train)
     recipe.recompute_spec("")   # a bad value, or a recompute of a model without backward: refused now
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
