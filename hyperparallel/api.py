@@ -29,8 +29,9 @@ from .mpipe import ir
 
 def derive_plan(recipe_path: str, schedule: Optional[str] = None, overrides: Sequence[str] = ()) -> ir.Plan:
     """The checked plan of a recipe (its ``parallel_config`` and ``mpipe`` sections) for ``schedule``."""
-    from .recipe import planned
-    return planned(recipe_path, overrides, schedule)[1]
+    from .recipe import checked_plan
+    from .runconfig import load_parsed
+    return checked_plan(load_parsed(recipe_path, list(overrides)), schedule)
 
 
 class _Feed(DataSource):
@@ -70,11 +71,12 @@ class Runtime:
     @classmethod
     def from_recipe(cls, path: str, schedule: Optional[str] = None, overrides: Sequence[str] = ()) -> "Runtime":
         """Model (its adapter), optimizer and plan from a recipe; SpecError/PlanError before any set-up."""
-        from .recipe import planned, refuse_over_memory_limit
-        from .runconfig import run_config_of
-        recipe, plan = planned(path, overrides, schedule)
+        from .recipe import checked_plan, refuse_over_memory_limit
+        from .runconfig import load_parsed
+        recipe = load_parsed(path, list(overrides))
+        plan = checked_plan(recipe, schedule)
         refuse_over_memory_limit(recipe, plan)
-        rc = run_config_of(recipe)
+        rc = recipe.run
         if rc.data.balance != "none":
             from .errors import SpecError
             raise SpecError("data.balance", f"{rc.data.balance}: Runtime.step trains the micro-batches it is given "

@@ -1,19 +1,27 @@
-"""A run's configuration: the recipe's model adapter, data config and ``train:`` settings.
+"""A run's configuration: the recipe's model adapter, data config and ``train:`` settings, and the one parsed
+recipe object every front end and every rank reads (:class:`ParsedRecipe`).
 
 Pure Python (no MindSpore): the launcher checks these before starting msrun. The model is an
 adapter (:mod:`hyperparallel.models`): it owns the region names and depths; the recipe's cost
 profile, where it gives layer counts, must agree with them.
+
+The recipe is parsed once, by :func:`parse_recipe` (a raw dict: a rank's job case) or :func:`load_parsed`
+(a file with ``--set`` overrides: the front ends): a :class:`ParsedRecipe` is the plan's
+:class:`~hyperparallel.recipe.Recipe` (P, M, V, D, profile, schedule), its ``train`` settings (parsed with
+it) and, on first use, its checked ``run`` config (built once, cached).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from functools import cached_property
+from typing import Callable, Iterable, Optional, Sequence
 
 from .data import DataSection, DataSource, data_config, data_source
 from .models import ModelAdapter, adapter_for, families
 from .errors import SpecError
 from .recipe import schema
-from .recipe.recipe import compile_settings, device_of
+from .recipe.files import load_raw
+from .recipe.recipe import Recipe, compile_settings, device_of, recipe_from_dict
 from .recipe.train import TrainConfig, one_micro_batch_without_pipeline
 
 
@@ -27,13 +35,16 @@ class RunConfig:
     compile_fallback: str = "error"   # mpipe.compile_fallback: error | eager
 
     @staticmethod
-    def from_raw(raw: dict) -> "RunConfig":
+    def from_raw(raw: dict, train: Optional[Callable[[], TrainConfig]] = None) -> "RunConfig":
+        """The run config of a raw recipe (unchecked against its profile: :attr:`ParsedRecipe.run` is the checked
+        one). ``train``: gives the recipe's parsed training settings (:attr:`Recipe.train`, which raises its
+        refusal at the point this parse would), instead of parsing them again."""
         device = device_of(raw)
         schema.check_trainable(raw, device)   # a MindFormers value the runtime cannot train with: refused
         pc = raw.get("parallel_config") if isinstance(raw.get("parallel_config"), dict) else {}
         # training only (plan reads the config as given): MindFormers trains one micro-batch with one stage
         one_micro_batch_without_pipeline(raw, pc.get("pipeline_stage", 1), pc.get("micro_batch_num", 1))
-        train = TrainConfig.from_raw(raw)
+        train = TrainConfig.from_raw(raw) if train is None else train()
         families()   # every family's data layouts are registered before the data section is read
         data = data_config(_with_batch_size(raw))
         schema.check_batch_size(raw, data.micro_batch_size)
@@ -101,15 +112,33 @@ def check_regions(model: ModelAdapter, regions: Sequence, where: str = "mpipe.pr
                                                     f"(the model owns its depth; the profile gives costs only)")
 
 
-def run_config_of(recipe) -> RunConfig:
-    """The run config of a loaded recipe, checked before launch: a bad value is a one-line SpecError."""
-    try:
-        rc = RunConfig.from_raw(recipe.raw)
-    except TypeError as e:   # a section's value of the wrong type, e.g. train: {steps: [1]}
-        raise SpecError("recipe", str(e).splitlines()[0]) from None
-    check_regions(rc.model, recipe.profile.regions)
-    check_tied(rc.model, recipe.profile.tied)
-    return rc
+class ParsedRecipe(Recipe):
+    """The recipe as every front end and every rank reads it, parsed once: the plan's :class:`Recipe`, its
+    ``train`` settings and its ``run`` config (model adapter, data, train, device, compile settings), built on
+    first use (plan, check and simulate never build it: a model ``train`` refuses is planned as given)."""
+
+    @cached_property
+    def run(self) -> RunConfig:
+        """The run config, checked before launch (its regions and tied weights the profile's): a bad value is a
+        one-line SpecError (raised again on every read; a good one is built once)."""
+        try:
+            rc = RunConfig.from_raw(self.raw, lambda: self.train)
+        except TypeError as e:   # a section's value of the wrong type, e.g. train: {steps: [1]}
+            raise SpecError("recipe", str(e).splitlines()[0]) from None
+        check_regions(rc.model, self.profile.regions)
+        check_tied(rc.model, self.profile.tied)
+        return rc
+
+
+def parse_recipe(raw: dict, path: Optional[str] = None, overrides: Iterable[str] = ()) -> ParsedRecipe:
+    """The one parse of a recipe: a raw dict (``--set`` overrides applied first), as the front ends load it and
+    every rank receives it (its job case's ``raw``)."""
+    return recipe_from_dict(raw, path=path, overrides=overrides, cls=ParsedRecipe)
+
+
+def load_parsed(path: str, overrides: Iterable[str] = ()) -> ParsedRecipe:
+    """The recipe file ``path`` (``base_config`` parents merged, ``--set`` overrides applied), parsed once."""
+    return parse_recipe(load_raw(path), path=path, overrides=overrides)
 
 
 def check_tied(model: ModelAdapter, tied: Sequence) -> None:

@@ -101,14 +101,14 @@ class FakeComm:
 def in_process_ranks(recipe_path: str, schedule="transpose", overrides=()):
     """(recipe, plan, [(comm, chunks, optimizer, RankRuntime)] of every device), built one after the other in
     this process on CPU (needs MindSpore)."""
-    from hyperparallel.recipe import derive_recipe, load_recipe
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.recipe import derive_recipe
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime import compat
     from hyperparallel.runtime.rank import RankRuntime
     compat.setup_device("CPU")
-    recipe = load_recipe(recipe_path, overrides=list(overrides))
+    recipe = load_parsed(recipe_path, list(overrides))
     plan = derive_recipe(recipe, schedule)
-    rc = RunConfig.from_raw(recipe.raw)
+    rc = recipe.run
     out = []
     for d in range(plan.num_devices):
         rt = RankRuntime(plan, rc.model, rc.source(), rc.train, FakeComm(d))

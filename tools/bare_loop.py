@@ -60,10 +60,10 @@ def parse(argv=None):
 
 def plans(args):
     """(recipe, {schedule: plan}) checked before any launch; refuses what the bare loop cannot run."""
-    from hyperparallel.recipe import checked_plan, load_recipe
-    from hyperparallel.runconfig import run_config_of
-    recipe = load_recipe(args.recipe, args.overrides)
-    run_config_of(recipe)
+    from hyperparallel.recipe import checked_plan
+    from hyperparallel.runconfig import load_parsed
+    recipe = load_parsed(args.recipe, args.overrides)
+    recipe.run   # the run config checked before launch
     out = {}
     for s in args.schedule or SCHEDULES:
         plan = checked_plan(recipe, s)

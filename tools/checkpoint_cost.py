@@ -44,12 +44,11 @@ def load_time(save: str, fmt: str, repeats: int = 5) -> float:
     sys.path.insert(0, ROOT)
     import mindspore as ms
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.reference import Reference
-    from hyperparallel.recipe import load_recipe
     compat.setup_device("CPU")
-    recipe = load_recipe(RECIPE)
-    rc = RunConfig.from_raw(recipe.raw)
+    recipe = load_parsed(RECIPE)
+    rc = recipe.run
     ref = Reference(rc, recipe.micro_batch_num, {r.name: r.trainable for r in recipe.profile.regions})
     step = max(glob.glob(os.path.join(save, "step_*")), key=lambda d: int(d.rsplit("_", 1)[1]))
     times = []

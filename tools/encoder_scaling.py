@@ -26,11 +26,10 @@ def measure(recipe_path: str, images, repeats: int, overrides=()) -> dict:
     import numpy as np
     from hyperparallel.runtime import compat
     from hyperparallel.errors import SpecError
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.util import median
-    recipe = load_recipe(recipe_path, list(overrides))
-    rc = run_config_of(recipe)
+    recipe = load_parsed(recipe_path, list(overrides))
+    rc = recipe.run
     vit = getattr(rc.model, "vit", None)
     if vit is None:
         raise SpecError("model.type", f"{type(rc.model).__name__} has no ViT-style encoder to time here "

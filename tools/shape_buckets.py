@@ -27,11 +27,10 @@ sys.path.insert(0, ROOT)
 def count(recipe_path: str, steps: int, overrides=()) -> dict:
     """{setting: {"encoder_shapes", "llm_first_shapes", "images_per_step", "real_images_per_step",
     "text_ids_per_step", "real_text_ids_per_step"}} over ``steps`` steps of the recipe's data."""
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     out = {}
     for setting in ("none", "pow2"):
-        rc = run_config_of(load_recipe(recipe_path, overrides=list(overrides) + [f"data.shape_buckets={setting}"]))
+        rc = load_parsed(recipe_path, list(overrides) + [f"data.shape_buckets={setting}"]).run
         src = rc.source()
         try:
             mbs = [src.micro_batch(s, g) for s in range(steps) for g in range(src.cfg.micro_per_step)]

@@ -253,9 +253,10 @@ def format_overhead(rows: List[dict]) -> str:
 
 def load_with_profile(path: str, overrides: List[str], profile_path: Optional[str]):
     """The recipe, with ``mpipe.profile`` taken from ``profile_path`` when given (then ``--set``)."""
-    from ..recipe import load_raw, load_recipe, recipe_from_dict
+    from ..recipe import load_raw
+    from ..runconfig import load_parsed, parse_recipe
     if not profile_path:
-        return load_recipe(path, overrides)
+        return load_parsed(path, overrides)
     if not os.path.isfile(profile_path):
         raise SpecError("--profile", f"file not found: {profile_path}")
     prof_raw = load_raw(profile_path)
@@ -266,7 +267,7 @@ def load_with_profile(path: str, overrides: List[str], profile_path: Optional[st
     if not isinstance(raw.get("mpipe"), dict):
         raise SpecError("mpipe", "missing; add an mpipe: section")
     raw["mpipe"]["profile"] = copy.deepcopy(prof)
-    return recipe_from_dict(raw, path=path, overrides=overrides)
+    return parse_recipe(raw, path=path, overrides=overrides)
 
 
 def measures_profile(args) -> bool:
@@ -279,7 +280,6 @@ def prepare(args):
     ``--profile-schedule`` the list ends with ``(None, reference plan)`` (profiled, not compared)."""
     from ..launch import preflight
     from ..recipe import checked_plan, refuse_over_memory_limit
-    from ..runconfig import run_config_of
 
     for flag, v, lo in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
                         ("--profile-samples", args.profile_samples, 1)):
@@ -314,7 +314,7 @@ def prepare(args):
         output_file("--save-profile", args.save_profile, inputs=(args.recipe,))
     recipe = load_with_profile(args.recipe, args.overrides, args.profile)
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
-    rc = run_config_of(recipe)
+    rc = recipe.run
     from ..launch import refuse_tensor_parallel
     refuse_tensor_parallel(recipe, "hyperparallel bench")
     for line in rc.model.notes():   # said once here, before launch; the ranks build the same model silently
@@ -329,7 +329,7 @@ def prepare(args):
         rec, rc_ = recipe, rc
         if sets:
             rec = load_with_profile(args.recipe, list(args.overrides) + sets, args.profile)
-            rc_ = run_config_of(rec)
+            rc_ = rec.run
             if (rec.pipeline_stage, rec.data_parallel) != (recipe.pipeline_stage, recipe.data_parallel):
                 raise SpecError("--schedule", f"{s!r}: a case's settings must keep pipeline_stage and data_parallel")
             args.case_raw[s] = rec.raw

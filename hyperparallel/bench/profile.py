@@ -30,13 +30,13 @@ BENCH_WORKER = "hyperparallel.bench.ranks.worker"   # the msrun entry (a module:
 
 def prepare(args):
     """Recipe, run config and plan, all checked before anything is launched (SpecError/PlanError)."""
-    from ..recipe import checked_plan, load_recipe
-    from ..runconfig import run_config_of
+    from ..recipe import checked_plan
+    from ..runconfig import load_parsed
 
     from ..launch import preflight
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_parsed(args.recipe, args.overrides)
     preflight(recipe.pipeline_stage * recipe.data_parallel, recipe.device)
-    rc = run_config_of(recipe)
+    rc = recipe.run
     from ..launch import refuse_tensor_parallel
     refuse_tensor_parallel(recipe, "hyperparallel profile")
     for line in rc.model.notes():   # said once here, before launch; the ranks build the same model silently

@@ -93,7 +93,6 @@ def verify(args, space, outcome, n: int, launcher=None) -> Tuple[int, dict]:
     import time
 
     from ..launch import preflight
-    from ..runconfig import run_config_of
     if launcher is None:
         from ..launch import launch as launcher
     rows = cases(space, outcome, n)
@@ -106,7 +105,7 @@ def verify(args, space, outcome, n: int, launcher=None) -> Tuple[int, dict]:
     run_dir = os.path.abspath(args.run_dir or os.path.join("runs", slug(f"tune_{stem}")))
     jobs = []
     for i, r in enumerate(rows):
-        rc = run_config_of(r["recipe"])
+        rc = r["recipe"].run
         plan = checked_plan(r["recipe"], r["spec"])
         r["out_dir"] = os.path.join(run_dir, f"c{i}_{slug(r['schedule'])}", "result")
         jobs.append({"mode": "bench", "device": rc.device, "name": r["name"], "schedule": r["schedule"],

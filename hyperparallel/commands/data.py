@@ -10,8 +10,7 @@ import sys
 
 from ..data.conversations import LATE_KINDS, layout_for, scan, summary
 from ..errors import SpecError
-from ..recipe import load_recipe
-from ..runconfig import run_config_of
+from ..runconfig import load_parsed
 
 
 def _data_format(rc) -> dict:
@@ -51,7 +50,7 @@ def precheck(rc, recipe_path: str, overrides=()):
 
 
 def run(args) -> int:
-    rc = run_config_of(load_recipe(args.recipe, args.overrides))   # SpecError -> exit 2 (cli.main)
+    rc = load_parsed(args.recipe, args.overrides).run   # SpecError -> exit 2 (cli.main)
     if not rc.data.checks_files:
         print(f"data check {args.recipe}: data.type {rc.data.type} is generated; nothing to check")
         return 0

@@ -10,8 +10,9 @@ from ..mpipe.check import check
 from ..errors import SpecError
 from ..mpipe.ir import Plan
 from ..mpipe.table import program_table
-from ..recipe import derive_recipe, load_recipe, memory_warning, planned
+from ..recipe import checked_plan, derive_recipe, memory_warning
 from ..recipe.memory import memory_line
+from ..runconfig import load_parsed
 from ..util import output_file, write_text
 
 
@@ -44,7 +45,8 @@ def check_tensor_parallel(recipe) -> None:
 def cmd_plan(args) -> int:
     if args.export:
         output_file("--export", args.export, inputs=(args.recipe,))
-    recipe, plan = planned(args.recipe, args.overrides, args.schedule)
+    recipe = load_parsed(args.recipe, args.overrides)
+    plan = checked_plan(recipe, args.schedule)
     check_generated_data(recipe)
     check_tensor_parallel(recipe)
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
@@ -114,7 +116,7 @@ def cmd_check(args) -> int:
     if args.recipe.endswith(".json"):
         plan = load_plan_file(args.recipe)
     else:
-        recipe = load_recipe(args.recipe, args.overrides)
+        recipe = load_parsed(args.recipe, args.overrides)
         check_generated_data(recipe)
         plan = derive_recipe(recipe, args.schedule)
         for line in recipe.notes:

@@ -54,10 +54,10 @@ def replay_case(recipe, rc, plan, steps: int) -> List[float]:
 
 
 def run_replay(args) -> int:
-    from ..recipe import checked_plan, load_recipe
+    from ..recipe import checked_plan
     from ..recipe.cases import split_case
     from ..recipe.train import MAX_STEPS
-    from ..runconfig import run_config_of
+    from ..runconfig import load_parsed
     if not 1 <= args.data_steps <= min(MAX_STEPS, 10_000):
         raise SpecError("--data-steps", f"must be 1..10,000, got {args.data_steps}")
     for flag in ("trace", "png", "steps"):
@@ -66,8 +66,8 @@ def run_replay(args) -> int:
     objs = []
     for spelling in args.schedule or [None]:
         sched, sets = split_case(spelling)
-        recipe = load_recipe(args.recipe, list(args.overrides) + sets)
-        rc = run_config_of(recipe)
+        recipe = load_parsed(args.recipe, list(args.overrides) + sets)
+        rc = recipe.run
         plan = checked_plan(recipe, sched)
         rc.check_plan(plan)
         times = replay_case(recipe, rc, plan, args.data_steps)

@@ -17,7 +17,8 @@ from ..mpipe import bounds
 from ..mpipe.cost import simulate
 from ..errors import SpecError, whole
 from ..mpipe.table import text_table
-from ..recipe import checked_plan, load_recipe, memory_excess, memory_warning, steady_steps
+from ..recipe import checked_plan, memory_excess, memory_warning, steady_steps
+from ..runconfig import load_parsed
 from ..util import output_file
 
 
@@ -36,7 +37,7 @@ def run_simulate(args) -> int:
     if args.steps is not None:
         whole("--steps", args.steps)
         bounds.at_most("--steps", args.steps, bounds.MAX_SIM_STEPS, "(the steady state shows after 3 steps)")
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_parsed(args.recipe, args.overrides)
     from .plan import check_generated_data, check_tensor_parallel
     check_generated_data(recipe)
     check_tensor_parallel(recipe)

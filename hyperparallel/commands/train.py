@@ -19,13 +19,13 @@ from ..util import error as _error, output_file, slug, writable_dir
 
 def _prepare(args):
     """Everything checked before launch: recipe, run config, plan, flags. Raises SpecError/PlanError."""
-    from ..recipe import checked_plan, load_recipe, refuse_over_memory_limit
-    from ..runconfig import run_config_of
+    from ..recipe import checked_plan, refuse_over_memory_limit
+    from ..runconfig import load_parsed
 
     from ..launch import preflight
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_parsed(args.recipe, args.overrides)
     preflight(recipe.ranks, recipe.device)  # the device is here, HP_MSRUN_ARGS
-    rc = run_config_of(recipe)
+    rc = recipe.run
     plan = checked_plan(recipe, args.schedule)
     refuse_over_memory_limit(recipe, plan)   # the predicted peak of every device within mpipe.memory_limit_gb
     rc.check_plan(plan)

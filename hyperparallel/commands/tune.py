@@ -27,9 +27,10 @@ from ..mpipe.cost import simulate
 from ..errors import PlanError, SpecError, whole
 from ..mpipe.profile import parse_profile, profile_spread
 from ..mpipe.table import text_table
-from ..recipe import checked_plan, load_raw, load_recipe
+from ..recipe import checked_plan, load_raw
 from ..recipe.files import check_override_key
 from ..recipe.recipe import READ_KEYS
+from ..runconfig import load_parsed
 from ..tune.overlay import offset_line, overlay_text
 from ..tune.search import Outcome, Scored, lowest_peak, search
 from ..tune.space import Space
@@ -61,7 +62,7 @@ def load(path: str, overrides) -> "Recipe":
     raw = load_raw(path)
     for item in overrides:
         check_override_key(raw, item, READ_KEYS, ("mpipe.profile",))
-    return load_recipe(path, list(overrides))
+    return load_parsed(path, list(overrides))
 
 
 def profiles(paths) -> dict:

@@ -6,8 +6,8 @@ produces its inputs. Every refusal is a :class:`~hyperparallel.errors.SpecError`
 """
 from .files import apply_override, load_raw
 from .memory import memory_excess, memory_warning, refuse_over_memory_limit, steady_steps
-from .recipe import Recipe, checked_plan, derive_recipe, load_recipe, planned, recipe_from_dict
+from .recipe import Recipe, checked_plan, derive_recipe, load_recipe, recipe_from_dict
 
 __all__ = ["Recipe", "load_recipe", "recipe_from_dict", "load_raw", "apply_override", "derive_recipe",
-           "checked_plan", "planned", "memory_excess", "memory_warning", "refuse_over_memory_limit",
+           "checked_plan", "memory_excess", "memory_warning", "refuse_over_memory_limit",
            "steady_steps"]

@@ -91,6 +91,17 @@ class Recipe:
     # ``recompute_config.recompute``; None: neither (the schedule's own, default none)
     recompute: Optional[Tuple[str, object]] = None
     tensor_parallel: int = 1   # T: parallel_config.model_parallel, the tensor-parallel ranks of each stage
+    # the training settings, parsed once with the rest (a TrainConfig), or the SpecError ``train`` refuses them
+    # with (a MindFormers value plan/check/simulate only note): read through ``train``
+    train_parsed: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def train(self) -> TrainConfig:
+        """The run's training settings (:class:`~.train.TrainConfig`), parsed with the recipe; a MindFormers
+        training value the runtime cannot train with (noted by plan/check/simulate) is refused here."""
+        if isinstance(self.train_parsed, SpecError):
+            raise self.train_parsed
+        return self.train_parsed
 
     @property
     def ranks(self) -> int:
@@ -426,13 +437,16 @@ def device_of(raw: dict) -> str:
     return device
 
 
-def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[str] = ()) -> Recipe:
-    """The checked recipe of a raw dict (``--set`` overrides applied first)."""
+def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[str] = (),
+                     cls: type = Recipe) -> Recipe:
+    """The checked recipe of a raw dict (``--set`` overrides applied first). ``cls``: the class to build, a
+    :class:`Recipe` (default) or a subclass (:class:`hyperparallel.runconfig.ParsedRecipe`, which adds the run
+    config)."""
     overrides = list(overrides or ())
     for item in overrides:
         apply_override(raw, item)
     schema.check_keys(raw)   # an unknown key (in the file or through --set): refused, the nearest named
-    train_note = _training_refusal(raw)
+    train, train_note = _training_refusal(raw)
     P, M, V, D, v_key, v_note = _parallel(raw)
     T = tensor_parallel_of(raw)
     mp, enc = _mpipe(raw)
@@ -448,13 +462,13 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
     bounds.check_plan_size(P, V, M, len(profile.regions))
     spec = _schedule_spec(raw, mp, P, V, M, v_key)
     device = device_of(raw)
-    recipe = Recipe(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
-                    data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
-                    encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
-                    memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
-                    notes=tuple(n for n in (schema.other_release_note(raw), parallel_defaults_note(raw), zero_note(raw, D),
-                                              train_note) if n),
-                    recompute=_recompute(raw, mp), tensor_parallel=T)
+    recipe = cls(path=path, raw=raw, pipeline_stage=P, micro_batch_num=M, pp_interleave_num=V,
+                 data_parallel=D, profile=profile, schedule=spec, device=device, overrides=overrides,
+                 encoder=enc, v_key=v_key, layout=_layout(raw, profile, P, V), costs=costs,
+                 memory_limit_gb=_memory_limit(mp), v_note=v_note, zero=_zero(raw, D),
+                 notes=tuple(n for n in (schema.other_release_note(raw), parallel_defaults_note(raw),
+                                         zero_note(raw, D), train_note) if n),
+                 recompute=_recompute(raw, mp), tensor_parallel=T, train_parsed=train)
     recipe.recompute_spec("")   # a bad value, or a recompute of a model without backward: refused now
     if recipe.layout is not None:
         # refuse a bad offset now, whatever schedule is derived later
@@ -469,17 +483,17 @@ def recipe_from_dict(raw: dict, path: Optional[str] = None, overrides: Iterable[
 MINDFORMERS_TRAINING = ("optimizer", "lr_schedule", "runner_wrapper", "calculate_per_token_loss")
 
 
-def _training_refusal(raw: dict) -> str:
-    """The training settings read as ``train`` will read them: '' when they train, else the note naming the
-    MindFormers value (or unknown key: public configs of other releases carry some, e.g. ``optimizer.beta1``
-    for AdamW) ``train`` refuses; any refusal in hyperparallel's own ``train:`` section is raised at once."""
+def _training_refusal(raw: dict) -> Tuple[object, str]:
+    """(the training settings, the note) read as ``train`` reads them: (TrainConfig, '') when they train, else
+    (the SpecError, the note naming the MindFormers value, or unknown key, ``train`` refuses: public configs of
+    other releases carry some, e.g. ``optimizer.beta1`` for AdamW); any refusal in hyperparallel's own
+    ``train:`` section is raised at once."""
     try:
-        TrainConfig.from_raw(raw)
+        return TrainConfig.from_raw(raw), ""
     except SpecError as e:
         if e.field.split(".")[0] not in MINDFORMERS_TRAINING:
             raise
-        return f"note: {e} (train refuses it; the plan does not read it)"
-    return ""
+        return e, f"note: {e} (train refuses it; the plan does not read it)"
 
 
 def _zero(raw: dict, D: int) -> int:
@@ -531,8 +545,3 @@ def checked_plan(recipe: Recipe, schedule=None) -> Plan:
     """The recipe's plan, checked (PlanError on a checker finding)."""
     return assert_valid(derive_recipe(recipe, schedule))
 
-
-def planned(path: str, overrides: Sequence[str] = (), schedule: Optional[object] = None) -> Tuple[Recipe, Plan]:
-    """Load the recipe (``--set`` overrides applied), derive its plan for ``schedule`` and check it."""
-    recipe = load_recipe(path, list(overrides))
-    return recipe, checked_plan(recipe, schedule)

@@ -51,10 +51,10 @@ def case_runtime(case: dict, comm, hooks=None, pool=None):
     """(run config, :class:`~.rank.RankRuntime`) of one job case (``raw`` recipe, ``plan`` JSON); ``pool``:
     the compiled chunks of this process's earlier cases (:class:`~.compiled.GraphPool`)."""
     from hyperparallel.mpipe import ir
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import parse_recipe
     from .rank import RankRuntime
 
-    rc = RunConfig.from_raw(case["raw"])
+    rc = parse_recipe(case["raw"]).run   # the one parse the front end made of the same raw recipe
     plan = ir.Plan.from_json(case["plan"])
     source = rc.source()
     if balancing(rc):   # data.balance: encoder: every step's samples grouped by the plan's encoder owners

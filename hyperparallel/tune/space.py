@@ -420,7 +420,8 @@ class Space:
         key = (c.V, c.M, c.layers if self.mf else None, c.order == "zbv" if self.mf else None, c.T, c.recompute)
         if key not in self._recipes:
             raw = merge(copy.deepcopy(self.recipe.raw), self.keys(c, with_schedule=False))
-            self._recipes[key] = recipe_from_dict(raw, path=self.recipe.path)
+            # parsed as the loaded recipe was (a run config's ParsedRecipe stays one)
+            self._recipes[key] = recipe_from_dict(raw, path=self.recipe.path, cls=type(self.recipe))
         return self._recipes[key]
 
     def describe(self) -> dict:

@@ -285,10 +285,10 @@ def _reference(paths, norm, steps=STEPS):
     if norm not in _REF:
         from hyperparallel.runtime import compat
         from hyperparallel.runtime.reference import Reference
-        from hyperparallel.runconfig import run_config_of
+        from hyperparallel.runconfig import load_parsed
         compat.setup_device("CPU")
-        recipe = load_recipe(RECIPE, overrides=_sets(paths, _extra("1f1b", norm=norm)))
-        ref = Reference(run_config_of(recipe), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
+        recipe = load_parsed(RECIPE, overrides=_sets(paths, _extra("1f1b", norm=norm)))
+        ref = Reference(recipe.run, recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
         out = [ref.step(s) for s in range(steps)]
         _REF[norm] = ([o[0] for o in out], out[0][1], [o[1] for o in out])   # losses, first, every step's grads
     return _REF[norm]

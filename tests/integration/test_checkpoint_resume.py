@@ -23,7 +23,6 @@ pytest.importorskip("mindspore", reason="mindspore is not installed")
 
 from helpers import job_case, launch_cases  # noqa: E402
 from hyperparallel.runtime import ckpt_files as cf  # noqa: E402
-from hyperparallel.recipe import load_recipe  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RECIPE = os.path.join(ROOT, "recipes", "tiny_mllm.yaml")
@@ -45,11 +44,11 @@ def metrics(run_dir):
 
 def _reference():
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
-    recipe = load_recipe(RECIPE)
-    rc = RunConfig.from_raw(recipe.raw)
+    recipe = load_parsed(RECIPE)
+    rc = recipe.run
     return Reference(rc, recipe.micro_batch_num * recipe.data_parallel,
                      {r.name: r.trainable for r in recipe.profile.regions})
 

@@ -477,9 +477,8 @@ def test_resume_at_step_k_reads_the_same_micro_batches(clean):
 
 
 def test_shape_facts_need_no_pixels_and_stream_equals_eager(clean):
-    from hyperparallel.runconfig import run_config_of
-    from hyperparallel.recipe import load_recipe
-    rc = run_config_of(load_recipe(RECIPE, overrides=_sets(clean)))
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(RECIPE, overrides=_sets(clean)).run
     streamed, eager = _source(clean), _source(clean)
     streamed.will_read_pixels([0, 2, 3])
     for step in range(3):
@@ -505,10 +504,10 @@ def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
     from hyperparallel.runtime.hooks import Hooks
     from hyperparallel.runtime.rank import RankRuntime
     from hyperparallel.recipe import checked_plan
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
-    recipe = load_recipe(RECIPE, overrides=_sets(clean))
-    rc = run_config_of(recipe)
+    recipe = load_parsed(RECIPE, overrides=_sets(clean))
+    rc = recipe.run
     stack, seen = [], []
 
     class Categories(Hooks):
@@ -533,11 +532,11 @@ def test_lazy_pixel_loading_runs_inside_the_data_hook(clean):
 def test_loss_falls_on_the_demo_data(clean):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
-    recipe = load_recipe(RECIPE, overrides=_sets(clean))
-    ref = Reference(run_config_of(recipe), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
+    recipe = load_parsed(RECIPE, overrides=_sets(clean))
+    ref = Reference(recipe.run, recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
     losses = [ref.step(s)[0] for s in range(12)]
     assert np.isfinite(losses).all()
     assert np.mean(losses[-3:]) < 0.75 * np.mean(losses[:2]), losses
@@ -571,11 +570,11 @@ def _dumped(case):
 
 def _reference(paths, extra=(), steps=STEPS):
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
-    recipe = load_recipe(RECIPE, overrides=_sets(paths, list(extra)))
-    ref = Reference(run_config_of(recipe), recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
+    recipe = load_parsed(RECIPE, overrides=_sets(paths, list(extra)))
+    ref = Reference(recipe.run, recipe.micro_batch_num, {r.name: True for r in recipe.profile.regions})
     out = [ref.step(s) for s in range(steps)]
     return [o[0] for o in out], out[0][1], [o[1] for o in out]   # losses, first, every step's grads
 

@@ -56,9 +56,9 @@ def demo(tmp_path_factory):
 def hf_dir(tmp_path_factory, demo):
     """A Hugging Face directory of the tiny Qwen2.5-VL with other weights than the recipe's seed (the base)."""
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
-    rc = run_config_of(load_recipe(Q25, list(demo) + ["train.seed=123"]))
+    rc = load_parsed(Q25, list(demo) + ["train.seed=123"]).run
     d = str(tmp_path_factory.mktemp("hf"))
     rc.model.network().save_pretrained(d)
     return d
@@ -117,8 +117,8 @@ def _step_loss(demo, adapter_setup, step):
     ``adapter_setup(rc.model)`` makes it (the PeftModel loaded from the export, or the merged model)."""
     from hyperparallel.data.loss_norm import loss_scales
     from hyperparallel.models.qwen_vl.cells import WholeModel
-    from hyperparallel.runconfig import run_config_of
-    rc = run_config_of(load_recipe(Q25, list(demo) + [f"train.steps={STEPS}", M2]))
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(Q25, list(demo) + [f"train.steps={STEPS}", M2]).run
     adapter_setup(rc.model)
     src = rc.source()
     scales = loss_scales(src, step, 2, rc.train.loss_normalization)

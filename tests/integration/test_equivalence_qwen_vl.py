@@ -124,9 +124,9 @@ def hf_dir(tmp_path_factory, demo):
     """A Hugging Face model directory (``save_pretrained``: the hub's names) of the tiny Qwen2.5-VL with
     other weights than the recipe's seed gives."""
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
-    rc = run_config_of(load_recipe(Q25, _overrides(demo, False) + ["train.seed=123"]))
+    rc = load_parsed(Q25, _overrides(demo, False) + ["train.seed=123"]).run
     d = str(tmp_path_factory.mktemp("hf"))
     rc.model.network().save_pretrained(d)
     return d
@@ -406,8 +406,8 @@ def test_runs_start_from_a_hugging_face_directory_by_name_in_any_cut(two_rank, d
 @pytest.mark.msrun
 def test_micro_batches_hold_images_of_different_sizes_and_text_only_samples(two_rank, demo):
     """The cases above trained on what Qwen's processor makes of the demo set: checked on its index."""
-    from hyperparallel.runconfig import run_config_of
-    rc = run_config_of(load_recipe(Q25, _overrides(demo, False)))
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(Q25, _overrides(demo, False)).run
     src = rc.source()
     sizes, text_only, per_micro = set(), 0, []
     for step in range(STEPS):
@@ -439,12 +439,12 @@ def test_hugging_face_export_loads_with_from_pretrained_and_gives_the_pipelines_
     assert "lm_head.weight" in names and any(n.startswith("visual.") for n in names)   # the hub's spelling
     from hyperparallel.runtime import compat
     from hyperparallel.models.qwen_vl import cpu as mindone_cpu
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
     mindone_cpu.apply()
     from mindone.transformers import Qwen2_5_VLForConditionalGeneration
     net = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(out))
-    rc = run_config_of(load_recipe(Q25, _overrides(demo, False)))
+    rc = load_parsed(Q25, _overrides(demo, False)).run
     from hyperparallel.models.qwen_vl.cells import WholeModel
     whole = WholeModel(rc.model)
     whole.net = net
@@ -510,11 +510,11 @@ def _fp16_reference(demo):
     """The single-process float16 reference (the same casts and scaler): (losses, (scale, overflow) per step,
     last step's gradients)."""
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.reference import Reference
     compat.setup_device("CPU")
-    recipe = load_recipe(Q25, _overrides(demo, False, FP16))
-    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,
+    recipe = load_parsed(Q25, _overrides(demo, False, FP16))
+    ref = Reference(recipe.run, recipe.micro_batch_num,
                     {r.name: True for r in recipe.profile.regions})
     losses, scales, grads = [], [], None
     for s in range(STEPS):
@@ -571,7 +571,7 @@ def test_float16_checkpoint_keeps_float32_master_weights_and_loads_into_a_float3
     from safetensors import safe_open
     from hyperparallel.runtime import compat
     from hyperparallel.runtime.ckpt_files import resolve
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.reference import Reference
     case = two_rank[0]["fp16"]
     src = resolve(os.path.join(case["save_dir"], f"step_{STEPS}"))
@@ -583,8 +583,8 @@ def test_float16_checkpoint_keeps_float32_master_weights_and_loads_into_a_float3
     floats = {k: v.dtype for k, v in values.items() if v.dtype.kind == "f"}
     assert floats and set(floats.values()) == {np.dtype(np.float32)}
     compat.setup_device("CPU")
-    recipe = load_recipe(Q25, _overrides(demo, False))   # float32, no loss scale
-    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,
+    recipe = load_parsed(Q25, _overrides(demo, False))   # float32, no loss scale
+    ref = Reference(recipe.run, recipe.micro_batch_num,
                     {r.name: True for r in recipe.profile.regions})
     step, with_state = ref.restore(src)
     assert (step, with_state) == (STEPS, True)
@@ -593,8 +593,8 @@ def test_float16_checkpoint_keeps_float32_master_weights_and_loads_into_a_float3
     for name, p in params.items():
         assert str(p.dtype) == "Float32" and np.array_equal(p.asnumpy(), values[name]), name
     # a float16 run resuming it continues with the saved loss scale, not the recipe's initial one
-    fp16 = load_recipe(Q25, _overrides(demo, False, FP16))
-    again = Reference(RunConfig.from_raw(fp16.raw), fp16.micro_batch_num, {r.name: True for r in fp16.profile.regions})
+    fp16 = load_parsed(Q25, _overrides(demo, False, FP16))
+    again = Reference(fp16.run, fp16.micro_batch_num, {r.name: True for r in fp16.profile.regions})
     again.scaler.update(False)   # (moved off the recipe's 262144 first, so the restore must set it)
     again.restore(src)
     assert again.scaler.state() == src.meta["loss_scale"]

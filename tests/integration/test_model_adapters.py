@@ -82,10 +82,9 @@ def test_mindformers_defaults_that_cannot_train_on_cpu_are_named():
 
 
 def test_mindformers_recipe_regions_come_from_the_model():
-    from hyperparallel.runconfig import run_config_of
-    from hyperparallel.recipe import load_recipe
-    rc = run_config_of(load_recipe(recipe("mf_qwen2_mllm.yaml"), ["model.model_config.num_layers=6",
-                                                                   "mpipe.profile.regions.1.layers=6"]))
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(recipe("mf_qwen2_mllm.yaml"), ["model.model_config.num_layers=6",
+                                                    "mpipe.profile.regions.1.layers=6"]).run
     assert [(r.name, r.layers, r.key) for r in rc.model.regions()] == [
         ("vision", 2, "model.vision.num_layers"), ("llm", 6, "model.model_config.num_layers")]
     assert rc.model.setting("n_kv_heads") == 2 and rc.model.setting("qkv_has_bias") is True
@@ -144,9 +143,8 @@ def test_bench_prepares_mindformers_recipes(name):
 
 
 def test_mf_llama_chunk_outside_its_region_refused():
-    from hyperparallel.runconfig import RunConfig
-    from hyperparallel.recipe import load_recipe
-    model = RunConfig.from_raw(load_recipe(MF).raw).model
+    from hyperparallel.runconfig import load_parsed
+    model = load_parsed(MF).run.model
     with pytest.raises(ValueError, match=r"layers \[2, 6\) outside region 'llm' \(0\.\.4\)"):
         model.build_chunk("llm", 2, 6)
 
@@ -243,8 +241,7 @@ def test_pretrained_shard_names_that_leave_the_model_directory_are_refused(tmp_p
 
 
 def test_a_tokenizer_with_id_gaps_must_fit_the_models_vocabulary(tmp_path):
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path / "d"), 8, seed=1, videos=False)
     d = json.load(open(paths["tokenizer"]))
@@ -255,8 +252,8 @@ def test_a_tokenizer_with_id_gaps_must_fit_the_models_vocabulary(tmp_path):
     with pytest.raises(ValueError, match=r"^model.model_config.text_config.vocab_size: 256 is smaller than the "
                                          r"data's vocabulary \(301 tokens: data.vocab, else data.tokenizer's "
                                          r"largest token id \+ 1\)"):
-        run_config_of(load_recipe(QWEN, sets))
-    assert run_config_of(load_recipe(QWEN, sets[:2] + [f"data.tokenizer={paths['tokenizer']}"])).data.shapes()[
+        load_parsed(QWEN, sets).run
+    assert load_parsed(QWEN, sets[:2] + [f"data.tokenizer={paths['tokenizer']}"]).run.data.shapes()[
         "vocab"] < 256
 
 
@@ -266,15 +263,14 @@ def test_pretrained_weights_that_do_not_fit_the_config_are_refused_naming_the_fi
     from hyperparallel.runtime import compat
     from hyperparallel.models.qwen_vl.cells import load_hf_weights
     from hyperparallel.errors import SpecError
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.data.demo import write_demo
     compat.setup_device("CPU")
     paths = write_demo(str(tmp_path / "d"), 8, seed=1)
     data = [f"data.{k}={v}" for k, v in sorted(paths.items())]
-    big = run_config_of(load_recipe(QWEN, data + ["model.model_config.text_config.intermediate_size=256"]))
+    big = load_parsed(QWEN, data + ["model.model_config.text_config.intermediate_size=256"]).run
     big.model.network().save_pretrained(str(tmp_path / "hf"))
-    small = run_config_of(load_recipe(QWEN, data))
+    small = load_parsed(QWEN, data).run
     with pytest.raises(SpecError, match=r"model.pretrained: .*does not fit the config: wrong shapes "
                                         r"\['model.language_model.layers.0.mlp.down_proj.weight'"):
         load_hf_weights(small.model.network(), str(tmp_path / "hf"), small.model.checkpoint_name)
@@ -331,25 +327,24 @@ def demo_sets(tmp_path_factory):
 def test_hugging_face_fields_the_class_does_not_read_are_refused(demo_sets, name, sets, words):
     """transformers keeps an unknown field as an attribute nobody reads: it trained the default, silently."""
     from hyperparallel.errors import SpecError
-    from hyperparallel.recipe import derive_recipe, load_recipe
-    from hyperparallel.runconfig import run_config_of
-    rec = load_recipe(recipe(name), demo_sets + sets)
+    from hyperparallel.recipe import derive_recipe
+    from hyperparallel.runconfig import load_parsed
+    rec = load_parsed(recipe(name), demo_sets + sets)
     with pytest.raises(SpecError) as e:
-        run_config_of(rec)
+        rec.run
     assert str(e.value).startswith(words) or words in str(e.value), str(e.value)
     assert derive_recipe(rec).num_devices == 2   # plan still reads it
 
 
 def test_hugging_face_fields_the_class_reads_and_the_recipes_own_keys_pass(demo_sets):
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     for name in ("qwen2_5_vl_tiny.yaml", "qwen3_vl_tiny.yaml"):
-        run_config_of(load_recipe(recipe(name), demo_sets))
-    rc = run_config_of(load_recipe(QWEN, demo_sets + [
+        load_parsed(recipe(name), demo_sets).run
+    rc = load_parsed(QWEN, demo_sets + [
         "model.model_config.torch_dtype=float32", "model.model_config.bos_token_id=1",   # PretrainedConfig's
         "model.model_config.freeze_vision=true", "model.model_config.text_config.offset=0",   # the recipe's
         "model.model_config.vision_config.initializer_range=0.01",
-        "model.model_config.text_config.attention_dropout=0.0"]))
+        "model.model_config.text_config.attention_dropout=0.0"]).run
     assert rc.model.vision.initializer_range == 0.01
 
 
@@ -382,11 +377,10 @@ def test_mindformers_spellings_of_hugging_face_fields_are_read_as_them(demo_sets
     """MindFormers' num_layers (depth in a vision_config), n_kv_heads, theta, max_position_embedding, num_heads and
     use_flash_attention: false are Hugging Face fields under other names: read as them (the built model has the
     value), each said once (the adapter's notes, printed by the front end), the key as written in messages."""
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     built = {}
     for layers in (2, 4):
-        rc = run_config_of(load_recipe(_mindformers_spelt(tmp_path, layers), demo_sets))
+        rc = load_parsed(_mindformers_spelt(tmp_path, layers), demo_sets).run
         t, m = rc.model.text, rc.model
         assert (t.num_hidden_layers, t.num_key_value_heads, t.rope_theta, t.max_position_embeddings,
                 t.num_attention_heads, m.vision.depth) == (layers, 1, 5000.0, 256, 4, 2)
@@ -405,8 +399,7 @@ def test_mindformers_spelling_against_a_config_files_field_is_refused_naming_bot
     """text_config.num_layers: 2 over a config.json whose num_hidden_layers is 4: one setting with two values."""
     import yaml
     from hyperparallel.errors import SpecError
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     raw = yaml.safe_load(open(QWEN))
     cfg = {k: v for k, v in raw["model"]["model_config"].items() if k != "type"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -414,22 +407,21 @@ def test_mindformers_spelling_against_a_config_files_field_is_refused_naming_bot
         raw["model"] = {"arch": raw["model"]["arch"], "config": str(tmp_path / "config.json"),
                         "model_config": {"text_config": {"num_layers": layers}}}
         (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw))
-        rec = load_recipe(str(tmp_path / "r.yaml"), demo_sets)
+        rec = load_parsed(str(tmp_path / "r.yaml"), demo_sets)
         if ok:
-            assert run_config_of(rec).model.notes() == [
+            assert rec.run.model.notes() == [
                 "model.model_config.text_config.num_layers: MindFormers' spelling, read as num_hidden_layers"]
             continue
         with pytest.raises(SpecError, match=r"^model.model_config.text_config.num_layers: 2, but num_hidden_layers of "
                                             r"the config file \(model.pretrained / model.config\) is 4: two spellings"):
-            run_config_of(rec)
+            rec.run
 
 
 def test_fields_of_a_hugging_face_directory_are_hugging_faces_own(demo_sets, tmp_path):
     """A config.json (model.config / model.pretrained) is the file transformers wrote and reads, with the older
     spellings of the public files (in_chans, vision_token_id): not checked; only the recipe's inline fields are."""
     import yaml
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     raw = yaml.safe_load(open(QWEN))
     mc = raw["model"]["model_config"]
     cfg = dict({k: v for k, v in mc.items() if k != "type"}, vision_token_id=12,
@@ -437,18 +429,18 @@ def test_fields_of_a_hugging_face_directory_are_hugging_faces_own(demo_sets, tmp
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     raw["model"] = {"arch": raw["model"]["arch"], "config": str(tmp_path / "config.json")}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(raw))
-    run_config_of(load_recipe(str(tmp_path / "r.yaml"), demo_sets))
+    load_parsed(str(tmp_path / "r.yaml"), demo_sets).run
 
 
 def test_mindformers_llama_lora_is_refused_not_trained_in_full(tmp_path):
     """pet_config: {pet_type: lora} trained the whole model silently."""
     from hyperparallel.errors import SpecError
-    from hyperparallel.recipe import derive_recipe, load_recipe
-    from hyperparallel.runconfig import run_config_of
-    rec = load_recipe(MF, ["model.model_config.pet_config={pet_type: lora, lora_rank: 8, lora_alpha: 16}"])
+    from hyperparallel.recipe import derive_recipe
+    from hyperparallel.runconfig import load_parsed
+    rec = load_parsed(MF, ["model.model_config.pet_config={pet_type: lora, lora_rank: 8, lora_alpha: 16}"])
     with pytest.raises(SpecError, match=r"^model.model_config.pet_config: \{'pet_type': 'lora', .*LoRA / "
                                         r"parameter-efficient fine-tuning is not supported yet"):
-        run_config_of(rec)
+        rec.run
     assert derive_recipe(rec).num_devices == 2
 
 

@@ -154,11 +154,10 @@ def test_reference_skip_keeps_the_weights_and_continues(tmp_path):
     pytest.importorskip("mindspore", reason="mindspore is not installed")
     from hyperparallel.runtime import compat
     from hyperparallel.runtime.reference import Reference
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
-    recipe = load_recipe(TINY, ["train.lr=1.0e+30", "train.nonfinite=skip", "train.optimizer_compile=eager"])
-    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num * recipe.data_parallel,
+    recipe = load_parsed(TINY, ["train.lr=1.0e+30", "train.nonfinite=skip", "train.optimizer_compile=eager"])
+    ref = Reference(recipe.run, recipe.micro_batch_num * recipe.data_parallel,
                     {r.name: r.trainable for r in recipe.profile.regions}, total_steps=3)
     loss, _ = ref.step(0)
     assert np.isfinite(loss) and not ref.skipped

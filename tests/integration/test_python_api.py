@@ -37,12 +37,11 @@ def msrun(script_args, log_dir, world=2, timeout=400):
 
 def reference_losses(steps):
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.reference import Reference
-    from hyperparallel.recipe import load_recipe
     compat.setup_device("CPU")
-    recipe = load_recipe(RECIPE)
-    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num,
+    recipe = load_parsed(RECIPE)
+    ref = Reference(recipe.run, recipe.micro_batch_num,
                     {r.name: r.trainable for r in recipe.profile.regions})
     return [ref.step(s)[0] for s in range(steps)]
 

@@ -45,10 +45,9 @@ def demo(tmp_path_factory, mindone):
 def refused(demo):
     def refusal(path, *sets):
         from hyperparallel.errors import SpecError
-        from hyperparallel.recipe import load_recipe
-        from hyperparallel.runconfig import run_config_of
+        from hyperparallel.runconfig import load_parsed
         with pytest.raises(SpecError) as e:
-            run_config_of(load_recipe(path, list(demo if path != TINY else ()) + list(sets)))
+            load_parsed(path, list(demo if path != TINY else ()) + list(sets)).run
         return e.value
     return refusal
 
@@ -231,11 +230,10 @@ def _check(demo, case):
 def hf_dir(tmp_path_factory, demo):
     """An unsharded checkpoint: a Hugging Face directory (``save_pretrained``) of the tiny Qwen2.5-VL with other
     weights than the recipe's seed gives."""
-    from hyperparallel.recipe import load_recipe
     from hyperparallel.runtime import compat
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
-    rc = run_config_of(load_recipe(Q25, _sets(demo, ()) + ["train.seed=123"]))
+    rc = load_parsed(Q25, _sets(demo, ()) + ["train.seed=123"]).run
     d = str(tmp_path_factory.mktemp("tphf"))
     rc.model.network().save_pretrained(d)
     return d
@@ -324,16 +322,15 @@ def test_a_tensor_parallel_checkpoint_is_what_an_unsharded_run_saves(two_ranks, 
     two summation orders, through 2 Adam updates)."""
     import numpy as np
     import mindspore as ms
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.ckpt_files import resolve
     from hyperparallel.runtime.reference import Reference
     case = two_ranks[_key(Q25, "1f1b", T2 + P1)]
     src = resolve(os.path.join(case["save_dir"], "step_2"))
     assert [os.path.basename(f) for f in src.files] == ["rank_0.safetensors"]
     saved = ms.load_checkpoint(src.files[0], format="safetensors")
-    recipe = load_recipe(Q25, _sets(demo, ()))
-    ref = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {"vision": True, "llm": True})
+    recipe = load_parsed(Q25, _sets(demo, ()))
+    ref = Reference(recipe.run, recipe.micro_batch_num, {"vision": True, "llm": True})
     for s in range(2):
         ref.step(s)
     want = {p.name: p.asnumpy() for p in ref.all_params()}
@@ -351,7 +348,7 @@ def test_a_tensor_parallel_checkpoint_is_what_an_unsharded_run_saves(two_ranks, 
         np.testing.assert_allclose(got, w, rtol=1e-4, atol=max(tol, 1e-4 * max(float(np.abs(w).max()), 1e-12)),
                                    err_msg=n)
     # and the unsharded reference loads it (restore: names and shapes checked) and gives the TP run's 3rd loss
-    fresh = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {"vision": True, "llm": True})
+    fresh = Reference(recipe.run, recipe.micro_batch_num, {"vision": True, "llm": True})
     step, with_state = fresh.restore(src)
     assert (step, with_state) == (2, True)
     loss, _ = fresh.step(2)

@@ -119,10 +119,9 @@ def test_tiny_recipe_trains_with_transpose(full_run):
     out = p.stdout.splitlines()
     assert out[1] == "compile: every chunk eager (mpipe.compile: eager)", out[:4]
     from hyperparallel.runtime import compat
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
-    model = run_config_of(load_recipe(RECIPE)).model
+    model = load_parsed(RECIPE).run.model
     n = {r: sum(int(q.size) for q in c.get_parameters()) for r, c in zip(model.region_names(), model.build_full())}
     assert (f"[transpose] parameters: vision {n['vision']:,} trainable; llm {n['llm']:,} trainable; in all "
             f"{n['vision'] + n['llm']:,} trainable, 0 frozen") in out, out[:6]
@@ -201,12 +200,12 @@ def test_export_hf_console_keeps_the_projects_lines_and_logs_the_libraries(qwen_
     from hyperparallel.runtime import compat
     from hyperparallel.runtime.comm import LocalComm
     from hyperparallel.runtime.rank import RankRuntime
-    from hyperparallel.recipe import checked_plan, load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.recipe import checked_plan
+    from hyperparallel.runconfig import load_parsed
     compat.setup_device("CPU")
     ov = [v for v in qwen_demo if v != "--set"] + ["parallel_config.pipeline_stage=1", "mpipe.compile=eager"]
-    recipe = load_recipe(QWEN, ov)
-    rc = run_config_of(recipe)
+    recipe = load_parsed(QWEN, ov)
+    rc = recipe.run
     rt = RankRuntime(checked_plan(recipe, "1f1b"), rc.model, rc.source(), rc.train, LocalComm(), compile="eager",
                      log=None)
     rt.saver(str(tmp_path / "ckpt"), meta={"schedule": "1f1b"}).save(1)

@@ -263,7 +263,8 @@ def test_verify_runs_the_cases_in_one_launch_and_compares_the_orders(tmp_path):
 
     from hyperparallel.bench.verify import format_verify, verify
     from hyperparallel.launch import LaunchResult
-    sp = Space(load_recipe(recipe("bench_encoder_heavy.profile.yaml")))
+    from hyperparallel.runconfig import load_parsed
+    sp = Space(load_parsed(recipe("bench_encoder_heavy.profile.yaml")))   # as commands/tune loads it
     out = search(sp, top=2)
     measured = iter([400.0, 390.0, 420.0, 600.0])   # ms per case, in case order
     seen = {}

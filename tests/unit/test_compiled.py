@@ -26,10 +26,10 @@ def test_other_compile_values_are_refused_naming_the_key(key, value, allowed):
 
 
 def test_compile_defaults_and_values_reach_the_run_config():
-    from hyperparallel.runconfig import run_config_of
-    rc = run_config_of(load_recipe(TINY))
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(TINY).run
     assert (rc.compile, rc.compile_fallback) == ("jit", "error")
-    rc = run_config_of(load_recipe(TINY, ["mpipe.compile=eager", "mpipe.compile_fallback=eager"]))
+    rc = load_parsed(TINY, ["mpipe.compile=eager", "mpipe.compile_fallback=eager"]).run
     assert (rc.compile, rc.compile_fallback) == ("eager", "eager")
 
 
@@ -264,10 +264,10 @@ def test_parameters_line_counts_each_parameter_once_trainable_or_frozen(ms_cpu):
     from hyperparallel.runtime.comm import LocalComm
     from hyperparallel.runtime.rank import RankRuntime, parameters_line
     from hyperparallel.recipe import checked_plan
-    from hyperparallel.runconfig import run_config_of
-    recipe = load_recipe(TINY, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b", "mpipe.compile=eager",
+    from hyperparallel.runconfig import load_parsed
+    recipe = load_parsed(TINY, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b", "mpipe.compile=eager",
                                 "mpipe.encoder.trainable=false"])
-    rc = run_config_of(recipe)
+    rc = recipe.run
     rt = RankRuntime(checked_plan(recipe, "1f1b"), rc.model, rc.source(), rc.train, LocalComm(),
                      compile="eager", log=None)
     counts = rt.parameter_counts()
@@ -291,15 +291,15 @@ def one_device_runs(ms_cpu):
     from hyperparallel.runtime.rank import RankRuntime
     from hyperparallel.runtime.reference import Reference
     from hyperparallel.recipe import checked_plan
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime.compiled import GraphPool
     ov = ["parallel_config.pipeline_stage=1", "train.steps=2", "mpipe.schedule=1f1b"]
     out = {}
     pool = GraphPool()   # 1f1b runs twice through it: the second run takes the first one's compiled chunks
     for sched, V, mode, name in (("1f1b", 1, "jit", "jit"), ("interleaved_zb", 2, "jit", "jit"),
                                  ("interleaved_zb", 2, "eager", "eager"), ("1f1b", 1, "jit", "pooled")):
-        recipe = load_recipe(TINY, ov + [f"parallel_config.pp_interleave_num={V}", f"mpipe.compile={mode}"])
-        rc = run_config_of(recipe)
+        recipe = load_parsed(TINY, ov + [f"parallel_config.pp_interleave_num={V}", f"mpipe.compile={mode}"])
+        rc = recipe.run
         plan = checked_plan(recipe, sched)
         lines = []
         rt = RankRuntime(plan, rc.model, rc.source(), rc.train, LocalComm(), compile=rc.compile, log=lines.append,
@@ -308,8 +308,8 @@ def one_device_runs(ms_cpu):
         res = [rt.step(s) for s in range(2)]
         out[(sched, name)] = (res, rt.compile_stats(), lines, plan)
         rt.close()
-    recipe = load_recipe(TINY, ov)
-    rc = run_config_of(recipe)
+    recipe = load_parsed(TINY, ov)
+    rc = recipe.run
     ref = Reference(rc, recipe.micro_batch_num, {r.name: r.trainable for r in recipe.profile.regions}, 2)
     out["reference"] = [ref.step(s) for s in range(2)]
     return out
@@ -379,8 +379,8 @@ def test_the_loss_scale_reaches_the_graph_as_a_tensor_not_a_constant(ms_cpu):
     (answer tokens vary on real data) would compile the last chunk once per value. The last chunk's graph
     inputs carry it as a tensor, so two scales give one graph signature."""
     from hyperparallel.runtime.compiled import _signature
-    from hyperparallel.runconfig import run_config_of
-    rc = run_config_of(load_recipe(TINY))
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(TINY).run
     depth = rc.model.depth("llm")
     last = rc.model.build_chunk("llm", depth // 2, depth)
     mb = rc.source().micro_batch(0, 0)

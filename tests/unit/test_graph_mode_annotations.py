@@ -163,8 +163,8 @@ def test_emitted_offset_makes_mindformers_cut_like_the_plan(schedule, overrides)
 @pytest.fixture(scope="module")
 def tiny():
     pytest.importorskip("mindspore", reason="mindspore is not installed")
-    from hyperparallel.runconfig import RunConfig
-    rc = RunConfig.from_raw(load_recipe(TINY).raw)
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(TINY).run
     return rc, rc.model.build_full, rc.model.build_chunk
 
 

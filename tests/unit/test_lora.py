@@ -26,10 +26,10 @@ def demo(tmp_path_factory):
 
 def _prepare(demo, path, *overrides):
     """What ``train`` checks before launch: the recipe, its run config and the plan."""
-    from hyperparallel.recipe import checked_plan, load_recipe
-    from hyperparallel.runconfig import run_config_of
-    recipe = load_recipe(path, demo + list(overrides))
-    rc = run_config_of(recipe)
+    from hyperparallel.recipe import checked_plan
+    from hyperparallel.runconfig import load_parsed
+    recipe = load_parsed(path, demo + list(overrides))
+    rc = recipe.run
     rc.check_plan(checked_plan(recipe, "1f1b"))
     return rc
 
@@ -123,20 +123,19 @@ def test_module_names_are_the_built_models(demo, path):
     """The names computed from the config (checked before launch) are mindone's; mindone.peft wraps exactly the
     modules :func:`lora.adapted` names, and freezes every other weight."""
     pytest.importorskip("mindone")
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.runtime import compat
     compat.setup_device("CPU")
-    rc = run_config_of(load_recipe(path, demo + [FREEZE, "model.model_config.vision_config.depth=3"]))
+    rc = load_parsed(path, demo + [FREEZE, "model.model_config.vision_config.depth=3"]).run
     built = {n: type(c).__name__ for n, c in rc.model.network().cells_and_names() if n}
     names = rc.model.module_names()
     assert set(built) == set(names)
     assert {n for n, k in built.items() if k in ("Linear", "Embedding", "Conv3d")} == \
         {n for n, k in names.items() if k != "other"}
     assert all(built[n] == k for n, k in names.items() if k != "other")
-    rc = run_config_of(load_recipe(path, demo + ["model.lora={target_modules: [v_proj, qkv], "
-                                                 "modules_to_save: [lm_head]}",
-                                          "model.model_config.vision_config.depth=3"]))
+    rc = load_parsed(path, demo + ["model.lora={target_modules: [v_proj, qkv], "
+                                   "modules_to_save: [lm_head]}",
+                            "model.model_config.vision_config.depth=3"]).run
     net = rc.model.network()
     wrapped = sorted(n for n, c in net.cells_and_names() if type(c).__name__ == "Linear" and hasattr(c, "lora_A"))
     want = rc.model.lora_modules

@@ -18,7 +18,7 @@ from hyperparallel.errors import SpecError
 from hyperparallel.recipe import load_recipe
 from hyperparallel.recipe import recipe as recipe_reader
 from hyperparallel.recipe.train import TrainConfig
-from hyperparallel.runconfig import run_config_of
+from hyperparallel.runconfig import load_parsed
 
 CONFIGS = [os.path.join("tests", "data", "mindformers", n) for n in
            ("llama_defaults.yaml", "llama_sgd_per_token.yaml", "qwen2_vl_7b_freeze_vision.yaml")] + \
@@ -67,17 +67,17 @@ def _mindformers_resolved(cfg) -> dict:
 
 
 def _micro_batch_size(recipe) -> int:
-    """Sequences per micro-batch as the runtime reads them (``run_config_of``), or, for a config the CPU
+    """Sequences per micro-batch as the runtime reads them (the recipe's ``run``), or, for a config the CPU
     runtime refuses to train (tensor parallelism, Ascend), as the recipe reader fills it."""
     try:
-        return run_config_of(recipe).data.micro_batch_size
+        return recipe.run.data.micro_batch_size
     except SpecError:
         return recipe_reader._batch(recipe.raw)
 
 
 def _hyperparallel_resolved(path: str) -> dict:
-    recipe = load_recipe(os.path.join(ROOT, path))
-    t = TrainConfig.from_raw(recipe.raw)
+    recipe = load_parsed(os.path.join(ROOT, path))
+    t = recipe.train
     return {
         "optimizer": t.opt.type,
         "optimizer_fields": dict(t.opt.kwargs),

@@ -148,9 +148,8 @@ def test_float16_qwen_vl_keeps_float32_parameters_and_sends_float16_activations(
     is float16 and the adapter's boundary spec says so (a RECV allocates it); the last chunk's loss is float32."""
     pytest.importorskip("mindone")
     sets = list(demo) + ["model.model_config.dtype=float16", DYNAMIC]
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import RunConfig
-    rc = RunConfig.from_raw(load_recipe(Q25, sets).raw)
+    from hyperparallel.runconfig import load_parsed
+    rc = load_parsed(Q25, sets).run
     m = rc.model
     mb = rc.source().micro_batch(0, 0)
     vision, llm = m.build_chunk("vision", 0, 2), m.build_chunk("llm", 0, 4)

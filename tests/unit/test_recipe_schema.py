@@ -310,11 +310,11 @@ def test_micro_batches_without_pipeline_refused_for_a_mindformers_recipe():
     """MindFormers resets micro_batch_num to 1 when pipeline_stage is 1 (no accumulation): a MindFormers
     training recipe asking for more is refused for training naming the key (plan still reads it as given);
     the project's train: recipes accumulate."""
-    from hyperparallel.runconfig import run_config_of
-    planned = load_recipe(MF, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b"])
+    from hyperparallel.runconfig import load_parsed
+    planned = load_parsed(MF, ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b"])
     assert (planned.pipeline_stage, planned.micro_batch_num) == (1, 4)
     with pytest.raises(SpecError) as e:
-        run_config_of(planned)
+        planned.run
     assert str(e.value).startswith("parallel_config.micro_batch_num: 4 with pipeline_stage 1: MindFormers resets it "
                                    "to 1"), str(e.value)
     r = load_recipe(MF, ["parallel_config.pipeline_stage=1", "parallel_config.micro_batch_num=1",
@@ -322,3 +322,24 @@ def test_micro_batches_without_pipeline_refused_for_a_mindformers_recipe():
     assert (r.pipeline_stage, r.micro_batch_num) == (1, 1)
     own = load_recipe(recipe("mf_llama_mllm.yaml"), ["parallel_config.pipeline_stage=1", "mpipe.schedule=1f1b"])
     assert own.micro_batch_num > 1
+
+
+def test_the_recipe_is_parsed_once_and_a_rank_reads_the_same_parse():
+    """One parsed object for every front end and every rank (``runconfig.ParsedRecipe``): its run config is built
+    once and holds the recipe's own train settings; a rank, parsing the raw dict of its job case (JSON) through
+    the same function, gets the same run config; a MindFormers training value ``train`` refuses is a plan note,
+    raised with that message by ``train`` and ``run``."""
+    from hyperparallel.runconfig import load_parsed, parse_recipe
+    front = load_parsed(TINY, ["train.seed=7"])
+    rc = front.run
+    assert front.run is rc and rc.train is front.train and front.train.seed == 7
+    rank = parse_recipe(json.loads(json.dumps(front.raw))).run   # what runtime/job.py builds from case["raw"]
+    assert (rank.train, rank.data, rank.device, rank.compile, rank.compile_fallback, rank.model.regions()) == \
+        (rc.train, rc.data, rc.device, rc.compile, rc.compile_fallback, rc.model.regions())
+    refused = load_parsed(MF, ["optimizer.type=Lion"])
+    words = "optimizer.type: 'Lion' is not supported; allowed: AdamW, Adam, SGD"
+    assert refused.notes == (f"note: {words} (train refuses it; the plan does not read it)",)
+    for read in ("train", "run"):
+        with pytest.raises(SpecError) as e:
+            getattr(refused, read)
+        assert str(e.value) == words, read

@@ -141,14 +141,14 @@ def test_profile_tied_entries_are_checked():
 
 def test_a_plan_that_ties_what_the_model_does_not_is_refused_before_launch(tmp_path):
     pytest.importorskip("transformers")
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     from hyperparallel.data.demo import write_demo
     paths = write_demo(str(tmp_path), 8, seed=3)
-    r = load_recipe(Q25, [f"data.{k}={v}" for k, v in sorted(paths.items())])
+    r = load_parsed(Q25, [f"data.{k}={v}" for k, v in sorted(paths.items())])
     r.profile = replace(r.profile, tied=(TiedWeight("word_embeddings", "llm", (0, 3), 1.0),))
     with pytest.raises(SpecError, match=r"mpipe.profile.tied: the plan ties \['word_embeddings'\] but the "
                                         r"mindone .* model ties nothing"):
-        run_config_of(r)
+        r.run
 
 
 def test_a_name_saved_twice_with_different_values_is_refused_not_picked(tmp_path):

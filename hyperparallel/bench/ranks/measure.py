@@ -152,10 +152,10 @@ def profile_rank(job: dict, comm) -> dict:
     """Measurements of this rank (see module docstring); ``job['plan']`` gives the cut."""
     from hyperparallel.runtime.comm import LocalComm
     from hyperparallel.runtime.rank import RankRuntime
-    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runconfig import parse_recipe
 
     plan = ir.Plan.from_json(job["plan"])
-    rc = RunConfig.from_raw(job["raw"])
+    rc = parse_recipe(job["raw"]).run
     source = rc.source()
     cells = {(c.region, c.index): rc.model.build_chunk(c.region, c.start, c.stop) for c in plan.chunks}
     local = LocalComm(comm.rank)
