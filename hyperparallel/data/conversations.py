@@ -84,6 +84,7 @@ from .index import build_index as _build_index
 from .indexed import IndexedSource
 from .merge_layout import MergeLayout
 from .text import SampleProblem
+from ..errors import SpecError
 
 # problems only a full decode finds: a run with on_bad_sample skip cannot leave their samples out
 LATE_KINDS = ("undecodable_image", "grid_mismatch")
@@ -138,6 +139,9 @@ class ConversationsSource(IndexedSource):
         if not isinstance(layout, MergeLayout):
             raise TypeError("ConversationsSource lays out merge_index micro-batches; another layout has its own "
                             "source (data.formats.LAYOUTS)")
+        if cfg.packing:
+            raise SpecError("data.packing", "true: merge_index micro-batches are not packed (the models reading "
+                                            "them attend across a whole sequence); set data.packing: false")
         super().__init__(cfg, layout, seed)
         self.k = layout.k
         self.vocab = cfg.shapes()["vocab"]
