@@ -29,6 +29,8 @@ Recipe::
       num_parallel_workers: 1        # mindspore.dataset decode threads
       prefetch: 8                    # rows buffered per pipeline stage
       on_bad_sample: error           # error | skip
+      packing: false                 # true: several samples per sequence, first-fit (:mod:`.packing`; the
+                                     #   model's adapter must take them: check_packing)
       vocab: null                    # default: the tokenizer's vocabulary size
 
 A sample: ``{"id": ..., "image": "a.png" | [...], "video": [frame files],
