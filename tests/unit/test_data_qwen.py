@@ -675,3 +675,19 @@ def test_packing_is_refused_where_it_is_not_done(demo):
                                          "'flash_attention_2'"):
         run_config_of(load_recipe(q25, paths + ["data.packing=true", "device=Ascend",
                                                 "model.model_config.attn_implementation=flash_attention_2"]))
+
+
+def test_train_with_packing_refuses_a_too_long_sample_before_launch_in_one_line(demo):
+    """``hyperparallel train`` with packing: a sample longer than data.seq_len stops it before msrun starts (exit
+    2), one line naming the sample and data.seq_len, and where on_bad_sample: skip would leave it out."""
+    q25 = os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")
+    sets = [a for k, v in sorted(demo.items()) for a in ("--set", f"data.{k}={v}")]
+    res = subprocess.run([sys.executable, "-m", "hyperparallel", "train", q25, *sets, "--set", "data.packing=true",
+                          "--set", "data.seq_len=30", "--set", "data.on_bad_sample=error"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+    err = [ln for ln in res.stderr.splitlines() + res.stdout.splitlines() if ln.startswith("error:")]
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert len(err) == 1 and re.match(r"error: data: \d+ bad sample\(s\) in .*train.jsonl \(too_long \d+\); first: "
+                                      r".*train.jsonl:\d+ \(id s\d+\): too_long: \d+ tokens .*> data.seq_len 30 "
+                                      r".*data.on_bad_sample=skip", err[0]), err
+    assert "job finished" not in res.stdout and "hyperparallel worker rank" not in res.stdout + res.stderr
