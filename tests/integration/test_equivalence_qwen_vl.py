@@ -186,9 +186,16 @@ def two_rank(tmp_path_factory, demo, hf_dir):
 
 
 def packed_cases(tmp, demo):
-    """The packed cases (:data:`PACKED`); the Qwen2.5-VL one writes metrics.jsonl (samples, real tokens)."""
-    return [_case(tmp, demo, path, s, False, ex, **({"run_dir": os.path.join(tmp, "run", "packed")} if path == Q25
-                                                    else {})) for path, s, ex in PACKED]
+    """The packed cases (:data:`PACKED`; the Qwen2.5-VL one writes metrics.jsonl: samples, real tokens), and a
+    packed 1f1b run saving steps 1 and 2, resumed from step 2 for the third."""
+    out = [_case(tmp, demo, path, s, False, ex, **({"run_dir": os.path.join(tmp, "run", "packed")} if path == Q25
+                                                   else {})) for path, s, ex in PACKED]
+    save = os.path.join(tmp, "ckpt_packed")
+    out.append(_case(tmp, demo, Q25, "1f1b", False, PACK, steps=2, save_dir=save, save_every=1,
+                     dump_dir=os.path.join(tmp, "dump", "packed_first")))
+    out.append(_case(tmp, demo, Q25, "1f1b", False, PACK, save_dir=save, resume=True,
+                     dump_dir=os.path.join(tmp, "dump", "packed_resumed")))
+    return out
 
 
 def _fp16_case(tmp, demo):
@@ -436,6 +443,21 @@ def test_packed_sequences_train_like_mindones_model_on_the_samples_unpacked(two_
         assert r["samples"] > 2 * 2   # 2 micro-batches of 2 sequences
         assert r["real_tokens_per_s"] == pytest.approx(r["real_tokens"] / r["step_time_s"], rel=1e-6)
     src.close()
+
+
+@pytest.mark.msrun
+def test_packed_run_resumes_at_the_next_packed_sequences(two_rank, demo):
+    """A packed checkpoint's data position counts packed sequences (``packed: true``); resumed from step 2, the
+    third step's loss is the reference's third (the same samples as an uninterrupted run)."""
+    cases, _ = two_rank
+    first, _ = dumped(cases["packed_first"]["dump_dir"])
+    rest, _ = dumped(cases["packed_resumed"]["dump_dir"])
+    assert first["start"] == 0 and rest["start"] == 2 and len(rest["losses"]) == 1
+    ref = reference(demo, Q25, False, list(PACK))
+    np.testing.assert_allclose(first["losses"] + rest["losses"], ref[0][:STEPS], rtol=1e-5)
+    with open(os.path.join(cases["packed_first"]["save_dir"], "step_2", "meta.json")) as f:
+        pos = json.load(f)["data_position"]
+    assert pos["packed"] is True and pos["next_step"] == 2 and pos["index"] > 0
 
 
 @pytest.mark.msrun
