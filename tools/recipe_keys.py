@@ -98,6 +98,9 @@ CONVERSATIONS = {
     "shape_buckets": "`none`, or `pow2`: each micro-batch's image count and text length padded up to a power of "
                      "two with filler no position reads (loss exact), so compiled chunks (`mpipe.compile: jit`) "
                      "compile a few graphs instead of one per shape (tiny layout; not with `balance: encoder`)",
+    "packing": "several samples per sequence up to `seq_len`, packed first-fit in data order, each attending only "
+               "to itself with its positions restarting, the loss per token as unpacked (qwen_vl models with "
+               "eager attention; not with `balance: encoder`)",
 }
 
 METRICS = {
@@ -110,6 +113,9 @@ METRICS = {
     "samples_per_s": "samples (sequences) per second: micro-batches x micro_batch_size / step_time_s",
     "tokens_per_s": "tokens per second, padding included: samples_per_s x sequence length",
     "eta_s": "remaining steps x the mean step time of this run so far",
+    "samples": "conversations data: the samples the step trained on (with `data.packing` more than its sequences)",
+    "real_tokens": "conversations data: the step's tokens that are not padding (its samples' lengths summed)",
+    "real_tokens_per_s": "real_tokens / step_time_s: what `data.packing` raises (tokens_per_s counts padding too)",
     "schedule": "the schedule that ran the step",
     "data_skipped": "bad samples left out so far (`data.on_bad_sample: skip`)",
     "compile": "how rank 0's chunks ran: `jit` (compiled graphs, `mpipe.compile: jit`), `eager`, or `mixed` "

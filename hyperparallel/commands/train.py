@@ -390,7 +390,8 @@ def _run_reference(recipe, rc, steps: int, run_dir: str, schedule_steps: int = 0
                     return NONFINITE_EXIT
                 dt = time.perf_counter() - t0
                 rec = log.record(StepResult(step, loss, {}, dt, 0.0, 0.0, ref.grad_norm, ref.lr,
-                                            skipped=ref.skipped, loss_scale=ref.loss_scale, overflow=ref.overflow), 0)
+                                            skipped=ref.skipped, loss_scale=ref.loss_scale, overflow=ref.overflow), 0,
+                                 ref.source.step_counts(step))
                 con.say(log.line(rec))
                 f.write(json_line(rec) + "\n")
     return 0

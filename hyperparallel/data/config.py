@@ -18,6 +18,8 @@ class DataSection:
     type: ClassVar[str] = ""
     #: ``data.balance`` (:mod:`.balance`); a config without the key never balances
     balance = "none"
+    #: ``data.packing`` (:mod:`.packing`); a config without the key never packs
+    packing = False
     #: a data set on disk that ``hyperparallel data check`` scans, and the launcher checks before launch
     checks_files: ClassVar[bool] = False
 

@@ -29,6 +29,8 @@ Recipe::
       num_parallel_workers: 1        # mindspore.dataset decode threads
       prefetch: 8                    # rows buffered per pipeline stage
       on_bad_sample: error           # error | skip
+      packing: false                 # true: several samples per sequence, first-fit (:mod:`.packing`; the
+                                     #   model's adapter must take them: check_packing)
       vocab: null                    # default: the tokenizer's vocabulary size
 
 A sample: ``{"id": ..., "image": "a.png" | [...], "video": [frame files],
@@ -84,6 +86,7 @@ from .index import build_index as _build_index
 from .indexed import IndexedSource
 from .merge_layout import MergeLayout
 from .text import SampleProblem
+from ..errors import SpecError
 
 # problems only a full decode finds: a run with on_bad_sample skip cannot leave their samples out
 LATE_KINDS = ("undecodable_image", "grid_mismatch")
@@ -138,6 +141,9 @@ class ConversationsSource(IndexedSource):
         if not isinstance(layout, MergeLayout):
             raise TypeError("ConversationsSource lays out merge_index micro-batches; another layout has its own "
                             "source (data.formats.LAYOUTS)")
+        if cfg.packing:
+            raise SpecError("data.packing", "true: merge_index micro-batches are not packed (the models reading "
+                                            "them attend across a whole sequence); set data.packing: false")
         super().__init__(cfg, layout, seed)
         self.k = layout.k
         self.vocab = cfg.shapes()["vocab"]

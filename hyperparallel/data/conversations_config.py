@@ -73,6 +73,7 @@ class ConversationsConfig(DataSection, PatchGeometry):
     vocab: Optional[int] = None
     balance: str = "none"     # none | encoder (:mod:`.balance`)
     shape_buckets: str = "none"   # none | pow2 (:func:`bucket`; merge_index)
+    packing: bool = False     # several samples per sequence (:mod:`.packing`); the model must take them
     micro_per_step: int = 1   # set from parallel_config (micro_batch_num x data_parallel), not a recipe key
     given: Tuple[str, ...] = ()   # the recipe keys the section sets, not a recipe key
     layout_keys: Dict[str, Any] = field(default_factory=dict)   # keys registered layouts declare, not a recipe key
@@ -80,7 +81,7 @@ class ConversationsConfig(DataSection, PatchGeometry):
     # the keys of every conversations section; each registered layout adds its own (:meth:`recipe_keys`)
     OWN_KEYS = ("type", "path", "tokenizer", "image_root", "seq_len", "micro_batch_size", "image_size", "patch",
                 "mean", "std", "shuffle", "seed", "num_parallel_workers", "prefetch", "on_bad_sample", "vocab",
-                "balance", "shape_buckets", "allow_outside_root", "max_line_bytes")
+                "balance", "shape_buckets", "allow_outside_root", "max_line_bytes", "packing")
 
     @staticmethod
     def recipe_keys() -> Tuple[str, ...]:
@@ -120,6 +121,8 @@ class ConversationsConfig(DataSection, PatchGeometry):
             self.check_format(model.data_format)
         except NotImplementedError as e:
             raise SpecError("model", str(e)) from None
+        if self.packing:
+            model.check_packing()   # the model reads packed sequences (its attention and positions per sample)
 
     def source(self, seed: int, data_format):
         """The source of the model's layout (the registry entry of its ``data_format()``)."""
@@ -183,6 +186,15 @@ class ConversationsConfig(DataSection, PatchGeometry):
             raise SpecError("data.shape_buckets", f"{self.shape_buckets} with data.balance {self.balance}: balancing "
                                                   "evens the encoder's real work per owner, and the padding would "
                                                   "change it again per micro-batch; set one of them to none")
+        if not isinstance(self.packing, bool):
+            raise SpecError("data.packing", f"true or false, got {self.packing!r}")
+        if self.packing and self.balance != "none":
+            raise SpecError("data.packing", f"true with data.balance {self.balance}: balancing regroups a step's "
+                                            "samples into micro-batches of micro_batch_size samples, packing fills "
+                                            "each sequence with as many as fit; set one of them off")
+        if self.packing and self.shape_buckets != "none":
+            raise SpecError("data.packing", f"true with data.shape_buckets {self.shape_buckets}: not done (the "
+                                            "buckets pad merge_index micro-batches); set data.shape_buckets: none")
         if self.on_bad_sample not in POLICIES:
             raise SpecError("data.on_bad_sample", f"{self.on_bad_sample!r} unknown (error, skip)")
         for k, bound in INT_BOUNDS.items():

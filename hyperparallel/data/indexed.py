@@ -10,6 +10,7 @@ import numpy as np
 
 from .balance import assign
 from .index import Sample, build_index, summary
+from .packing import PackedRows
 from .source import DataSource
 from ..errors import SpecError
 
@@ -37,6 +38,11 @@ class IndexedSource(DataSource):
         self._meta: Dict = {}
         self.owners = None            # owner of each global micro-batch (balance_by), None: position order
         self._groups: Dict[int, List[List[int]]] = {}
+        # data.packing: several samples per sequence (:mod:`.packing`); pbase: (epoch, index, step) where the
+        # sequence stream of step ``step`` starts
+        self.packed = bool(getattr(cfg, "packing", False))
+        self.packs = PackedRows(self.order, [s.enc.length for s in samples], cfg.seq_len) if self.packed else None
+        self.pbase = (0, 0, 0)
 
     # -- order and position ------------------------------------------------------------------
     @property
@@ -54,9 +60,27 @@ class IndexedSource(DataSource):
         epoch, index = divmod(int(p), len(self.samples))
         return self.samples[int(self.order(epoch)[index])]
 
+    def batch_rows(self, step: int, micro: int) -> List[List[Sample]]:
+        """The sequences of global micro-batch ``micro`` of ``step``, each a list of samples: one sample each
+        (:meth:`batch_samples`), or with ``data.packing`` the step's packed sequences
+        ``micro*B .. micro*B + B - 1`` (:mod:`.packing`)."""
+        if not self.packed:
+            return [[s] for s in self.batch_samples(step, micro)]
+        B = self.cfg.micro_batch_size
+        e0, i0, s0 = self.pbase
+        first = (int(step) - s0) * self.samples_per_step + int(micro) * B
+        out = []
+        for b in range(B):
+            e, i = self.packs.locate(e0, i0, first + b)
+            out.append([self.samples[k] for k in self.packs.row(e, i)])
+        return out
+
     def batch_samples(self, step: int, micro: int) -> List[Sample]:
         """The samples of global micro-batch ``micro`` of ``step``: positions ``micro*B .. micro*B + B - 1``
-        of the step, or with :meth:`balance_by` the step's samples assigned to it (:func:`.balance.assign`)."""
+        of the step, or with :meth:`balance_by` the step's samples assigned to it (:func:`.balance.assign`);
+        with ``data.packing`` those of its sequences, in sequence order (:meth:`batch_rows`)."""
+        if self.packed:
+            return [s for row in self.batch_rows(step, micro) for s in row]
         B = self.cfg.micro_batch_size
         p0 = self.base + int(step) * self.samples_per_step
         idx = range(int(micro) * B, (int(micro) + 1) * B) if self.owners is None else self.groups(step)[int(micro)]
@@ -64,6 +88,12 @@ class IndexedSource(DataSource):
 
     def loss_tokens(self, step: int, micro: int) -> int:
         return sum(s.loss_tokens for s in self.batch_samples(step, micro))
+
+    def step_counts(self, step: int) -> dict:
+        """The samples of step ``step`` and their tokens (every position that is not padding), from the index:
+        what ``metrics.jsonl`` reports as ``samples`` and ``real_tokens`` (packing holds more of both)."""
+        samples = self.step_samples(step)
+        return {"samples": len(samples), "real_tokens": int(sum(s.enc.length for s in samples))}
 
     # -- per-step sample assignment (data.balance: encoder) ------------------------------------
     def sample_patches(self, s: Sample) -> int:
@@ -79,6 +109,8 @@ class IndexedSource(DataSource):
         return max(self.filler_patches, int(patches))
 
     def step_samples(self, step: int) -> List[Sample]:
+        if self.packed:
+            return [s for g in range(self.cfg.micro_per_step) for s in self.batch_samples(step, g)]
         p0 = self.base + int(step) * self.samples_per_step
         return [self.sample_at(p0 + i) for i in range(self.samples_per_step)]
 
@@ -109,7 +141,12 @@ class IndexedSource(DataSource):
         return self._groups[step]
 
     def position(self, step: int) -> dict:
-        """Where step ``step`` starts: {"epoch", "index", "num_samples"} (for a checkpoint)."""
+        """Where step ``step`` starts: {"epoch", "index", "num_samples"} (for a checkpoint); with
+        ``data.packing`` ``index`` counts the epoch's packed sequences, and ``packed`` is true."""
+        if self.packed:
+            e0, i0, s0 = self.pbase
+            epoch, index = self.packs.locate(e0, i0, (int(step) - s0) * self.samples_per_step)
+            return {"epoch": int(epoch), "index": int(index), "num_samples": len(self.samples), "packed": True}
         epoch, index = divmod(self.base + int(step) * self.samples_per_step, len(self.samples))
         return {"epoch": int(epoch), "index": int(index), "num_samples": len(self.samples)}
 
@@ -119,6 +156,16 @@ class IndexedSource(DataSource):
         if n != len(self.samples):
             raise SpecError("data", f"the saved data position is for {n} usable samples, {self.cfg.path} has "
                              f"{len(self.samples)} now (data set or on_bad_sample changed)")
+        if bool(position.get("packed", False)) != self.packed:
+            raise SpecError("data.packing", f"the saved data position is {'with' if position.get('packed') else 'without'}"
+                                            f" packing, this run is {'with' if self.packed else 'without'}; resume "
+                                            "with the data.packing the checkpoint was saved with")
+        if self.packed:
+            epoch, index = int(position["epoch"]), int(position["index"])
+            if not 0 <= index < len(self.packs.rows(epoch)):
+                raise SpecError("data", f"the saved data position {position} is past the {len(self.packs.rows(epoch))}"
+                                        f" packed sequences of epoch {epoch} (data.seq_len or the data set changed)")
+            self.pbase = (epoch, index, int(step))
         self.base = int(position["epoch"]) * n + int(position["index"]) - int(step) * self.samples_per_step
         self._meta.clear()
         self._groups.clear()

@@ -51,6 +51,11 @@ class DataSource:
                             "train.loss_normalization: micro_batch")
         return int(n)
 
+    def step_counts(self, step: int):
+        """{"samples", "real_tokens"} of step ``step`` (samples trained, their positions without padding) where
+        the source knows them from its index, else None (``metrics.jsonl``'s ``samples`` / ``real_tokens``)."""
+        return None
+
     #: does the source know each sample's encoder work (``data.balance: encoder`` possible)?
     has_encoder_work = False
 

@@ -71,6 +71,9 @@ class DataConfig(DataSection, PatchGeometry):
     @staticmethod
     def from_section(sec: dict) -> "DataConfig":
         known = tuple(DataConfig.__dataclass_fields__)   # declaration order, for the message
+        if "packing" in (sec or {}):
+            raise SpecError("data.packing", "packs the samples of a data set (data.type: conversations); the "
+                                            "synthetic generator makes whole sequences of data.text_len tokens")
         bad = sorted(set(sec or {}) - set(known))
         if bad:
             raise unknown_key("data", sec, known)

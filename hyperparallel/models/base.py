@@ -29,6 +29,8 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   in real conversation data;
 * ``check_device(device)`` (optional): refuse, before launch, a configuration that
   cannot train on the recipe's device;
+* ``check_packing()`` (optional, pure Python): refuse ``data.packing: true`` unless the model confines
+  attention and positions to each sample of a packed sequence (default: refused);
 * ``precision()`` (optional, pure Python): (compute dtype, the recipe key that gave it): the dtype the
   chunks compute in and their boundary tensors travel in; the parameters (master weights), gradients and
   optimizer state stay float32 (default ``('float32', '')``; docs/training.md, mixed precision);
@@ -118,6 +120,14 @@ class ModelAdapter:
     def check_device(self, device: str) -> None:
         """Pure Python, before launch: SpecError('model.<key>', ...) if the model cannot train on
         ``device`` (e.g. a kernel that device lacks). Default: every device."""
+
+    def check_packing(self) -> None:
+        """Pure Python, before launch: SpecError('data.packing', ...) unless the model reads packed sequences
+        (``data.packing: true``: several samples per sequence, each attending only to itself, its positions
+        restarting; :mod:`hyperparallel.data.packing`). Default: refused."""
+        from ..errors import SpecError
+        raise SpecError("data.packing", f"true: the {self.family} model does not take packed sequences (its "
+                                        "attention would cross samples); set data.packing: false")
 
     def check_trainable(self, trainable: dict) -> None:
         """Pure Python, before launch: SpecError if the plan's ``{region: trainable}`` cannot train this

@@ -63,6 +63,9 @@ class StepLog:
 
     ``step`` counts optimizer steps done (1 after the first update), as checkpoints ``step_<N>`` do;
     ``samples_per_s`` counts sequences, ``tokens_per_s`` every position of them (padding included);
+    where the data source knows its samples (:meth:`~hyperparallel.data.source.DataSource.step_counts`:
+    conversations) the record adds the step's ``samples`` and ``real_tokens`` (positions that are not padding)
+    and ``real_tokens_per_s``, which is what ``data.packing`` raises, and the console line ends with them;
     ``eta_s`` is the remaining steps at the mean step time of this run so far."""
 
     def __init__(self, name: str, schedule: str, steps: int, start: int, samples: int, seq_len: int,
@@ -73,7 +76,7 @@ class StepLog:
         self.total_s = 0.0
         self.steps_skipped = 0   # steps of this run without an update (train.nonfinite: skip)
 
-    def record(self, res, skipped: int) -> dict:
+    def record(self, res, skipped: int, counts: Optional[dict] = None) -> dict:
         self.total_s += res.step_s
         done = res.step + 1
         mean = self.total_s / (done - self.start)
@@ -84,7 +87,16 @@ class StepLog:
                 "eta_s": mean * (self.steps - done), "schedule": self.schedule, "data_skipped": skipped,
                 "compile": self.compile_mode, "compiles": res.compiles, "compile_s": res.compile_s,
                 "skipped": bool(getattr(res, "skipped", False)), "steps_skipped": self.steps_skipped,
-                "loss_scale": getattr(res, "loss_scale", 1.0), "overflow": bool(getattr(res, "overflow", False))}
+                "loss_scale": getattr(res, "loss_scale", 1.0), "overflow": bool(getattr(res, "overflow", False)),
+                **self.real(res, counts)}
+
+    @staticmethod
+    def real(res, counts: Optional[dict]) -> dict:
+        """The step's ``samples``, ``real_tokens`` and ``real_tokens_per_s`` (none without ``counts``)."""
+        if not counts:
+            return {}
+        n, t = int(counts["samples"]), int(counts["real_tokens"])
+        return {"samples": n, "real_tokens": t, "real_tokens_per_s": t / res.step_s if res.step_s > 0 else None}
 
     def line(self, r: dict) -> str:
         skip = (f" skipped: not finite, no update (train.nonfinite: skip; {r['steps_skipped']} so far)"
@@ -95,7 +107,9 @@ class StepLog:
         return (f"[{self.name}] step {r['step']}/{self.steps} loss {r['loss']:.6f} lr {r['lr']:.3e} "
                 f"grad_norm {r['grad_norm']:.4f}{skip} step_time {r['step_time_s']:.3f}s "
                 f"{r['samples_per_s'] or 0:.1f} samples/s {r['tokens_per_s'] or 0:.0f} tokens/s "
-                f"eta {_clock(r['eta_s'])}")
+                f"eta {_clock(r['eta_s'])}" + (f" | {r['samples']} samples {r['real_tokens']} real tokens "
+                                               f"{r['real_tokens_per_s'] or 0:.0f} real tokens/s"
+                                               if "real_tokens" in r else ""))
 
 
 def _clock(s: float) -> str:
@@ -257,7 +271,7 @@ class _CaseRun:
         from hyperparallel.runtime.nonfinite import json_line
         if self.comm.rank != 0:
             return
-        rec = self.log.record(res, self.skipped)
+        rec = self.log.record(res, self.skipped, self.rt.source.step_counts(step))
         print(self.log.line(rec), flush=True)
         if self.metrics:
             rec["memory"] = mem_all

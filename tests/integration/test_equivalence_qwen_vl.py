@@ -1,15 +1,15 @@
-"""mindone's Qwen2.5-VL and Qwen3-VL pipelined on 2 and 4 msrun ranks train exactly like mindone's whole
-model called as users call it (``model(input_ids=..., attention_mask=..., pixel_values=...,
-image_grid_thw=..., labels=...)``), on the demo conversations laid out as Qwen's processor lays them
-out: images of different sizes inside and across micro-batches, text-only samples, video samples
-left out. Losses of 3 optimizer steps within 1e-5 relative, every step-0 gradient within 1e-5.
+"""mindone's Qwen2.5-VL and Qwen3-VL pipelined on 2 and 4 msrun ranks train exactly like mindone's whole model
+called as users call it (``model(input_ids=..., attention_mask=..., pixel_values=..., image_grid_thw=...,
+labels=...)``), on the demo conversations laid out as Qwen's processor lays them out: images of different
+sizes inside and across micro-batches, text-only samples, video samples left out. Losses of 3 optimizer steps
+within 1e-5 relative, every step-0 gradient within 1e-5.
 
-Launches: one on 2 ranks (Qwen2.5-VL: 1f1b, interleaved V=2, zb_h1, transpose owner and central,
-encoder frozen and trained; activation recompute, full and layers=1; Qwen3-VL: transpose, and 1f1b with an
-uneven cut that carries a deepstack feature across the LLM boundary; a run started from a Hugging Face
-directory; a run that saves, exported to Hugging Face format afterwards; tied word embeddings: both models in
-every order, a zbv checkpoint resumed under 1f1b), one on 4 ranks (transpose P=4; tied: D=2 x P=2, and the
-2-rank zbv checkpoint resumed with P=4).
+Launches: one on 2 ranks (Qwen2.5-VL: 1f1b, interleaved V=2, zb_h1, transpose owner and central, encoder
+frozen and trained; activation recompute, full and layers=1; Qwen3-VL: transpose, and 1f1b with an uneven cut
+that carries a deepstack feature across the LLM boundary; a run started from a Hugging Face directory; a run
+that saves, exported to Hugging Face format afterwards; tied word embeddings: both models in every order, a
+zbv checkpoint resumed under 1f1b; packed sequences, both models), one on 4 ranks (transpose P=4; tied: D=2 x
+P=2, and the 2-rank zbv checkpoint resumed with P=4).
 """
 import json
 import os
@@ -73,6 +73,11 @@ RECOMPUTE_25 = [("1f1b(recompute=full)", ()), ("1f1b(recompute=layers=1)", ()),
                 ("interleaved(recompute=full)", INTERLEAVE), ("transpose(recompute=full)", ()),
                 ("transpose(recompute=layers=1)", ())]
 TIED_REF_STEPS = 4   # the tied checkpoint is resumed for a 4th step
+# packed sequences (issue 38.3): several samples per sequence of 128 tokens (the demo's are 17 to 48), attention
+# confined to each sample, M-RoPE per sample; the reference calls mindone's whole model on the same samples
+# unpacked, with the same per-token loss normalisation
+PACK = ("data.packing=true", "data.seq_len=128")
+PACKED = [(Q25, "transpose", PACK), (Q3, "1f1b", PACK + UNEVEN)]
 
 
 @pytest.fixture(scope="module")
@@ -174,9 +179,23 @@ def two_rank(tmp_path_factory, demo, hf_dir):
     cases.append(_case(tmp, demo, Q25, "1f1b", False, ZERO_ADAMW + ("train.zero=1",), M1, save_dir=d2_ckpt,
                        resume=True, dump_dir=os.path.join(tmp, "dump", "zero1_resumed_from_d2")))
     cases.append(_fp16_case(tmp, demo))
+    cases += packed_cases(tmp, demo)
     launch_cases(tmp, cases, 2, timeout=1500)
     named = {os.path.basename(c["dump_dir"]): c for c in cases}
     return named, save
+
+
+def packed_cases(tmp, demo):
+    """The packed cases (:data:`PACKED`; the Qwen2.5-VL one writes metrics.jsonl: samples, real tokens), and a
+    packed 1f1b run saving steps 1 and 2, resumed from step 2 for the third."""
+    out = [_case(tmp, demo, path, s, False, ex, **({"run_dir": os.path.join(tmp, "run", "packed")} if path == Q25
+                                                   else {})) for path, s, ex in PACKED]
+    save = os.path.join(tmp, "ckpt_packed")
+    out.append(_case(tmp, demo, Q25, "1f1b", False, PACK, steps=2, save_dir=save, save_every=1,
+                     dump_dir=os.path.join(tmp, "dump", "packed_first")))
+    out.append(_case(tmp, demo, Q25, "1f1b", False, PACK, save_dir=save, resume=True,
+                     dump_dir=os.path.join(tmp, "dump", "packed_resumed")))
+    return out
 
 
 def _fp16_case(tmp, demo):
@@ -401,6 +420,44 @@ def test_runs_start_from_a_hugging_face_directory_by_name_in_any_cut(two_rank, d
     np.testing.assert_allclose(dumped(pre["dump_dir"])[0]["losses"], dumped(cases["from_hf"]["dump_dir"])[0]["losses"],
                                rtol=1e-5)
     assert not np.allclose(ref[0][0], reference(demo, Q25, False)[0][0])   # other weights than the seed's
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("path,schedule,extra", PACKED, ids=["qwen2_5_vl-transpose", "qwen3_vl-1f1b-uneven"])
+def test_packed_sequences_train_like_mindones_model_on_the_samples_unpacked(two_rank, demo, path, schedule, extra):
+    """data.packing: losses of 3 steps and step-0 / last-step gradients equal the reference, mindone's whole
+    model called on the same samples one per row; the steps held more samples than sequences, and
+    metrics.jsonl says how many and their real tokens."""
+    cases, _ = two_rank
+    assert_matches(demo, cases[_name(path, schedule, False, extra)])
+    if path != Q25:
+        return
+    from hyperparallel.runconfig import run_config_of
+    src = run_config_of(load_recipe(Q25, _overrides(demo, False, extra))).source()
+    rows = [json.loads(ln) for ln in open(os.path.join(cases[_name(path, schedule, False, extra)]["run_dir"],
+                                                       "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for step, r in enumerate(rows):
+        want = src.step_counts(step)
+        assert (r["samples"], r["real_tokens"]) == (want["samples"], want["real_tokens"])
+        assert r["samples"] > 2 * 2   # 2 micro-batches of 2 sequences
+        assert r["real_tokens_per_s"] == pytest.approx(r["real_tokens"] / r["step_time_s"], rel=1e-6)
+    src.close()
+
+
+@pytest.mark.msrun
+def test_packed_run_resumes_at_the_next_packed_sequences(two_rank, demo):
+    """A packed checkpoint's data position counts packed sequences (``packed: true``); resumed from step 2, the
+    third step's loss is the reference's third (the same samples as an uninterrupted run)."""
+    cases, _ = two_rank
+    first, _ = dumped(cases["packed_first"]["dump_dir"])
+    rest, _ = dumped(cases["packed_resumed"]["dump_dir"])
+    assert first["start"] == 0 and rest["start"] == 2 and len(rest["losses"]) == 1
+    ref = reference(demo, Q25, False, list(PACK))
+    np.testing.assert_allclose(first["losses"] + rest["losses"], ref[0][:STEPS], rtol=1e-5)
+    with open(os.path.join(cases["packed_first"]["save_dir"], "step_2", "meta.json")) as f:
+        pos = json.load(f)["data_position"]
+    assert pos["packed"] is True and pos["next_step"] == 2 and pos["index"] > 0
 
 
 @pytest.mark.msrun

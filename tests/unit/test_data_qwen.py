@@ -521,3 +521,173 @@ def test_qwen_answer_tokens_and_encoder_work_from_the_index(demo):
         assert ids == sorted(s.id for g in range(G) for s in src.batch_samples(step, g))
         assert sum(bal.micro_batch(step, g).num_patches - bal.micro_batch(step, g).extra_images * 4
                    for g in range(G)) == sum(src.encoder_work(step))
+
+
+# -- packed sequences (data.packing) ---------------------------------------------------------------
+
+def _first_fit(lengths, cap):
+    """First-fit in order, written out plainly (the test's own packing)."""
+    bins, room = [], []
+    for i, n in enumerate(lengths):
+        for k, r in enumerate(room):
+            if r >= n:
+                bins[k].append(i)
+                room[k] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(cap - n)
+    return bins
+
+
+def test_packing_fills_sequences_first_fit_in_data_order_with_the_samples_unchanged(demo):
+    """Each micro-batch's rows are the epoch's first-fit bins in data order; each row holds its samples'
+    ids and labels as unpacked, one after another (a sample's first label -100), padding after; answer
+    tokens, samples and real tokens per step are those of its samples; the same on every build."""
+    S = 128
+    plain, packed = _source(demo, seq_len=S), _source(demo, seq_len=S, packing=True)
+    bins = _first_fit([s.enc.length for s in plain.samples], S)   # shuffle false: file order
+    assert len(bins) < N // 3   # several samples per sequence on this set
+    bins = bins * 3   # every epoch packs alike (file order); steps run on into the next epoch
+    B, G = 2, 2
+    for step in range(2):
+        for g in range(G):
+            mb = packed.micro_batch(step, g)
+            want = bins[(step * G + g) * B:(step * G + g + 1) * B]
+            assert [[plain.samples[k].enc.length for k in row] for row in want] == mb.segments
+            assert mb.sample_ids == [plain.samples[k].id for row in want for k in row]
+            assert mb.input_ids.shape == (B, S) and mb.images_per_sample == \
+                [len(plain.samples[k].files) for row in want for k in row]
+            for b, row in enumerate(want):
+                off = 0
+                for k in row:
+                    e = plain.samples[k].enc
+                    L = e.length
+                    np.testing.assert_array_equal(mb.input_ids[b, off:off + L], e.ids)
+                    lab = np.where(e.answer, e.ids, -100)
+                    lab[0] = -100
+                    np.testing.assert_array_equal(mb.labels[b, off:off + L], lab)
+                    off += L
+                assert (mb.attention_mask[b, :off] == 1).all() and (mb.attention_mask[b, off:] == 0).all()
+                assert (mb.input_ids[b, off:] == EOT).all() and (mb.labels[b, off:] == -100).all()
+            grids = [g_ for row in want for k in row for g_ in plain.samples[k].enc.grids]
+            assert [tuple(x) for x in mb.image_grid_thw[:len(grids)]] == grids
+            n_ans = sum(plain.samples[k].loss_tokens for row in want for k in row)
+            assert packed.loss_tokens(step, g) == mb.loss_tokens == n_ans > 0
+        c = packed.step_counts(step)
+        rows = bins[step * G * B:(step + 1) * G * B]
+        assert c == {"samples": sum(map(len, rows)), "real_tokens": sum(plain.samples[k].enc.length
+                                                                        for r in rows for k in r)}
+        assert c["samples"] > G * B == plain.step_counts(step)["samples"]
+    # the unpacked form of a packed micro-batch: the same samples one per row, as the plain source lays them out
+    mb = packed.micro_batch(0, 0)
+    u = mb.unpacked()
+    ids = mb.sample_ids
+    ref = _source(dict(demo), seq_len=S)
+    rows = [next(s for s in ref.samples if s.id == i) for i in ids]
+    for r, s in enumerate(rows):
+        np.testing.assert_array_equal(u.input_ids[r, :s.enc.length], s.enc.ids)
+        lab = np.where(s.enc.answer, s.enc.ids, -100)
+        np.testing.assert_array_equal(u.labels[r, 1:s.enc.length], lab[1:])
+    assert u.loss_tokens == mb.loss_tokens and u.segments is None
+    np.testing.assert_array_equal(u.image_grid_thw, mb.image_grid_thw)
+    np.testing.assert_array_equal(u.pixel_values, mb.pixel_values)   # one decode: the packed batch's pixels
+    again = _source(demo, seq_len=S, packing=True)
+    assert again.micro_batch(1, 1).sample_ids == packed.micro_batch(1, 1).sample_ids
+    for s in (plain, packed, ref, again):
+        s.close()
+
+
+def test_packing_shuffled_visits_every_sample_once_per_epoch_and_resumes(demo):
+    S = 96
+    src = _source(demo, seq_len=S, packing=True, shuffle=True)
+    for epoch in (0, 1):
+        rows = src.packs.rows(epoch)
+        assert sorted(k for r in rows for k in r) == list(range(N))
+        assert all(sum(src.samples[k].enc.length for k in r) <= S for r in rows)
+        order = list(src.order(epoch))
+        assert rows == [[order[i] for i in b] for b in _first_fit([src.samples[k].enc.length for k in order], S)]
+    assert src.packs.rows(0) != src.packs.rows(1)   # each epoch its own permutation, packed
+    k = 3
+    pos = src.position(k)
+    assert pos["packed"] is True and set(pos) == {"epoch", "index", "num_samples", "packed"}
+    resumed = _source(demo, seq_len=S, packing=True, shuffle=True)
+    resumed.seek(json.loads(json.dumps(pos)), k)
+    for j in range(3):
+        for g in range(2):
+            a, b = resumed.micro_batch(k + j, g), src.micro_batch(k + j, g)
+            assert a.sample_ids == b.sample_ids and a.segments == b.segments
+            np.testing.assert_array_equal(a.input_ids, b.input_ids)
+    plain = _source(demo, seq_len=S, shuffle=True)
+    with pytest.raises(ValueError, match=r"^data.packing: the saved data position is with packing, this run is "
+                                         "without"):
+        plain.seek(pos, k)
+    with pytest.raises(ValueError, match=r"^data.packing: the saved data position is without packing"):
+        resumed.seek(plain.position(k), k)
+    for s in (src, resumed, plain):
+        s.close()
+
+
+def test_packing_a_sample_longer_than_seq_len_is_a_bad_sample(demo):
+    """Never split: under on_bad_sample error the run is refused naming the sample and data.seq_len; under
+    skip it is counted and left out of every sequence."""
+    with pytest.raises(ValueError, match=r"^data: \d+ bad sample\(s\) in .*too_long.*first: .*train.jsonl:\d+ "
+                                         r"\(id s\d+\): too_long: \d+ tokens .*> data.seq_len 30"):
+        _source(demo, seq_len=30, packing=True)
+    src = _source(demo, seq_len=30, packing=True, on_bad_sample="skip")
+    samples, problems = build_index(_cfg(demo, seq_len=30, on_bad_sample="skip"), FMT)
+    assert src.skipped == len(problems) > 0 and len(src.samples) == len(samples)
+    mb = src.micro_batch(0, 0)
+    assert all(sum(r) <= 30 for r in mb.segments)
+    assert not set(mb.sample_ids) & {p.where.split("(id ")[1].rstrip(")") for p in problems}
+    src.close()
+
+
+@pytest.mark.parametrize("keys,match", [
+    (dict(packing="yes"), r"^data.packing: true or false, got 'yes'"),
+    (dict(packing=True, balance="encoder"), r"^data.packing: true with data.balance encoder"),
+])
+def test_packing_bad_values_are_refused_naming_the_key(demo, keys, match):
+    with pytest.raises(ValueError, match=match):
+        _cfg(demo, **keys)
+
+
+def test_packing_is_refused_where_it_is_not_done(demo):
+    """Synthetic data, the merge_index layout (tiny MLLM, MindFormers' Llama), and a qwen_vl model with flash
+    attention: one line naming data.packing."""
+    with pytest.raises(ValueError, match=r"^data.packing: packs the samples of a data set \(data.type: "
+                                         "conversations\\)"):
+        data_config({"data": {"packing": True}})
+    with pytest.raises(ValueError, match=r"^data.packing: true: merge_index micro-batches are not packed"):
+        data_source(_cfg(demo, packing=True, **{k: None for k in SMALL}), 0, lambda: 1)
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    paths = [f"data.{k}={v}" for k, v in sorted(demo.items())]
+    tiny = os.path.join(ROOT, "recipes", "tiny_mllm_data.yaml")
+    with pytest.raises(ValueError, match=r"^data.packing: true with data.shape_buckets pow2: not done"):
+        run_config_of(load_recipe(tiny, paths + ["data.packing=true"]))   # the recipe's buckets
+    with pytest.raises(ValueError, match=r"^data.packing: true: the tiny_mllm model does not take packed sequences "
+                                         r"\(its attention would cross samples\); set data.packing: false$"):
+        run_config_of(load_recipe(tiny, paths + ["data.packing=true", "data.shape_buckets=none"]))
+    q25 = os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")
+    assert run_config_of(load_recipe(q25, paths + ["data.packing=true"])).data.packing is True
+    with pytest.raises(ValueError, match=r"^data.packing: true with model.model_config.attn_implementation "
+                                         "'flash_attention_2'"):
+        run_config_of(load_recipe(q25, paths + ["data.packing=true", "device=Ascend",
+                                                "model.model_config.attn_implementation=flash_attention_2"]))
+
+
+def test_train_with_packing_refuses_a_too_long_sample_before_launch_in_one_line(demo):
+    """``hyperparallel train`` with packing: a sample longer than data.seq_len stops it before msrun starts (exit
+    2), one line naming the sample and data.seq_len, and where on_bad_sample: skip would leave it out."""
+    q25 = os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")
+    sets = [a for k, v in sorted(demo.items()) for a in ("--set", f"data.{k}={v}")]
+    res = subprocess.run([sys.executable, "-m", "hyperparallel", "train", q25, *sets, "--set", "data.packing=true",
+                          "--set", "data.seq_len=30", "--set", "data.on_bad_sample=error"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+    err = [ln for ln in res.stderr.splitlines() + res.stdout.splitlines() if ln.startswith("error:")]
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert len(err) == 1 and re.match(r"error: data: \d+ bad sample\(s\) in .*train.jsonl \(too_long \d+\); first: "
+                                      r".*train.jsonl:\d+ \(id s\d+\): too_long: \d+ tokens .*> data.seq_len 30 "
+                                      r".*data.on_bad_sample=skip", err[0]), err
+    assert "job finished" not in res.stdout and "hyperparallel worker rank" not in res.stdout + res.stderr

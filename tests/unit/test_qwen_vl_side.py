@@ -297,7 +297,110 @@ def test_whole_llm_from_side_inputs_is_bit_exact(kind):
     assert float(loss.asnumpy()) == float(ref.asnumpy())
 
 
+def _pack(b, rows, seq_len):
+    """The samples of make_batch's ``b`` packed into ``rows`` (lists of sample indices, in order): (ids, labels,
+    segment lengths, grids in packed order); a sample's first label -100, padding 0."""
+    lens = b["attention_mask"].sum(1)
+    ids, labels = np.zeros((len(rows), seq_len), np.int64), np.full((len(rows), seq_len), -100, np.int64)
+    for r, row in enumerate(rows):
+        off = 0
+        for k in row:
+            n = int(lens[k])
+            ids[r, off:off + n], labels[r, off:off + n] = b["input_ids"][k, :n], b["labels"][k, :n]
+            labels[r, off] = -100
+            off += n
+    return ids, labels, [[int(lens[k]) for k in row] for row in rows]
+
+
+def _llm_loss(kind, cfg, model, ids, labels, pos, mask, pixel_values, grid):
+    """The LLM of ``model`` run from side inputs (as the chunks run it): the mean loss over the labels."""
+    lm, inner = model.model.language_model, model.model
+    vis_out = inner.visual(Tensor(pixel_values), grid_thw=Tensor(grid))
+    feats, ds = (vis_out, []) if kind == "25" else vis_out
+    rows = side.image_rows(ids, IMAGE)
+    bsz, s = ids.shape
+    h = lm.embed_tokens(Tensor(ids))
+    table = ops.concat((ops.zeros((1, 64), ms.float32), feats), axis=0)
+    h = ops.where(Tensor((rows > 0).reshape(bsz, s, 1)), ops.gather(table, Tensor(rows), 0).reshape(bsz, s, 64), h)
+    pos_t, mask = Tensor(pos), Tensor(mask)
+    pe = lm.rotary_emb(h, pos_t)
+    for i, layer in enumerate(lm.layers):
+        if kind == "25":
+            h = layer(h, attention_mask=mask, position_ids=pos_t[0], position_embeddings=pe)[0]
+        else:
+            h = layer(h, attention_mask=mask, position_ids=pos_t[0], past_key_values=None,
+                      cache_position=Tensor(np.arange(s)), position_embeddings=pe)
+            if i < len(ds):
+                h = lm._deepstack_process(h, Tensor((rows > 0).reshape(bsz, s)), ds[i])
+    logits = model.lm_head(lm.norm(h)).float()
+    return float(mc.cross_entropy(logits.reshape(-1, 256), Tensor(side.shift_labels(labels).reshape(-1))).asnumpy())
+
+
+@pytest.mark.parametrize("kind", ["25", "3"])
+def test_packed_rows_give_the_loss_of_the_samples_unpacked(kind):
+    """data.packing: three samples (two with images of different sizes, one text-only) packed two into one row,
+    one into another, run through mindone's layers with the block-diagonal mask and per-sample M-RoPE positions:
+    the loss (mean over the same answer tokens) equals the model's called on the samples unpacked, as users call
+    it. With one causal mask over the whole row (attention across samples) it does not."""
+    cfg, model = tiny_model(kind)
+    b = make_batch(cfg, [(1, 8, 12), None, (1, 4, 4)], [(3, 4), (2, 6), (1, 1)])
+    ref = float(model(**tensors(b)).loss.asnumpy())
+    S = 64
+    ids, labels, segs = _pack(b, [[0, 1], [2]], S)
+    seg = np.zeros(ids.shape, np.int64)
+    for r, row in enumerate(segs):
+        seg[r, :sum(row)] = np.repeat(np.arange(1, len(row) + 1), row)
+    pos_u, _ = side.rope_index(b["input_ids"], b["attention_mask"], b["image_grid_thw"], None, **_ids(cfg),
+                               **side.rope_options(KIND[kind], cfg.vision_config))
+    pos = side.pack_positions(pos_u, segs, S)
+    args = (kind, cfg, model, ids, labels)
+    vis = (b["pixel_values"], b["image_grid_thw"])
+    got = _llm_loss(*args, pos, side.packed_causal_mask(seg), *vis)
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    crossing = _llm_loss(*args, pos, side.causal_mask(seg > 0), *vis)
+    assert abs(crossing - ref) > 1e-4 * abs(ref), (crossing, ref)
+    # the positions are each sample's own (RoPE is relative, so within a sample's block positions shifted by a
+    # constant would give the same scores: the restart is checked on the positions themselves)
+    a, n = segs[0]
+    np.testing.assert_array_equal(pos[:, 0, a:a + n], np.broadcast_to(np.arange(n), (3, n)))   # text-only: 0..
+    np.testing.assert_array_equal(pos[:, 0, :a], pos_u[:, 0, :a])
+    np.testing.assert_array_equal(pos[:, 1, :segs[1][0]], pos_u[:, 2, :segs[1][0]])
+
+
 # -- pure numpy --------------------------------------------------------------------------------
+
+def test_packed_causal_mask_is_each_samples_causal_mask_on_its_block():
+    """Block b of a packed row's mask is :func:`side.causal_mask` of sample b alone (checked against mindone's
+    create_causal_mask above); every key outside the block is masked; padding queries attend as unpacked."""
+    segs = [[3, 5, 2], [7], [4, 4]]
+    S = 12
+    seg = np.zeros((len(segs), S), np.int64)
+    for r, row in enumerate(segs):
+        seg[r, :sum(row)] = np.repeat(np.arange(1, len(row) + 1), row)
+    m = side.packed_causal_mask(seg)
+    lo = np.finfo(np.float32).min
+    assert m.shape == (3, 1, S, S) and m.dtype == np.float32
+    for r, row in enumerate(segs):
+        off = 0
+        for n in row:
+            block = m[r, 0, off:off + n, off:off + n]
+            np.testing.assert_array_equal(block, side.causal_mask(np.ones((1, n)))[0, 0])
+            outside = np.delete(m[r, 0, off:off + n], np.s_[off:off + n], axis=1)
+            assert (outside == lo).all()
+            off += n
+        np.testing.assert_array_equal(m[r, 0, off:], side.causal_mask((seg[r:r + 1] > 0))[0, 0, off:])
+    # unpacked rows (one sample each): the causal mask
+    one = (np.arange(S)[None] < np.array([[5], [12]])).astype(np.int64)
+    np.testing.assert_array_equal(side.packed_causal_mask(one), side.causal_mask(one))
+
+
+def test_pack_positions_restart_at_each_sample():
+    up = np.arange(3 * 3 * 6).reshape(3, 3, 6) + 10
+    got = side.pack_positions(up, [[2, 3], [4]], 8)
+    np.testing.assert_array_equal(got[:, 0, :5], np.concatenate([up[:, 0, :2], up[:, 1, :3]], 1))
+    np.testing.assert_array_equal(got[:, 1, :4], up[:, 2, :4])
+    assert (got[:, 0, 5:] == 1).all() and (got[:, 1, 4:] == 1).all()
+
 
 def test_torch_linspace():
     np.testing.assert_array_equal(side.torch_linspace(0, 7, 5), np.array([0, 1.75, 3.5, 5.25, 7], np.float32))

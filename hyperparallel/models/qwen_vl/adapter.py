@@ -272,6 +272,18 @@ class QwenVL(ModelAdapter):
                                  f"on CPU: {', '.join(CPU_DTYPES)} (float16 with runner_wrapper.scale_sense); "
                                  f"{dtype} trains on Ascend (device: Ascend)")
 
+    def check_packing(self) -> None:
+        """Packed sequences (``data.packing``): each sample's attention confined to itself by a block-diagonal
+        causal mask, the 4-D additive mask mindone's eager attention takes; M-RoPE positions per sample
+        (:func:`.side.packed_causal_mask`, :func:`.side.pack_positions`). Flash attention would need its
+        variable-length form (per-sample sequence lengths), not done: refused."""
+        attn = self.fields.get("attn_implementation")
+        if attn not in (None, "eager"):
+            raise SpecError("data.packing", f"true with model.model_config.attn_implementation {attn!r}: packed "
+                                            "sequences are done with eager attention's block-diagonal mask (flash "
+                                            "attention's variable-length form is not done); set eager or "
+                                            "data.packing: false")
+
     def precision(self):
         """(compute dtype, key): the config's ``torch_dtype`` / ``dtype`` (top level; a ``vision_config`` /
         ``text_config`` one must agree: the model computes in one dtype), float32 when none is given."""

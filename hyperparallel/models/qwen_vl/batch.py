@@ -17,19 +17,59 @@ class QwenVLBatch:
     * ``image_grid_thw`` int64 (num_images, 3): (t, h, w) in patches of every image in sample
       order, then the filler (``extra_images`` = 1: grid (1, m, m), zero pixels, no image token);
     * ``pixel_values`` float32 (num_patches, C*tp*P*P): Qwen2VLImageProcessor's rows, loaded on
-      first access (``load()``); everything else is known without pixels.
+      first access (``load()``); everything else is known without pixels;
+    * ``segments`` (``data.packing``): per row the token counts of the samples packed into it, in order
+      (row b holds sample k at ``sum(segments[b][:k]) ..``); None: one sample per row. A packed sample's first
+      label is -100 (the position before it, the previous sample's last, scores nothing, as unpacked);
+      ``images_per_sample`` and ``sample_ids`` are per sample, in packed order.
     """
 
     def __init__(self, input_ids: np.ndarray, attention_mask: np.ndarray, labels: np.ndarray,
                  image_grid_thw: np.ndarray, images_per_sample: List[int], merge_size: int,
-                 load: Callable[[], np.ndarray], extra_images: int = 0, sample_ids: Optional[List[str]] = None):
+                 load: Callable[[], np.ndarray], extra_images: int = 0, sample_ids: Optional[List[str]] = None,
+                 segments: Optional[List[List[int]]] = None, pad_id: int = 0):
         self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
         self.image_grid_thw = np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
         self.images_per_sample = [int(n) for n in images_per_sample]
         self.extra_images = int(extra_images)
         self.sample_ids = sample_ids
         self.merge_size = int(merge_size)
+        self.pad_id = int(pad_id)   # the padding token (``<|endoftext|>``)
+        self.segments = None if segments is None else [[int(n) for n in row] for row in segments]
         self._pixels, self._load = None, load
+
+    @property
+    def segment_ids(self) -> np.ndarray:
+        """(B, S) int64: 1, 2, ... for the samples of each row in order, 0 on padding (unpacked: 1 on
+        real tokens)."""
+        if self.segments is None:
+            return (np.asarray(self.attention_mask) != 0).astype(np.int64)
+        out = np.zeros(self.input_ids.shape, np.int64)
+        for b, row in enumerate(self.segments):
+            out[b, :sum(row)] = np.repeat(np.arange(1, len(row) + 1), row)
+        return out
+
+    def unpacked(self) -> "QwenVLBatch":
+        """The same samples one per row (right-padded to the same sequence length), in packed order: the
+        images stay in order, so the grids and the pixels are the same arrays. Unpacked: this batch."""
+        if self.segments is None:
+            return self
+        S = self.input_ids.shape[1]
+        n = sum(len(r) for r in self.segments)
+        ids, mask = np.full((n, S), self.pad_id, np.int64), np.zeros((n, S), np.int64)
+        labels = np.full((n, S), -100, np.int64)
+        k = 0
+        for b, row in enumerate(self.segments):
+            off = 0
+            for L in row:
+                ids[k, :L], mask[k, :L], labels[k, :L] = self.input_ids[b, off:off + L], 1, self.labels[b, off:off + L]
+                off, k = off + L, k + 1
+        out = QwenVLBatch(ids, mask, labels, self.image_grid_thw, self.images_per_sample, self.merge_size,
+                          self._load, self.extra_images, self.sample_ids, pad_id=self.pad_id)
+        out._pixels = self._pixels
+        if self._pixels is None:   # one decode serves both: the unpacked batch reads this one's pixels
+            out._load = lambda: self.pixel_values
+        return out
 
     @property
     def loss_tokens(self) -> int:

@@ -110,13 +110,21 @@ class QwenTensors:
         B, S = ids.shape
         grid = np.asarray(mb.image_grid_thw, np.int64).reshape(-1, 3)
         self.real_grid = grid[:len(grid) - mb.extra_images]
-        pos, _ = side.rope_index(ids, am, self.real_grid if len(self.real_grid) else None, None,
+        segments = getattr(mb, "segments", None)   # data.packing: the samples of each row
+        one = mb.unpacked() if segments is not None else mb   # M-RoPE per sample: computed one sample per row
+        pos, _ = side.rope_index(np.asarray(one.input_ids, np.int64), np.asarray(one.attention_mask, np.int64),
+                                 self.real_grid if len(self.real_grid) else None, None,
                                  spatial_merge_size=v.spatial_merge_size, image_token_id=cfg.image_token_id,
                                  video_token_id=cfg.video_token_id, vision_start_token_id=cfg.vision_start_token_id,
                                  **side.rope_options(adapter.kind, v))
+        if segments is not None:
+            pos = side.pack_positions(pos, segments, S)
+            mask = side.packed_causal_mask(mb.segment_ids)
+        else:
+            mask = side.causal_mask(am)
         rows = side.image_rows(ids, cfg.image_token_id)
         self.input_ids, self.position_ids = _t(ids), _t(pos)
-        self.mask = _t(side.causal_mask(am))
+        self.mask = _t(mask)
         self.image_rows, self.is_image = _t(rows), _t((rows > 0).reshape(B, S, 1))
         self.visual_pos_masks = _t((rows > 0).reshape(B, S))
         self.labels = _t(np.asarray(mb.labels, np.int64))
@@ -305,6 +313,9 @@ class WholeModel:
         return [p for p in self.net.trainable_params() if id(p) not in seen]
 
     def loss(self, mb, loss_scale: float):
+        """``data.packing``: the packed micro-batch's samples one per row (:meth:`~.batch.QwenVLBatch.unpacked`),
+        as users call the model on them: the same answer tokens, so the same mean over them."""
+        mb = mb.unpacked() if getattr(mb, "segments", None) is not None else mb
         t = QwenTensors(self.adapter, mb, loss_scale)
         real = len(t.real_grid) > 0
         n = int(np.prod(t.real_grid, axis=1).sum()) if real else 0

@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["rope_index", "rope_options", "causal_mask", "shift_labels", "image_rows", "vision_cu_seqlens",
+__all__ = ["rope_index", "rope_options", "causal_mask", "packed_causal_mask", "pack_positions", "shift_labels", "image_rows", "vision_cu_seqlens",
            "vision_angles", "qwen25_window_index", "qwen25_vision_side", "torch_linspace", "qwen3_pos_interp",
            "qwen3_vision_side"]
 
@@ -133,6 +133,34 @@ def causal_mask(attention_mask) -> np.ndarray:
     s = am.shape[1]
     allowed = np.tril(np.ones((s, s), bool))[None] & am[:, None, :]
     return np.where(allowed, np.float32(0), np.finfo(np.float32).min).astype(np.float32)[:, None]
+
+
+def packed_causal_mask(segment_ids) -> np.ndarray:
+    """Additive (B, 1, S, S) float32 mask of packed rows (``data.packing``): query i of sample k attends to
+    keys j <= i of the same sample only (block-diagonal causal); ``segment_ids`` (B, S): 1, 2, ... per sample,
+    0 on padding, whose queries attend as in :func:`causal_mask` (to every earlier real key; they score
+    nothing). Each sample's block is :func:`causal_mask` of that sample alone."""
+    seg = np.asarray(segment_ids)
+    s = seg.shape[1]
+    real = seg > 0
+    same = (seg[:, :, None] == seg[:, None, :]) | ~real[:, :, None]
+    allowed = np.tril(np.ones((s, s), bool))[None] & real[:, None, :] & same
+    return np.where(allowed, np.float32(0), np.finfo(np.float32).min).astype(np.float32)[:, None]
+
+
+def pack_positions(unpacked_pos, segments, seq_len: int) -> np.ndarray:
+    """(3, B, S) M-RoPE positions of packed rows from :func:`rope_index` of the same samples one per row
+    (``unpacked_pos`` (3, n, S), samples in packed order): each sample's positions restart where it starts
+    in its row; padding 1 (as :func:`rope_index` gives it)."""
+    up = np.asarray(unpacked_pos)
+    out = np.ones((3, len(segments), int(seq_len)), np.int64)
+    k = 0
+    for b, row in enumerate(segments):
+        off = 0
+        for n in row:
+            out[:, b, off:off + n] = up[:, k, :n]
+            off, k = off + n, k + 1
+    return out
 
 
 def shift_labels(labels, ignore_index: int = -100) -> np.ndarray:

@@ -53,22 +53,28 @@ class QwenVLSource(IndexedSource):
         return self.cached(key, lambda: self._make(key))
 
     def _make(self, key) -> QwenVLBatch:
-        samples = self.batch_samples(*key)
-        B, S = len(samples), self.cfg.seq_len
+        rows = self.batch_rows(*key)
+        samples = [s for row in rows for s in row]
+        B, S = len(rows), self.cfg.seq_len
         ids = np.full((B, S), self.special.pad, np.int64)
         mask = np.zeros((B, S), np.int64)
         labels = np.full((B, S), IGNORE, np.int64)
-        for b, s in enumerate(samples):
-            e, L = s.enc, s.enc.length
-            ids[b, :L], mask[b, :L] = e.ids, 1
-            labels[b, :L] = np.where(e.answer, e.ids, IGNORE)
+        for b, row in enumerate(rows):
+            off = 0
+            for s in row:
+                e, L = s.enc, s.enc.length
+                ids[b, off:off + L], mask[b, off:off + L] = e.ids, 1
+                labels[b, off:off + L] = np.where(e.answer, e.ids, IGNORE)
+                labels[b, off] = IGNORE   # scored by no position (the shift), as the first token unpacked
+                off += L
         grids: List[tuple] = [g for s in samples for g in s.enc.grids]
         extra = 0 if grids else 1
         return QwenVLBatch(input_ids=ids, attention_mask=mask, labels=labels,
                            image_grid_thw=np.asarray(grids + [self.filler_grid] * extra, np.int64),
                            images_per_sample=[len(s.files) for s in samples], merge_size=self.fmt.merge_size,
                            load=lambda: self.load_pixels(*key), extra_images=extra,
-                           sample_ids=[s.id for s in samples])
+                           sample_ids=[s.id for s in samples], pad_id=self.special.pad,
+                           segments=[[s.enc.length for s in row] for row in rows] if self.packed else None)
 
     def load_pixels(self, step: int, micro: int) -> np.ndarray:
         """(num_patches, C*tp*P*P) float32 of one micro-batch (the filler is zeros)."""
