@@ -432,8 +432,8 @@ def test_packed_sequences_train_like_mindones_model_on_the_samples_unpacked(two_
     assert_matches(demo, cases[_name(path, schedule, False, extra)])
     if path != Q25:
         return
-    from hyperparallel.runconfig import run_config_of
-    src = run_config_of(load_recipe(Q25, _overrides(demo, False, extra))).source()
+    from hyperparallel.runconfig import load_parsed
+    src = load_parsed(Q25, _overrides(demo, False, extra)).run.source()
     rows = [json.loads(ln) for ln in open(os.path.join(cases[_name(path, schedule, False, extra)]["run_dir"],
                                                        "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -660,21 +660,20 @@ def test_packing_is_refused_where_it_is_not_done(demo):
         data_config({"data": {"packing": True}})
     with pytest.raises(ValueError, match=r"^data.packing: true: merge_index micro-batches are not packed"):
         data_source(_cfg(demo, packing=True, **{k: None for k in SMALL}), 0, lambda: 1)
-    from hyperparallel.recipe import load_recipe
-    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runconfig import load_parsed
     paths = [f"data.{k}={v}" for k, v in sorted(demo.items())]
     tiny = os.path.join(ROOT, "recipes", "tiny_mllm_data.yaml")
     with pytest.raises(ValueError, match=r"^data.packing: true with data.shape_buckets pow2: not done"):
-        run_config_of(load_recipe(tiny, paths + ["data.packing=true"]))   # the recipe's buckets
+        load_parsed(tiny, paths + ["data.packing=true"]).run   # the recipe's buckets
     with pytest.raises(ValueError, match=r"^data.packing: true: the tiny_mllm model does not take packed sequences "
                                          r"\(its attention would cross samples\); set data.packing: false$"):
-        run_config_of(load_recipe(tiny, paths + ["data.packing=true", "data.shape_buckets=none"]))
+        load_parsed(tiny, paths + ["data.packing=true", "data.shape_buckets=none"]).run
     q25 = os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")
-    assert run_config_of(load_recipe(q25, paths + ["data.packing=true"])).data.packing is True
+    assert load_parsed(q25, paths + ["data.packing=true"]).run.data.packing is True
     with pytest.raises(ValueError, match=r"^data.packing: true with model.model_config.attn_implementation "
                                          "'flash_attention_2'"):
-        run_config_of(load_recipe(q25, paths + ["data.packing=true", "device=Ascend",
-                                                "model.model_config.attn_implementation=flash_attention_2"]))
+        load_parsed(q25, paths + ["data.packing=true", "device=Ascend",
+                                                "model.model_config.attn_implementation=flash_attention_2"]).run
 
 
 def test_train_with_packing_refuses_a_too_long_sample_before_launch_in_one_line(demo):
