@@ -228,7 +228,8 @@ def test_compiled_chunks_train_like_mindones_model(two_rank, demo, path, schedul
     assert {s["chunk"].split("/")[0] for s in stats} == {"vision", "llm"}, stats
     assert all(s["mode"] == "jit" and s["compiles"] + s["reused"] >= 1 for s in stats), stats
     assert all(s["compiles"] + s["reused"] <= 2 * s["shapes"] for s in stats), stats   # on and off the tape at most
-    assert all(s["shapes"] == 1 for s in stats if s["chunk"].startswith("llm/") and s["chunk"] != "llm/0"), stats
+    if path == Q25:   # (Qwen3-VL's later LLM chunk here also receives deepstack features: their rows vary)
+        assert all(s["shapes"] == 1 for s in stats if s["chunk"].startswith("llm/") and s["chunk"] != "llm/0"), stats
     if BUCKETS[0] in extra:   # fewer encoder input shapes than the same micro-batches unpadded (1f1b, jit)
         plain = _compile_stats(cases[_name(Q25, "1f1b", False, JIT)])
         shapes = {s["chunk"]: s["shapes"] for s in stats}
@@ -332,13 +333,10 @@ def test_qwen3_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, extra
     case = cases[_name(Q3, schedule, False, extra)]
     grads = assert_matches(demo, case)
     assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
-    # mpipe.compile: jit (the default): mindone's chunks have no tensor-only body yet, so they run eager
-    # and every rank's log record says so, per chunk
-    for rank in (0, 1):
-        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
-            stats = json.load(f)
-        assert stats and all(s["asked"] == "jit" and s["mode"] == "eager" and "no tensor-only body" in s["reason"]
-                             for s in stats), stats
+    # these cases ask mpipe.compile: eager (the compiled ones: test_compiled_chunks_train_like_mindones_model), and
+    # every rank's log record says so, per chunk
+    stats = _compile_stats(case)
+    assert stats and all(s["asked"] == "eager" and s["mode"] == "eager" and s["compiles"] == 0 for s in stats), stats
     if extra:   # deepstack layer 1 is in the second LLM chunk: its feature crossed the boundary
         assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [1, 3]
 
