@@ -37,6 +37,13 @@ CASES_25 = [("1f1b", False, ()), ("1f1b", True, ()), ("interleaved", False, INTE
             ("transpose(backward=central)", True, ())]
 UNEVEN = ("model.model_config.offset=[-1, 1]",)   # MindFormers' offset: LLM layers 1 + 3 on the two stages
 CASES_3 = [("transpose", False, ()), ("1f1b", False, UNEVEN)]
+# compiled chunks (issue 38.6: mpipe.compile: jit, qwen_vl/graph.py); every other case runs eager (the suites about
+# other things); the reference is the same unpadded, eager one (shape buckets' fillers change nothing)
+JIT = ("mpipe.compile=jit",)
+BUCKETS = ("data.shape_buckets=pow2",)
+JIT_CASES = [(Q25, "1f1b", False, JIT), (Q25, "zb_h1", False, JIT), (Q25, "transpose", False, JIT + BUCKETS),
+             (Q3, "1f1b", False, UNEVEN + JIT)]
+JIT_IDS = ["qwen2_5_vl-1f1b", "qwen2_5_vl-zb_h1", "qwen2_5_vl-transpose-buckets", "qwen3_vl-1f1b-uneven"]
 P4 = ("parallel_config.pipeline_stage=4",)
 D2 = ("parallel_config.data_parallel=2",)   # 4 ranks: D=2 x P=2, 2 micro-batches each (the global batch of 4)
 # tied word embeddings (issue 40): the embedding is the LM head; every order equals the reference. V-shape
@@ -101,7 +108,7 @@ def _name(path, schedule, frozen, extra=()):
 def _case(tmp, demo, path, schedule, frozen, extra=(), micro=M2, **kw):
     return job_case(tmp, path, schedule, _name(path, schedule, frozen, extra),
                     _overrides(demo, frozen, extra, micro),
-                    **dict(dict(steps=STEPS, path=path, frozen=frozen, extra=list(extra)), **kw), chunks="jit")
+                    **dict(dict(steps=STEPS, path=path, frozen=frozen, extra=list(extra)), **kw), chunks="eager")
 
 
 _REF = {}
@@ -115,7 +122,8 @@ def reference(demo, path, frozen, extra=(), micro=M2, steps=STEPS):
 
 
 def assert_matches(demo, case, micro=M2, steps=STEPS):
-    extra = [e for e in case["extra"] if not any(k in e for k in ("pp_interleave_num", "pipeline_config", "offset"))]
+    extra = [e for e in case["extra"] if not any(k in e for k in ("pp_interleave_num", "pipeline_config", "offset",
+                                                                  "mpipe.compile", "shape_buckets"))]
     grads = assert_equivalent(case, *reference(demo, case["path"], case["frozen"], extra, micro, steps))
     vision = [k for k in grads if k.startswith("model.visual.")]
     assert bool(vision) != case["frozen"], case["name"]
@@ -143,6 +151,7 @@ def two_rank(tmp_path_factory, demo, hf_dir):
     tmp = str(tmp_path_factory.mktemp("qwen2"))
     cases = [_case(tmp, demo, Q25, s, fz, ex) for s, fz, ex in CASES_25]
     cases += [_case(tmp, demo, Q3, s, fz, ex) for s, fz, ex in CASES_3]
+    cases += [_case(tmp, demo, p, s, fz, ex) for p, s, fz, ex in JIT_CASES]
     cases.append(_case(tmp, demo, Q25, "1f1b", False, (f"model.pretrained={hf_dir}",)))
     cases.append(_case(tmp, demo, Q25, "transpose", False, dump_dir=os.path.join(tmp, "dump", "from_hf"),
                        resume_from=resolve(hf_dir).to_json()))
@@ -213,6 +222,37 @@ def test_qwen2_5_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, fro
     if extra:
         assert len([c for c in case["plan"]["chunks"] if c["region"] == "llm"]) == 4   # V = 2
     assert_matches(demo, case)
+
+
+def _compile_stats(case):
+    out = []
+    for rank in (0, 1):
+        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
+            out += json.load(f)
+    return out
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("path,schedule,frozen,extra", JIT_CASES, ids=JIT_IDS)
+def test_compiled_chunks_train_like_mindones_model(two_rank, demo, path, schedule, frozen, extra):
+    """``mpipe.compile: jit``: every chunk of both models ran compiled (vision and LLM, Qwen3-VL's deepstack features
+    across both cuts, zb_h1's B computing the weight grads too) and trained like mindone's whole model (eager);
+    an LLM chunk after the first compiled one graph; with ``data.shape_buckets: pow2`` the encoder's and the first
+    LLM chunk's graphs are at most the buckets the micro-batches met, and the reference is the unpadded run."""
+    cases, _ = two_rank
+    case = cases[_name(path, schedule, frozen, extra)]
+    assert case["raw"]["mpipe"]["compile"] == "jit"
+    assert_matches(demo, case)
+    stats = _compile_stats(case)
+    assert {s["chunk"].split("/")[0] for s in stats} == {"vision", "llm"}, stats
+    assert all(s["mode"] == "jit" and s["compiles"] + s["reused"] >= 1 for s in stats), stats
+    assert all(s["compiles"] + s["reused"] <= 2 * s["shapes"] for s in stats), stats   # on and off the tape at most
+    if path == Q25:   # (Qwen3-VL's later LLM chunk here also receives deepstack features: their rows vary)
+        assert all(s["shapes"] == 1 for s in stats if s["chunk"].startswith("llm/") and s["chunk"] != "llm/0"), stats
+    if BUCKETS[0] in extra:   # fewer encoder input shapes than the same micro-batches unpadded (1f1b, jit)
+        plain = _compile_stats(cases[_name(Q25, "1f1b", False, JIT)])
+        shapes = {s["chunk"]: s["shapes"] for s in stats}
+        assert shapes["vision/0"] < {s["chunk"]: s["shapes"] for s in plain}["vision/0"], (stats, plain)
 
 
 @pytest.mark.msrun
@@ -312,13 +352,10 @@ def test_qwen3_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, extra
     case = cases[_name(Q3, schedule, False, extra)]
     grads = assert_matches(demo, case)
     assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
-    # mpipe.compile: jit (the default): mindone's chunks have no tensor-only body yet, so they run eager
-    # and every rank's log record says so, per chunk
-    for rank in (0, 1):
-        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
-            stats = json.load(f)
-        assert stats and all(s["asked"] == "jit" and s["mode"] == "eager" and "no tensor-only body" in s["reason"]
-                             for s in stats), stats
+    # these cases ask mpipe.compile: eager (the compiled ones: test_compiled_chunks_train_like_mindones_model), and
+    # every rank's log record says so, per chunk
+    stats = _compile_stats(case)
+    assert stats and all(s["asked"] == "eager" and s["mode"] == "eager" and s["compiles"] == 0 for s in stats), stats
     if extra:   # deepstack layer 1 is in the second LLM chunk: its feature crossed the boundary
         assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [1, 3]
 

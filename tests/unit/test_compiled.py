@@ -60,16 +60,18 @@ def _model(path, *ov):
 
 
 def test_banner_says_per_region_whether_chunks_compile_and_why_before_launch():
-    """``hyperparallel train``'s start banner: mindone's Qwen-VL chunks run eager under the default jit, and the
-    line says why (the reason the ranks' chunks then carry); the tiny MLLM's compile; ``eager`` says so; an
-    adapter that does not say leaves it to its chunk Cells, and the line says that."""
+    """``hyperparallel train``'s start banner: mindone's Qwen-VL chunks compile under the default jit (their
+    graph-ready forwards, qwen_vl/graph.py), and under LoRA run eager with the line saying why, naming the key (the
+    reason the ranks' chunks then carry; tests/unit/test_qwen_vl_graph.py has the other cases); the tiny MLLM's
+    compile; ``eager`` says so; an adapter that does not say leaves it to its chunk Cells, and the line says that."""
     from hyperparallel.commands.train import compile_line
-    from hyperparallel.models.qwen_vl.adapter import EAGER_REASON
+    from hyperparallel.models.qwen_vl.adapter import LORA_REASON
     from hyperparallel.models.base import ModelAdapter, Region
     model, mode = _model(QWEN)
-    assert mode == "jit" and model.compile_reason("vision") == model.compile_reason("llm") == EAGER_REASON
-    assert compile_line(model, mode) == f"compile (mpipe.compile: jit): vision, llm eager ({EAGER_REASON})"
-    assert "Tensor.transpose(1, 2)" in EAGER_REASON
+    assert mode == "jit" and model.compile_reason("vision") == model.compile_reason("llm") == ""
+    assert compile_line(model, mode) == "compile (mpipe.compile: jit): vision, llm jit"
+    lora, _ = _model(QWEN, "model.lora={r: 2, target_modules: [q_proj]}")
+    assert compile_line(lora, mode) == f"compile (mpipe.compile: jit): vision, llm eager ({LORA_REASON})"
     assert compile_line(*_model(TINY)) == "compile (mpipe.compile: jit): vision, llm jit"
     assert compile_line(*_model(TINY, "mpipe.compile=eager")) == "compile: every chunk eager (mpipe.compile: eager)"
 

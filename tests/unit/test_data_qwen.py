@@ -265,13 +265,41 @@ def test_bad_pixel_keys_are_refused_naming_the_key(demo):
         _cfg(demo, system_prompt="look: <image>")
 
 
+def test_shape_buckets_pad_the_merged_tokens_to_a_power_of_two_with_zero_filler_images(demo):
+    """``data.shape_buckets: pow2`` (compiled chunks: bounded input shapes): each micro-batch's merged tokens (its
+    images' t*h*w / m^2, the no-image filler included) padded up to a power of two with filler images of one merged
+    token (grid (1, m, m), zero pixels, no image token); the real images, ids and labels unchanged; the cost model's
+    ``encoder_patches`` says the padded count."""
+    plain, padded = _source(demo), _source(demo, shape_buckets="pow2")
+    m2, seen, padded_any = FMT["merge_size"] ** 2, set(), False
+    for step in range(4):
+        for micro in range(2):
+            a, b = plain.micro_batch(step, micro), padded.micro_batch(step, micro)
+            tokens = b.num_patches // m2
+            assert tokens & (tokens - 1) == 0 and tokens >= a.num_patches // m2, (a.num_patches, b.num_patches)
+            assert tokens < 2 * (a.num_patches // m2)   # the smallest power of two (the cap is not reached here)
+            n_real = a.num_images - a.extra_images
+            np.testing.assert_array_equal(b.image_grid_thw[:n_real], a.image_grid_thw[:n_real])
+            assert (b.image_grid_thw[n_real:] == [1, FMT["merge_size"], FMT["merge_size"]]).all()
+            assert b.extra_images == b.num_images - n_real and b.num_image_tokens == a.num_image_tokens
+            for k in ("input_ids", "attention_mask", "labels"):
+                np.testing.assert_array_equal(getattr(b, k), getattr(a, k))
+            real = a.pixel_values[:sum(int(np.prod(g)) for g in a.image_grid_thw[:n_real])]
+            np.testing.assert_array_equal(b.pixel_values[:len(real)], real)
+            assert not b.pixel_values[len(real):].any() and b.pixel_values.shape[0] == b.num_patches
+            assert padded.encoder_patches(a.num_patches - a.extra_images * m2) == b.num_patches
+            seen.add(tokens)
+            padded_any |= b.num_patches > a.num_patches
+    assert padded_any and len(seen) >= 2
+    plain.close()
+    padded.close()
+
+
 def test_keys_of_the_other_layout_are_refused(demo):
     with pytest.raises(ValueError, match=r"^data.image_size: does not apply to this model's qwen_vl micro-batches"):
         _source(demo, image_size=8)
     with pytest.raises(ValueError, match=r"^data.mean: does not apply to this model's qwen_vl"):
         _source(demo, mean=[0.5, 0.5, 0.5])
-    with pytest.raises(ValueError, match=r"^data.shape_buckets: does not apply to this model's qwen_vl"):
-        _source(demo, shape_buckets="pow2")
     with pytest.raises(ValueError, match=r"^data.min_pixels: does not apply to this model's merge_index"):
         _source(demo, fmt={"format": "merge_index", "image_tokens": 1})
     merge = _source(demo, fmt={"format": "merge_index", "image_tokens": 1}, min_pixels=None, max_pixels=None)

@@ -574,8 +574,8 @@ def test_qwen3_whole_model_gradients_finite_difference():
 
 @pytest.mark.slow
 def test_mindone_decoder_layer_still_does_not_compile(tmp_path):
-    """Why mindone's Qwen-VL chunks run eager under ``mpipe.compile: jit`` (``qwen_vl.EAGER_REASON``, the
-    adapter's ``compile_reason``, docs/training.md): its decoder layer does not compile under ``mindspore.jit``. Fails,
+    """Why the compiled Qwen-VL chunks run the graph-ready forwards of ``qwen_vl/graph.py`` rather than mindone's own
+    ``construct`` methods (docs/training.md): mindone's decoder layer does not compile under ``mindspore.jit``. Fails,
     saying so, the day it does."""
     import subprocess
     import sys
@@ -585,6 +585,6 @@ def test_mindone_decoder_layer_still_does_not_compile(tmp_path):
                          text=True, timeout=600, env=env, cwd=tmp_path)   # MindSpore writes rank_0/om/ there
     out = [l for l in run.stdout.splitlines() if l.startswith(("COMPILED", "FAILED"))]
     assert out, run.stdout[-2000:] + run.stderr[-2000:]
-    assert out[-1] != "COMPILED", ("mindone's decoder layer compiles now: give the Qwen-VL chunks a graph_body "
-                                   "(and compile_reason '')")
+    assert out[-1] != "COMPILED", ("mindone's decoder layer compiles now: the Qwen-VL chunks' graph_body could call "
+                                   "mindone's layers (qwen_vl/graph.py)")
     assert "Tensor.transpose" in out[-1], out[-1]

@@ -36,14 +36,14 @@ from ..base import ModelAdapter, Region, TensorSpec
 
 VISION, LLM = "vision", "llm"
 
-#: why ``mpipe.compile: jit`` runs every chunk of these models eager (the start banner and the ranks' log say
-#: it). Tried on MindSpore 2.9.0 (CPU) with a tensor-only LLM body (side inputs and the rotary table as graph
-#: inputs): mindone's decoder layer does not compile under ``mindspore.jit``: its attention's torch-style
-#: ``Tensor.transpose(1, 2)`` is read as a full permutation in graph mode ("the number of axes must be equal
-#: to the dimension"), and its rotary embedding's ``expand(..., -1, 1)`` fails shape inference; rewriting
-#: mindone's layers here would no longer run mindone's own model classes (tests/unit/mindone_jit_probe.py).
-EAGER_REASON = ("no tensor-only body: mindone's Qwen-VL layers do not compile under mindspore.jit "
-                "(torch-style Tensor.transpose(1, 2) in their attention; docs/training.md, compiled chunk bodies)")
+#: ``mpipe.compile: jit`` compiles these chunks with the graph-ready layer forwards of :mod:`.graph` on mindone's cells
+#: (mindone's own ``construct`` methods do not compile under ``mindspore.jit``: torch-style ``Tensor.transpose(1, 2)``,
+#: ``expand(..., -1, 1)``, host-side ``cu_seqlens.tolist()``; tests/unit/mindone_jit_probe.py). The cases they do not
+#: cover run eager, the start banner and the ranks' log saying why, naming the key (:meth:`QwenVL.compile_reason`).
+LORA_REASON = "model.lora: PEFT's LoRA layers have no graph form here"
+TP_REASON = ("parallel_config.model_parallel > 1: the tensor-parallel layers communicate inside the chunk "
+             "(no collective in a CPU jit graph)")
+DTYPE_REASON = "{key}: {dtype}: the compiled Qwen-VL bodies are float32 only (MindSpore's amp casts are per cell)"
 # mindone class -> (family key, transformers config class, model_type)
 ARCHS = {"Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLConfig"),
          "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLConfig")}
@@ -124,6 +124,7 @@ class QwenVL(ModelAdapter):
         self.seed, self.shapes = int(seed), dict(data_shapes)
         self._check()
         self._net = None
+        self._tp_size = 1
         self._check_lora(sec.get("lora"))   # model.lora: PEFT's LoraConfig (:mod:`.lora`)
 
     # -- configuration checks (pure Python) ----------------------------------------------
@@ -310,6 +311,7 @@ class QwenVL(ModelAdapter):
         """T must divide the query heads, the MLP channels and the vocabulary of the language model, and divide
         the key/value heads or be a multiple of them (each then replicated on T / kv ranks; the encoder is
         replicated within the group); refused before launch, naming the key."""
+        self._tp_size = size   # compile_reason: the LLM's chunks run eager under T > 1
         if size == 1:
             return
         key = "parallel_config.model_parallel"
@@ -346,9 +348,18 @@ class QwenVL(ModelAdapter):
         return sharded(int(self.text.num_hidden_layers), g.size, self.text.num_key_value_heads) if g else {}
 
     def compile_reason(self, region: str) -> str:
-        """Every chunk runs eager (:data:`EAGER_REASON`)."""
+        """'' (the chunks compile: :mod:`.graph`), or why they run eager naming the key: LoRA (:data:`LORA_REASON`),
+        a compute dtype other than float32 (:data:`DTYPE_REASON`), the LLM's chunks under tensor parallelism
+        (:data:`TP_REASON`; the vision encoder is replicated, so it still compiles)."""
         self.depth(region)   # KeyError for a region the model lacks
-        return EAGER_REASON
+        if self.lora is not None:
+            return LORA_REASON
+        dtype, key = self.precision()
+        if dtype != "float32":
+            return DTYPE_REASON.format(key=key, dtype=dtype)
+        if region == LLM and (getattr(self, "tp_group", None) is not None or self._tp_size > 1):
+            return TP_REASON
+        return ""
 
     def data_format(self) -> dict:
         v = self.vision

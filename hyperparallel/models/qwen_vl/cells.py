@@ -20,7 +20,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from ...errors import SpecError
-from . import side
+from . import graph, side
 
 
 # -- the network -------------------------------------------------------------------------------
@@ -80,8 +80,9 @@ def load_hf_weights(net, path: str, rename) -> None:
 class _Slice(nn.Cell):
     """A chunk of the network: its cells registered under their own names, parameter names kept."""
 
-    # no tensor-only body: under ``mpipe.compile: jit`` these chunks run eager, for the reason the adapter gives
-    # (``QwenVL.compile_reason``: ``qwen_vl.EAGER_REASON``), which the start banner prints before launch
+    # the tensor-only body (``graph_args`` / ``graph_body``) computes ``forward`` with the graph-ready layer
+    # forwards of :mod:`.graph` on the same cells; where it cannot (tensor parallelism, LoRA, a compute dtype
+    # other than float32) the adapter says why the chunks run eager (``QwenVL.compile_reason``)
 
     def __init__(self, net):
         super().__init__(auto_prefix=False)
@@ -130,6 +131,9 @@ class QwenTensors:
         self.labels = _t(np.asarray(mb.labels, np.int64))
         self.cache_position = _t(np.arange(S, dtype=np.int64))
         self.grid, self._vision, self._pixels = grid, None, None
+        self._masks, self._text_rotary, self._targets = None, None, None
+        # the scale as a graph input (a Python float would be a graph constant: a compile per distinct value)
+        self.loss_scale_t = Tensor(np.float32(self.loss_scale))
 
     @property
     def vision(self) -> Dict[str, Tensor]:
@@ -148,6 +152,38 @@ class QwenTensors:
             out["rotary"] = vision_cos_sin(d["angles"])
             self._vision = out
         return self._vision
+
+    @property
+    def vision_masks(self) -> Dict[str, Tensor]:
+        """The compiled vision blocks' additive block-diagonal masks (:func:`.graph.block_mask`): ``full`` (each
+        image's patches) and, Qwen2.5-VL, ``window`` (each window's)."""
+        if self._masks is None:
+            v = self.adapter.vision
+            if self.adapter.kind == "qwen2_5_vl":
+                d = side.qwen25_vision_side(self.grid, v)
+                self._masks = {"full": _t(graph.block_mask(d["cu_seqlens"])),
+                               "window": _t(graph.block_mask(d["cu_window_seqlens"]))}
+            else:
+                self._masks = {"full": _t(graph.block_mask(side.qwen3_vision_side(self.grid, v)["cu_seqlens"]))}
+        return self._masks
+
+    @property
+    def text_rotary(self):
+        """(cos, sin), (B, 1, S, head_dim) each: the compiled LLM layers' rotary tables (:func:`.graph.text_cos_sin`)."""
+        if self._text_rotary is None:
+            lm = self.adapter.network().model.language_model
+            rope = getattr(self.adapter.text, "rope_scaling", None) or {}
+            self._text_rotary = graph.text_cos_sin(self.adapter.kind, lm.rotary_emb, self.mask, self.position_ids,
+                                                   rope.get("mrope_section"))
+        return self._text_rotary
+
+    @property
+    def targets(self):
+        """(targets, valid) of the compiled last chunk's loss (:func:`.graph.shifted_targets`)."""
+        if self._targets is None:
+            tg, valid = graph.shifted_targets(self.batch.labels)
+            self._targets = (_t(tg), _t(valid))
+        return self._targets
 
     @property
     def pixel_values(self) -> Tensor:
@@ -183,6 +219,62 @@ class VisionChunk(_Slice):
         mine = [k for k, i in enumerate(self.ds) if start <= i < stop]
         self.ds_mergers = nn.CellList([vis.deepstack_merger_list[k] for k in mine]) if mine else None
         self._named(net)
+        # the compiled body's constants: per block (full attention?, index into ds_mergers or -1)
+        q25 = self.kind == "qwen2_5_vl"
+        self._plan = tuple((not q25 or i in self.full, mine.index(self.ds.index(i)) if i in self.ds else -1)
+                           for i in range(start, stop))
+        self._act = v.hidden_act
+        self._k_in = sum(1 for i in self.ds if i < start)
+
+    def graph_args(self, t: QwenTensors) -> tuple:
+        """The side inputs of :meth:`graph_body` (None where this chunk reads nothing): Qwen2.5-VL's window index
+        (first chunk) and reverse index (last), the blocks' masks (:attr:`QwenTensors.vision_masks`), the rotary
+        table, Qwen3-VL's position-table indices and weights (first chunk)."""
+        side_in, masks = t.vision, t.vision_masks
+        q25 = self.kind == "qwen2_5_vl"
+        cos, sin = side_in["rotary"]
+        return (side_in["window_index"] if self.first and q25 else None,
+                side_in["reverse_index"] if self.last and q25 else None,
+                masks["window"] if any(not f for f, _ in self._plan) else None,
+                masks["full"] if any(f for f, _ in self._plan) else None,
+                cos, sin,
+                side_in["pos_idx"] if self.first and not q25 else None,
+                side_in["pos_wts"] if self.first and not q25 else None)
+
+    def graph_body(self, x, window_index, reverse_index, window_mask, full_mask, cos, sin, pos_idx, pos_wts):
+        """What :meth:`forward` computes, on tensors only (what ``mindspore.jit`` compiles; :mod:`.graph`)."""
+        q25 = self.kind == "qwen2_5_vl"
+        ds = ()
+        if self.first:
+            pe = self.patch_embed
+            h = x.reshape(-1, pe.in_channels, pe.temporal_patch_size, pe.patch_size, pe.patch_size)
+            h = pe.proj(h.astype(pe.proj.weight.dtype)).reshape(-1, pe.embed_dim)
+            if q25:
+                n = h.shape[0]
+                h = ops.gather(h.reshape(n // self.u, self.u, -1), window_index, 0).reshape(n, -1)
+            else:
+                p = graph.embed(self.pos_embed.weight, pos_idx, None) * ops.expand_dims(pos_wts, 2)
+                h = h + (p[0] + p[1] + p[2] + p[3])
+        elif self.ds:
+            parts = ops.split(x, [self.u * self.Dv] + [self.D] * self._k_in, axis=1)
+            h = parts[0].reshape(-1, self.Dv)
+            ds = tuple(parts[1:])
+        else:
+            h = x
+        for j in range(len(self._plan)):
+            full, dk = self._plan[j]
+            h = graph.vision_block(self.kind, self.blocks[j], self._act, h, full_mask if full else window_mask,
+                                   cos, sin)
+            if dk >= 0:
+                ds = ds + (graph.merger(self.kind, self.ds_mergers[dk], h),)
+        if self.last:
+            out = graph.merger(self.kind, self.merger, h)
+            if q25:
+                return ops.gather(out, reverse_index, 0)
+            return ops.concat((out,) + ds, axis=1) if ds else out
+        if self.ds:
+            return ops.concat((h.reshape(-1, self.u * self.Dv),) + ds, axis=1)
+        return h
 
     def forward(self, x, t: QwenTensors):
         side_in = t.vision
@@ -247,6 +339,52 @@ class LLMChunk(_Slice):
             self.norm = lm.norm
             self.lm_head = net.lm_head
         self._named(net)
+        self._act = adapter.text.hidden_act
+        self._keep = graph.padding_keep(lm.embed_tokens) if self.first else None
+        self._left = max(0, self.n_ds - start)   # deepstack features this chunk receives (not the first)
+
+    def graph_args(self, t: QwenTensors) -> tuple:
+        """The side inputs of :meth:`graph_body` (None where this chunk reads nothing): token ids and the image
+        scatter (first chunk), the image rows again for Qwen3-VL's deepstack layers, the causal mask and the rotary
+        tables (every chunk), the loss's targets, weights and scale (last chunk)."""
+        rows = t.image_rows if self.first or self.start < self.n_ds else None
+        cos, sin = t.text_rotary
+        targets, valid = t.targets if self.last else (None, None)
+        return (t.input_ids if self.first else None, rows, t.is_image if self.first else None, t.mask, cos, sin,
+                targets, valid, t.loss_scale_t if self.last else None)
+
+    def graph_body(self, x, input_ids, image_rows, is_image, mask, cos, sin, targets, valid, loss_scale):
+        """What :meth:`forward` computes, on tensors only (what ``mindspore.jit`` compiles; :mod:`.graph`)."""
+        B, S, D = mask.shape[0], mask.shape[-1], self.D
+        ds = ()
+        if self.first:
+            parts = ops.split(x, [D] * (1 + self.n_ds), axis=1) if self.n_ds else (x,)
+            h = graph.embed(self.embed_tokens.weight, input_ids, self._keep)
+            h = ops.where(is_image, graph.scatter_rows(h, parts[0], image_rows), h)
+            ds = tuple(parts[1:])
+        elif self._left:
+            n_h = B * S * D
+            M = (x.shape[0] - n_h) // (self._left * D)
+            parts = ops.split(x, [n_h] + [M * D] * self._left, axis=0)
+            h = parts[0].reshape(B, S, D)
+            for p in parts[1:]:
+                ds = ds + (p.reshape(M, D),)
+        else:
+            h = x
+        for j in range(len(self.layers)):
+            h = graph.decoder_layer(self.kind, self.layers[j], self._act, h, mask, cos, sin)
+            if self.start + j < self.n_ds:
+                h = h + graph.scatter_rows(h, ds[0], image_rows)
+                ds = ds[1:]
+        if self.last:
+            logits = self.lm_head(graph.rms_norm(self.norm, h))
+            return graph.causal_lm_loss(logits, targets, valid) * loss_scale
+        if ds:
+            flat = (h.reshape(-1),)
+            for d in ds:
+                flat = flat + (d.reshape(-1),)
+            return ops.concat(flat, axis=0)
+        return h
 
     def _unpack(self, x, t: QwenTensors):
         """(hidden state, deepstack features still to add) of this chunk's input."""

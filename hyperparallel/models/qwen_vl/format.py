@@ -16,7 +16,8 @@ from ...errors import SpecError, whole
 QWEN_VL = "qwen_vl"
 QWEN_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "image_token_id", "video_token_id",
              "vision_start_token_id", "vision_end_token_id")
-KEYS = ("min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config", "system_prompt")
+KEYS = ("min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config", "system_prompt",
+        "shape_buckets")   # shape_buckets: conversations' own field, read by this layout too (source.fillers)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .batch import QwenVLBatch
 from ...data.conversations import layout_for
-from ...data.conversations_config import ConversationsConfig
+from ...data.conversations_config import ConversationsConfig, bucket
 from ...data.indexed import IndexedSource
 from .layout import QwenLayout
 
@@ -68,7 +68,7 @@ class QwenVLSource(IndexedSource):
                 labels[b, off] = IGNORE   # scored by no position (the shift), as the first token unpacked
                 off += L
         grids: List[tuple] = [g for s in samples for g in s.enc.grids]
-        extra = 0 if grids else 1
+        extra = self.fillers(grids, B)
         return QwenVLBatch(input_ids=ids, attention_mask=mask, labels=labels,
                            image_grid_thw=np.asarray(grids + [self.filler_grid] * extra, np.int64),
                            images_per_sample=[len(s.files) for s in samples], merge_size=self.fmt.merge_size,
@@ -76,19 +76,40 @@ class QwenVLSource(IndexedSource):
                            sample_ids=[s.id for s in samples], pad_id=self.special.pad,
                            segments=[[s.enc.length for s in row] for row in rows] if self.packed else None)
 
+    def fillers(self, grids, batch: int) -> int:
+        """Filler images (grid (1, m, m): one merged token each, zero pixels, no image token) after ``grids``: one
+        when there is no image; with ``data.shape_buckets: pow2`` as many as pad the merged tokens up to a power
+        of two (:func:`~hyperparallel.data.conversations_config.bucket`, capped at ``batch * seq_len``, the most
+        image tokens a micro-batch holds), so a compiled encoder chunk and the LLM's first chunk see at most
+        ``log2`` of the cap input shapes."""
+        extra = 0 if grids else 1
+        if self.cfg.shape_buckets == "pow2":
+            m2 = self.fmt.merge_size ** 2
+            tokens = sum(int(np.prod(g)) for g in grids) // m2 + extra
+            extra += bucket(tokens, batch * self.cfg.seq_len) - tokens
+        return extra
+
+    def encoder_patches(self, patches: int) -> int:
+        """With ``shape_buckets: pow2`` the patches padded as :meth:`fillers` pads them."""
+        if self.cfg.shape_buckets == "pow2":
+            m2 = self.fmt.merge_size ** 2
+            return bucket(max(1, int(patches) // m2), self.cfg.micro_batch_size * self.cfg.seq_len) * m2
+        return super().encoder_patches(patches)
+
     def load_pixels(self, step: int, micro: int) -> np.ndarray:
         """(num_patches, C*tp*P*P) float32 of one micro-batch (the filler is zeros)."""
         samples = self.batch_samples(step, micro)
         files = [f for s in samples for f in s.files]
         want = [g for s in samples for g in s.enc.grids]
         out = self.pixels.get(step, micro)
+        m2 = self.fmt.merge_size ** 2
+        filler = np.zeros((self.fillers(want, len(samples)) * m2, self.patch_dim), np.float32)
         if not out:
-            m = self.fmt.merge_size
-            return np.zeros((m * m, self.patch_dim), np.float32)
+            return filler
         for path, (_, grid), w in zip(files, out, want):
             got = tuple(int(x) for x in grid)
             if got != tuple(w):
                 raise RuntimeError(f"data: image {path}: grid_mismatch: the processor's grid {got} is not {tuple(w)} "
                                    "from the image header (changed since the index was built? hyperparallel "
                                    "data check RECIPE)")
-        return np.concatenate([pv for pv, _ in out]).astype(np.float32, copy=False)
+        return np.concatenate([pv for pv, _ in out] + [filler]).astype(np.float32, copy=False)
