@@ -329,9 +329,12 @@ class QwenVL(ModelAdapter):
         self.tp_group = group
 
     def sharded_params(self) -> dict:
-        from .tp import sharded
         g = getattr(self, "tp_group", None)
-        return sharded(int(self.text.num_hidden_layers), g.size, self.text.num_key_value_heads) if g else {}
+        return self.tensor_parallel_split(g.size) if g else {}
+
+    def tensor_parallel_split(self, size: int) -> dict:
+        from .tp import sharded
+        return sharded(int(self.text.num_hidden_layers), size, self.text.num_key_value_heads) if size > 1 else {}
 
     def compile_reason(self, region: str) -> str:
         """Every chunk runs eager (:data:`EAGER_REASON`)."""
