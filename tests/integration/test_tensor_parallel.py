@@ -24,6 +24,7 @@ STEPS = 3
 T2 = ("parallel_config.model_parallel=2",)
 T4 = ("parallel_config.model_parallel=4",)   # > num_key_value_heads (2): each key/value head on 2 ranks
 P1 = ("parallel_config.pipeline_stage=1",)
+D2 = ("parallel_config.data_parallel=2",)
 M2 = ("parallel_config.micro_batch_num=2",)
 # zb_h1: B and W split (f's gradient hook fires once, in B)
 SCHEDULES_P2 = ("1f1b", "transpose", "zb_h1")
@@ -221,7 +222,8 @@ def _reference(demo, extra=(), path=Q25):
 
 
 def _check(demo, case):
-    losses, grads, per_step = _reference(demo, path=case["recipe"])
+    dp = tuple(e for e in case["extra"] if e.startswith("parallel_config.data_parallel="))
+    losses, grads, per_step = _reference(demo, dp, path=case["recipe"])
     got = assert_equivalent(case, losses, grads, per_step)
     assert any(k.startswith("model.visual.") for k in got)
     return got
@@ -267,6 +269,7 @@ def four_ranks(tmp_path_factory, demo, two_ranks):
                                                                 _case(tmp, demo, "1f1b", T4 + P1)]
     cases.append(_case(tmp, demo, "1f1b", T2, dump_dir=os.path.join(tmp, "dump", "resumed"),
                        resume_from=resolve(os.path.join(saved, "step_2")).to_json()))
+    cases.append(_case(tmp, demo, "1f1b", T2 + P1 + D2))   # T=2 D=2: two data-parallel replicas of a T group
     launch_cases(tmp, cases, 4, timeout=900)
     return {os.path.basename(c["dump_dir"]): c for c in cases}
 
@@ -278,7 +281,7 @@ def _assert_trains_like_reference(runs, demo, schedule, extra, path=Q25):
     grads = _check(demo, case)
     # every tensor-parallel rank of the last stage held (and dumped, gathered whole) the sharded weights
     assert "model.language_model.layers.0.self_attn.q_proj.weight" in grads and "lm_head.weight" in grads
-    assert len(grads["lm_head.weight"]) == T
+    assert len(grads["lm_head.weight"]) == T * case["plan"]["data_parallel"]
     return grads
 
 
@@ -302,6 +305,31 @@ def test_t2_p1_d1_trains_like_the_single_process_reference(two_ranks, demo):
 @pytest.mark.parametrize("schedule", SCHEDULES_P2)
 def test_t2_p2_trains_like_the_single_process_reference(four_ranks, demo, schedule):
     _assert_trains_like_reference(four_ranks, demo, schedule, T2)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra", [(s, T2) for s in SCHEDULES_P2] + [("1f1b", T4 + P1), ("1f1b", T2 + P1 + D2)],
+                         ids=[f"T2-P2-{s}" for s in SCHEDULES_P2] + ["T4-P1", "T2-P1-D2"])
+def test_every_tensor_parallel_rank_holds_the_bytes_the_cost_model_predicts(four_ranks, demo, schedule, extra):
+    """Every rank of every step: its parameter, grad and optimizer bytes are ``static_memory``'s share of the
+    chunks' real bytes under T (the split weights 1/T, k/v 1/kv under T=4, the norms whole), its held forwards
+    the cost model's and its held bytes the predicted peak of its (whole) boundary tensors."""
+    from helpers import assert_memory_predicted, measured_memory
+    from hyperparallel.recipe import load_recipe
+    case = four_ranks[_key(Q25, schedule, extra)]
+    assert_memory_predicted(case, load_recipe(Q25, _sets(demo, extra)))
+    got = measured_memory(case["dump_dir"])
+    # the split is real: a T group's ranks hold less than the whole chunk, and the same
+    T = case["plan"]["meta"]["tensor_parallel"]
+    assert len({m[0]["params_bytes"] for r, m in got.items() if r < T}) == 1
+
+
+@pytest.mark.msrun
+def test_t2_d2_trains_like_the_single_process_reference(four_ranks, demo):
+    """T=2 D=2 P=1 (4 ranks): two data-parallel replicas of one tensor-parallel group; the reference runs the
+    D x M micro-batches of a step in one process."""
+    grads = _assert_trains_like_reference(four_ranks, demo, "1f1b", T2 + P1 + D2)
+    assert len(grads["lm_head.weight"]) == 4 and four_ranks[_key(Q25, "1f1b", T2 + P1 + D2)]["plan"]["data_parallel"] == 2
 
 
 @pytest.mark.msrun
