@@ -2,7 +2,8 @@
 Qwen2.5-VL: Megatron column/row-parallel attention and MLP, vocabulary-parallel embedding, LM head and cross
 entropy, the encoder replicated within each stage's T ranks.
 
-* refusals before launch: a T that does not divide the heads, channels or vocabulary, a model without
+* refusals before launch: a T that does not divide the heads or channels (a vocabulary it does not divide is
+  padded to a multiple of T, the padded logits out of the loss, checkpoints unpadded), a model without
   tensor-parallel layers, Qwen3-VL, tied embeddings; ``HP_MSRUN_ARGS --worker_num`` other than P x D x T;
 * the rank layout: each stage replica's T ranks are neighbours, the groups are the ones the comm module builds;
 * equivalence (msrun): T=2 P=1 D=1 (2 ranks) and T=2 P=2 (4 ranks: 1f1b, transpose, zb_h1) train 3 steps like the
@@ -25,6 +26,7 @@ T2 = ("parallel_config.model_parallel=2",)
 T4 = ("parallel_config.model_parallel=4",)   # > num_key_value_heads (2): each key/value head on 2 ranks
 P1 = ("parallel_config.pipeline_stage=1",)
 D2 = ("parallel_config.data_parallel=2",)
+V255 = ("model.model_config.text_config.vocab_size=255",)   # T=2 does not divide it: padded to 256
 M2 = ("parallel_config.micro_batch_num=2",)
 # zb_h1: B and W split (f's gradient hook fires once, in B)
 SCHEDULES_P2 = ("1f1b", "transpose", "zb_h1")
@@ -61,9 +63,24 @@ def test_t_that_does_not_divide_the_heads_is_refused_naming_the_key_and_the_allo
     assert "3 does not divide model.model_config.text_config.num_attention_heads (4); allowed: 1, 2, 4" in str(e)
 
 
-def test_t_that_does_not_divide_the_vocabulary_is_refused(refused):
-    e = refused(Q25, *T2, "model.model_config.text_config.vocab_size=255")
-    assert "2 does not divide model.model_config.text_config.vocab_size (255); allowed: 1" in str(e)
+def test_a_vocabulary_t_does_not_divide_is_padded_not_refused(demo):
+    """vocab 255 under T=2 (and 4): the embedding and LM head padded to 256 rows, 128 (64) a rank; their whole
+    (file) shape stays 255 rows. The heads still bound T: 3 is refused naming the key and the allowed values."""
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import run_config_of
+    from hyperparallel.runtime.tensor_group import length_of, split_of, whole_shape
+    V = ("model.model_config.text_config.vocab_size=255",)
+    for T in (2, 4):
+        rc = run_config_of(load_recipe(Q25, list(demo) + [f"parallel_config.model_parallel={T}"] + list(V)))
+        spec = rc.model.tensor_parallel_split(T)
+        for name in ("lm_head.weight", "model.language_model.embed_tokens.weight"):
+            assert spec[name] == (0, T, 255) and split_of(spec[name], T) == (0, T) and length_of(spec[name]) == 255
+            assert whole_shape((256 // T, 64), spec[name], T) == (255, 64)
+        assert spec["model.language_model.layers.0.mlp.down_proj.weight"] == 1   # the rest as before
+    with pytest.raises(Exception) as e:
+        run_config_of(load_recipe(Q25, list(demo) + ["parallel_config.model_parallel=3"] + list(V)))
+    assert e.value.field == "parallel_config.model_parallel"
+    assert "3 does not divide model.model_config.text_config.num_attention_heads (4); allowed: 1, 2, 4" in str(e.value)
 
 
 def test_models_and_settings_without_tensor_parallel_layers_are_refused(refused):
@@ -191,6 +208,19 @@ def test_a_slice_held_by_several_ranks_is_gathered_and_sliced_by_its_parts():
             return [my_slice(whole, (0, 2), 4, r) for r in range(4)]
     got = gather_whole(Group(), {"w": my_slice(whole, (0, 2), 4, 1), "n": Tensor([1.0])}, {"w": (0, 2)})
     assert (got["w"].asnumpy() == whole.asnumpy()).all() and got["n"].asnumpy()[0] == 1.0
+    # a padded spec: 3 rows over T = 2, padded to 4: rank 1 holds row 2 and a zero row; gathered, 3 rows again
+    three = Tensor(np.arange(18, dtype=np.float32).reshape(3, 6))
+    slices = [my_slice(three, (0, 2, 3), 2, t) for t in range(2)]
+    assert [s.shape for s in slices] == [(2, 6), (2, 6)] and (slices[1].asnumpy()[1] == 0).all()
+    assert (slices[1].asnumpy()[0] == three.asnumpy()[2]).all()
+
+    class Two:
+        T = 2
+
+        def all_gather(self, t, group):
+            return slices
+    back = gather_whole(Two(), {"e": slices[0]}, {"e": (0, 2, 3)})["e"]
+    assert back.shape == (3, 6) and (back.asnumpy() == three.asnumpy()).all()
 
 
 # -- equivalence on msrun ranks ------------------------------------------------------------------------
@@ -222,7 +252,7 @@ def _reference(demo, extra=(), path=Q25):
 
 
 def _check(demo, case):
-    dp = tuple(e for e in case["extra"] if e.startswith("parallel_config.data_parallel="))
+    dp = tuple(e for e in case["extra"] if e.startswith(("parallel_config.data_parallel=", V255[0])))
     losses, grads, per_step = _reference(demo, dp, path=case["recipe"])
     got = assert_equivalent(case, losses, grads, per_step)
     assert any(k.startswith("model.visual.") for k in got)
@@ -252,7 +282,8 @@ def two_ranks(tmp_path_factory, demo, hf_dir):
     cases = [_case(tmp, demo, "1f1b", T2 + P1, save_dir=os.path.join(tmp, "ckpt"), save_every=2),
              _case(tmp, demo, "1f1b", T2 + P1, dump_dir=os.path.join(tmp, "dump", "from_hf"),
                    resume_from=resolve(hf_dir).to_json()),
-             _case(tmp, demo, "1f1b", T2 + P1, path=Q3)]
+             _case(tmp, demo, "1f1b", T2 + P1, path=Q3),
+             _case(tmp, demo, "1f1b", T2 + P1 + V255, save_dir=os.path.join(tmp, "ckpt255"), save_every=2)]
     launch_cases(tmp, cases, 2, timeout=600)
     return {os.path.basename(c["dump_dir"]): c for c in cases}
 
@@ -341,6 +372,35 @@ def test_qwen3_vl_tensor_parallel_trains_like_the_single_process_reference(two_r
     grads = _assert_trains_like_reference(runs, demo, schedule, extra, path=Q3)
     assert "model.language_model.layers.0.self_attn.q_norm.weight" in grads
     assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
+
+
+@pytest.mark.msrun
+def test_a_padded_vocabulary_trains_like_the_unpadded_reference_and_saves_it_unpadded(two_ranks, demo):
+    """vocab 255 under T=2: each rank 128 rows of the embedding and LM head (rank 1's last a zero row whose
+    logit is left out of the loss): losses and every gradient (255 rows, gathered and cut) equal mindone's
+    unpadded model's; the step-2 checkpoint holds 255-row weights and moments, and the unpadded reference
+    restored from it gives the run's third loss."""
+    import json
+    import numpy as np
+    import mindspore as ms
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runtime.ckpt_files import resolve
+    from hyperparallel.runtime.reference import Reference
+    case = two_ranks[_key(Q25, "1f1b", T2 + P1 + V255)]
+    grads = _assert_trains_like_reference(two_ranks, demo, "1f1b", T2 + P1 + V255)
+    assert grads["lm_head.weight"][0].shape == (255, 64)
+    src = resolve(os.path.join(case["save_dir"], "step_2"))
+    saved = ms.load_checkpoint(src.files[0], format="safetensors")
+    for n in ("lm_head.weight", "model.language_model.embed_tokens.weight"):
+        assert saved[n].shape == (255, 64) and any(k.endswith(n) and k != n and saved[k].shape == (255, 64)
+                                                    for k in saved), n   # the weight and its Adam moments
+    recipe = load_recipe(Q25, _sets(demo, V255))
+    fresh = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {"vision": True, "llm": True})
+    assert fresh.restore(src) == (2, True)
+    loss, _ = fresh.step(2)
+    with open(os.path.join(case["dump_dir"], "losses.json")) as f:
+        np.testing.assert_allclose(loss, json.load(f)["losses"][2], rtol=1e-5)
 
 
 # -- checkpoints: whole tensors, interchangeable with unsharded runs -------------------------------------
