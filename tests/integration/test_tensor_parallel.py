@@ -115,7 +115,17 @@ def test_worker_num_must_be_p_x_d_x_t(mindone, monkeypatch):
     monkeypatch.setenv("HP_MSRUN_ARGS", "--worker_num=2")
     with pytest.raises(SpecError) as e:
         msrun_overrides(recipe.ranks)
-    assert "pipeline_stage x data_parallel x model_parallel = 4 ranks" in str(e.value)
+    assert "pipeline_stage x data_parallel x model_parallel = 4 ranks; allowed: 4" in str(e.value)
+
+
+def test_the_cli_refuses_ranks_other_than_p_x_d_x_t_before_launch_with_exit_2(demo, tmp_path):
+    sets = [a for kv in demo + T2 + D2 for a in ("--set", kv)]   # P=2 x D=2 x T=2 = 8 ranks
+    p = run_main("train", Q25, *sets, "--run-dir", str(tmp_path / "run"), env={"HP_MSRUN_ARGS": "--worker_num=4"})
+    assert p.returncode == 2, p.stderr
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and "HP_MSRUN_ARGS --worker_num: 4 but the plan needs parallel_config.pipeline_stage x " \
+        "data_parallel x model_parallel = 8 ranks; allowed: 8" in err[0], p.stderr
+    assert not os.path.exists(tmp_path / "run" / "log")
 
 
 def test_bench_and_profile_refuse_t_before_launch(demo, tmp_path):
