@@ -26,6 +26,7 @@ T2 = ("parallel_config.model_parallel=2",)
 T4 = ("parallel_config.model_parallel=4",)   # > num_key_value_heads (2): each key/value head on 2 ranks
 P1 = ("parallel_config.pipeline_stage=1",)
 D2 = ("parallel_config.data_parallel=2",)
+Z1 = ("parallel_config.optimizer_shard=true",)   # ZeRO level 1
 V255 = ("model.model_config.text_config.vocab_size=255",)   # T=2 does not divide it: padded to 256
 M2 = ("parallel_config.micro_batch_num=2",)
 # zb_h1: B and W split (f's gradient hook fires once, in B)
@@ -311,6 +312,10 @@ def four_ranks(tmp_path_factory, demo, two_ranks):
     cases.append(_case(tmp, demo, "1f1b", T2, dump_dir=os.path.join(tmp, "dump", "resumed"),
                        resume_from=resolve(os.path.join(saved, "step_2")).to_json()))
     cases.append(_case(tmp, demo, "1f1b", T2 + P1 + D2))   # T=2 D=2: two data-parallel replicas of a T group
+    cases.append(_case(tmp, demo, "1f1b", T2 + P1 + D2 + Z1))   # and ZeRO-1 over them
+    saved255 = two_ranks[_key(Q25, "1f1b", T2 + P1 + V255)]["save_dir"]   # the padded vocabulary, resumed at P=2
+    cases.append(_case(tmp, demo, "1f1b", T2 + V255, dump_dir=os.path.join(tmp, "dump", "resumed255"),
+                       resume_from=resolve(os.path.join(saved255, "step_2")).to_json()))
     launch_cases(tmp, cases, 4, timeout=900)
     return {os.path.basename(c["dump_dir"]): c for c in cases}
 
@@ -349,8 +354,9 @@ def test_t2_p2_trains_like_the_single_process_reference(four_ranks, demo, schedu
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("schedule,extra", [(s, T2) for s in SCHEDULES_P2] + [("1f1b", T4 + P1), ("1f1b", T2 + P1 + D2)],
-                         ids=[f"T2-P2-{s}" for s in SCHEDULES_P2] + ["T4-P1", "T2-P1-D2"])
+@pytest.mark.parametrize("schedule,extra", [(s, T2) for s in SCHEDULES_P2] + [("1f1b", T4 + P1), ("1f1b", T2 + P1 + D2),
+                                                                         ("1f1b", T2 + P1 + D2 + Z1)],
+                         ids=[f"T2-P2-{s}" for s in SCHEDULES_P2] + ["T4-P1", "T2-P1-D2", "T2-P1-D2-zero1"])
 def test_every_tensor_parallel_rank_holds_the_bytes_the_cost_model_predicts(four_ranks, demo, schedule, extra):
     """Every rank of every step: its parameter, grad and optimizer bytes are ``static_memory``'s share of the
     chunks' real bytes under T (the split weights 1/T, k/v 1/kv under T=4, the norms whole), its held forwards
@@ -366,11 +372,27 @@ def test_every_tensor_parallel_rank_holds_the_bytes_the_cost_model_predicts(four
 
 
 @pytest.mark.msrun
-def test_t2_d2_trains_like_the_single_process_reference(four_ranks, demo):
-    """T=2 D=2 P=1 (4 ranks): two data-parallel replicas of one tensor-parallel group; the reference runs the
-    D x M micro-batches of a step in one process."""
-    grads = _assert_trains_like_reference(four_ranks, demo, "1f1b", T2 + P1 + D2)
-    assert len(grads["lm_head.weight"]) == 4 and four_ranks[_key(Q25, "1f1b", T2 + P1 + D2)]["plan"]["data_parallel"] == 2
+@pytest.mark.parametrize("zero", [(), Z1], ids=["plain", "optimizer_shard"])
+def test_t2_d2_trains_like_the_single_process_reference(four_ranks, demo, zero):
+    """T=2 D=2 P=1 (4 ranks): two data-parallel replicas of one tensor-parallel group (with
+    ``parallel_config.optimizer_shard: true`` each rank's Adam state sharded over its data-parallel peer); the
+    reference runs the D x M micro-batches of a step in one process."""
+    grads = _assert_trains_like_reference(four_ranks, demo, "1f1b", T2 + P1 + D2 + zero)
+    plan = four_ranks[_key(Q25, "1f1b", T2 + P1 + D2 + zero)]["plan"]
+    assert len(grads["lm_head.weight"]) == 4 and plan["data_parallel"] == 2
+    assert plan["meta"].get("zero", {}).get("level", 0) == (1 if zero else 0)
+
+
+@pytest.mark.msrun
+def test_a_padded_vocabulary_checkpoint_resumes_under_another_layout(four_ranks, demo):
+    """vocab 255: the T=2 P=1 step-2 checkpoint (255-row tensors) resumed at T=2 P=2, each rank padding its
+    slice again: the third step's loss is the unpadded reference's."""
+    import json
+    import numpy as np
+    with open(os.path.join(four_ranks["resumed255"]["dump_dir"], "losses.json")) as f:
+        got = json.load(f)
+    assert got["start"] == 2 and len(got["losses"]) == 1
+    np.testing.assert_allclose(got["losses"][0], _reference(demo, V255)[0][2], rtol=1e-5)
 
 
 @pytest.mark.msrun
