@@ -1,5 +1,6 @@
-"""``parallel_config.optimizer_shard: true`` reads as ZeRO level 1 (``train.zero: 2`` is level 2): ``plan`` says so
-in one line, the exported plan JSON carries it (``meta.zero``) and ``train``'s start banner prints the line."""
+"""``parallel_config.optimizer_shard: true`` reads as ZeRO level 1 (``train.zero: 2`` is level 2): ``plan`` and
+``simulate`` say so in one line, the exported plan JSON (``meta.zero``) and ``simulate --json`` (``zero``) carry
+it, and ``train``'s start banner prints the line."""
 import json
 
 import pytest
@@ -48,3 +49,13 @@ def test_train_banner_prints_the_zero_line_once(tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     assert [ln for ln in r.stdout.splitlines() if "ZeRO" in ln] == [LEVEL1]
     assert seen["plan_meta"]["zero"]["level"] == 1
+
+
+def test_simulate_says_it_in_text_and_json():
+    sets = (*D2, "--set", "parallel_config.optimizer_shard=true")
+    r = run_main("simulate", TINY, *sets)
+    assert r.returncode == 0 and [ln for ln in r.stdout.splitlines() if ln.startswith("ZeRO")] == [LEVEL1], r.stderr
+    r = run_main("simulate", TINY, *sets, "--json")
+    assert json.loads(r.stdout)["zero"] == {"level": 1, "key": "parallel_config.optimizer_shard", "line": LEVEL1}
+    r = run_main("simulate", TINY, *D2, "--json")
+    assert "zero" not in json.loads(r.stdout)
