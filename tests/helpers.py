@@ -265,12 +265,13 @@ def boundary_bytes(raw: dict, plan, dp_index: int, step: int):
 
 
 def chunk_split_bytes(raw: dict, plan) -> dict:
-    """{(region, chunk): ((bytes, slices), ...)} of a plan's chunks under its T: the whole bytes of the chunk's
-    weights that the model adapter splits over the T ranks (``tensor_parallel_split``), by their slice count
-    (T, or the key/value heads' count when T exceeds it), as ``static_memory``'s ``split`` reads them."""
+    """{(region, chunk): ((bytes, slices[, rows]), ...)} of a plan's chunks under its T: the whole bytes of the
+    chunk's weights that the model adapter splits over the T ranks (``tensor_parallel_split``), by their slice
+    count (T, or the key/value heads' count when T exceeds it; with the rows of a padded vocabulary), as
+    ``static_memory``'s ``split`` reads them."""
     import json as _json
     from hyperparallel.runconfig import RunConfig
-    from hyperparallel.runtime.tensor_group import split_of
+    from hyperparallel.runtime.tensor_group import length_of, split_of
     T = plan.tensor_parallel
     rc = RunConfig.from_raw(raw)
     spec = rc.model.tensor_parallel_split(T)
@@ -283,11 +284,13 @@ def chunk_split_bytes(raw: dict, plan) -> dict:
             compat.setup_device("CPU")
             parts = {}
             for p in rc.model.build_chunk(c.region, c.start, c.stop).get_parameters():
-                if p.name in spec:
+                if p.name in spec:   # by (slices,) or, a padded vocabulary, (slices, rows)
                     n = split_of(spec[p.name], T)[1]
-                    parts[n] = parts.get(n, 0) + int(p.nbytes)
-            _CHUNK_BYTES[k] = tuple(sorted(parts.items(), key=lambda x: x[0]))
-        out[(c.region, c.index)] = tuple((b, n) for n, b in _CHUNK_BYTES[k])
+                    rows = length_of(spec[p.name])
+                    key_n = (n,) if rows is None else (n, rows)
+                    parts[key_n] = parts.get(key_n, 0) + int(p.nbytes)
+            _CHUNK_BYTES[k] = tuple(sorted(parts.items()))
+        out[(c.region, c.index)] = tuple((b,) + n for n, b in _CHUNK_BYTES[k])
     return out
 
 

@@ -179,8 +179,12 @@ def tensor_parallel_profile(profile: ModelProfile, T: int, split) -> ModelProfil
 def tensor_parallel_share(size: float, split=()) -> float:
     """One rank's part of ``size`` of which ``split`` (``((part, slices), ...)``) is split into ``slices``
     equal slices each (T, or the key/value heads' count when T exceeds it: each slice held by T / kv
-    ranks), the rest held whole: ``size - sum(part) + sum(part / slices)``."""
-    return size - sum(p for p, _ in split) + sum(p / n for p, n in split)
+    ranks), the rest held whole: ``size - sum(part) + sum(part / slices)``. A ``(part, slices, rows)``
+    entry is ``rows`` long along its split axis, which ``slices`` does not divide (a vocabulary padded to
+    a multiple of T): each slice holds ceil(rows / slices) of them, zero padding included."""
+    def one(e):
+        return e[0] / e[1] if len(e) < 3 else e[0] / e[2] * -(-e[2] // e[1])
+    return size - sum(e[0] for e in split) + sum(one(e) for e in split)
 
 
 def sharded_regions(plan: Plan) -> set:
@@ -211,7 +215,7 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
     gradients are reduced).
 
     ``split(region, chunk)``: with T > 1, the parts of ``size(region, chunk)`` (a whole chunk's) that the T
-    ranks split, as :func:`tensor_parallel_share` reads them; each rank then holds its share of the chunks
+    ranks split, as :func:`tensor_parallel_share` reads them (a padded vocabulary's with its rows); each rank then holds its share of the chunks
     of :func:`tensor_parallel_regions` (a test's real bytes: the split weights' whole bytes, the norms'
     whole). Without it ``size`` is already one rank's (the cost model's split profile).
     """

@@ -410,7 +410,7 @@ def test_qwen3_vl_tensor_parallel_trains_like_the_single_process_reference(two_r
 def test_a_padded_vocabulary_trains_like_the_unpadded_reference_and_saves_it_unpadded(two_ranks, demo):
     """vocab 255 under T=2: each rank 128 rows of the embedding and LM head (rank 1's last a zero row whose
     logit is left out of the loss): losses and every gradient (255 rows, gathered and cut) equal mindone's
-    unpadded model's; the step-2 checkpoint holds 255-row weights and moments, and the unpadded reference
+    unpadded model's, every rank's bytes are static_memory's (128 rows of each, padding counted); the step-2 checkpoint holds 255-row weights and moments, and the unpadded reference
     restored from it gives the run's third loss."""
     import json
     import numpy as np
@@ -419,9 +419,12 @@ def test_a_padded_vocabulary_trains_like_the_unpadded_reference_and_saves_it_unp
     from hyperparallel.runconfig import RunConfig
     from hyperparallel.runtime.ckpt_files import resolve
     from hyperparallel.runtime.reference import Reference
+    from helpers import assert_memory_predicted
     case = two_ranks[_key(Q25, "1f1b", T2 + P1 + V255)]
     grads = _assert_trains_like_reference(two_ranks, demo, "1f1b", T2 + P1 + V255)
     assert grads["lm_head.weight"][0].shape == (255, 64)
+    # each rank holds 128 rows (the padding included), as static_memory counts them
+    assert_memory_predicted(case, load_recipe(Q25, _sets(demo, T2 + P1 + V255)))
     src = resolve(os.path.join(case["save_dir"], "step_2"))
     saved = ms.load_checkpoint(src.files[0], format="safetensors")
     for n in ("lm_head.weight", "model.language_model.embed_tokens.weight"):

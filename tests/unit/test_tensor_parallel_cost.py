@@ -112,6 +112,8 @@ def test_static_memory_takes_each_ranks_share_of_real_bytes():
     count); with ZeRO-1 over D = 2 the optimizer state is half of that share."""
     from hyperparallel.mpipe.cost import static_memory, tensor_parallel_share
     assert tensor_parallel_share(100, ((64, 4), (16, 2))) == 100 - 80 + 16 + 8
+    # 255 rows of 4 bytes over T = 2: padded to 256, 128 rows a rank
+    assert tensor_parallel_share(1020 + 10, ((1020, 2, 255),)) == 10 + 128 * 4
     prof = parse_profile({"regions": [LAYER]})
     plan = derive(prof, "1f1b", 2, 4, 1, D=2, zero=1)
     plan.meta["tensor_parallel"] = 4
