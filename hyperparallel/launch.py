@@ -91,8 +91,9 @@ def msrun_overrides(world: int) -> Dict[str, str]:
                                                 "--join=True) to report every step and the result; give True or "
                                                 "leave it out")
     if "worker_num" in out and out["worker_num"] != str(world):
-        raise SpecError("HP_MSRUN_ARGS --worker_num", f"{out['worker_num']} but the plan needs "
-                                                      f"pipeline_stage x data_parallel x model_parallel = {world} ranks")
+        raise SpecError("HP_MSRUN_ARGS --worker_num", f"{out['worker_num']} but the plan needs parallel_config."
+                                                      f"pipeline_stage x data_parallel x model_parallel = {world} ranks; "
+                                                      f"allowed: {world} (or change those keys)")
     local = int(out.get("local_worker_num", world))
     if not 1 <= local <= world or world % local:
         raise SpecError("HP_MSRUN_ARGS --local_worker_num", f"{local} must divide the job's {world} ranks "

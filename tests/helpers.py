@@ -264,25 +264,59 @@ def boundary_bytes(raw: dict, plan, dp_index: int, step: int):
     return (lambda k: in_b[k[1:]] + out_b[k[1:]]), (lambda k: in_b[k[1:]])
 
 
+def chunk_split_bytes(raw: dict, plan) -> dict:
+    """{(region, chunk): ((bytes, slices[, rows]), ...)} of a plan's chunks under its T: the whole bytes of the
+    chunk's weights that the model adapter splits over the T ranks (``tensor_parallel_split``), by their slice
+    count (T, or the key/value heads' count when T exceeds it; with the rows of a padded vocabulary), as
+    ``static_memory``'s ``split`` reads them."""
+    import json as _json
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runtime.tensor_group import length_of, split_of
+    T = plan.tensor_parallel
+    rc = RunConfig.from_raw(raw)
+    spec = rc.model.tensor_parallel_split(T)
+    key = _json.dumps(raw.get("model"), sort_keys=True, default=str)
+    out = {}
+    for c in plan.chunks:
+        k = ("split", T, key, c.region, c.start, c.stop)
+        if k not in _CHUNK_BYTES:
+            from hyperparallel.runtime import compat
+            compat.setup_device("CPU")
+            parts = {}
+            for p in rc.model.build_chunk(c.region, c.start, c.stop).get_parameters():
+                if p.name in spec:   # by (slices,) or, a padded vocabulary, (slices, rows)
+                    n = split_of(spec[p.name], T)[1]
+                    rows = length_of(spec[p.name])
+                    key_n = (n,) if rows is None else (n, rows)
+                    parts[key_n] = parts.get(key_n, 0) + int(p.nbytes)
+            _CHUNK_BYTES[k] = tuple(sorted(parts.items()))
+        out[(c.region, c.index)] = tuple((b,) + n for n, b in _CHUNK_BYTES[k])
+    return out
+
+
 def assert_memory_predicted(case: dict, recipe) -> None:
     """On every rank and step of the case: the measured peak held forwards (per region and in all) equal the
     cost model's for the rank's device, and its parameter, grad and optimizer bytes equal
-    ``static_memory`` over the chunks' real parameter bytes (``recipe``: the case's, loaded). Without next-step
-    spill, the measured peak held bytes equal the cost model's held-activation peak over the step's boundary
-    tensors (:func:`boundary_bytes`; recomputed chunks' kept inputs included)."""
+    ``static_memory`` over the chunks' real parameter bytes (``recipe``: the case's, loaded; under T, each
+    rank's share of them: :func:`chunk_split_bytes`). Without next-step spill, the measured peak held bytes
+    equal the cost model's held-activation peak over the step's boundary tensors (:func:`boundary_bytes`;
+    recomputed chunks' kept inputs included; under T whole on every rank of the group)."""
     from hyperparallel.mpipe.cost import activation_events, peak_of, simulate, static_memory
     from hyperparallel.mpipe.ir import Plan
     plan = Plan.from_json(case["plan"])
     spill = any(a.step for p in plan.programs.values() for a in p)
     rep = simulate(plan, recipe.profile, steps=3 if spill else 1)
     size = chunk_param_bytes(case["raw"], plan)
+    T = plan.tensor_parallel
+    split = chunk_split_bytes(case["raw"], plan) if T > 1 else None
     # a sharded region's share: ceil(N / P) float32 elements of its N (hyperparallel.runtime.sharded)
     static = static_memory(plan, lambda r, c: size[(r, c)], recipe.profile.optimizer_factor,
-                           shard=lambda b, n: -(-(b // 4) // n) * 4)
+                           shard=lambda b, n: -(-(b // 4) // n) * 4,
+                           split=(lambda r, c: split[(r, c)]) if split else None)
     got = measured_memory(case["dump_dir"])
-    assert sorted(got) == list(range(plan.num_devices * plan.data_parallel)), case["name"]
+    assert sorted(got) == list(range(plan.num_devices * plan.data_parallel * T)), case["name"]
     for rank, steps in got.items():
-        d = rank // plan.data_parallel
+        d = rank // (plan.data_parallel * T)
         want = rep.devices[d]
         assert len(steps) == case["steps"], case["name"]
         for m in steps:

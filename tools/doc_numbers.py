@@ -161,6 +161,25 @@ def encoder_scaling() -> str:
             f"does not depend on the images (`fixed_share: {d['fixed_share']:.2f}` in the recipe's profile).\n")
 
 
+def encoder_width() -> str:
+    """``tools/encoder_scaling.py`` at full and half width: what one of T = 2 vision shards would run (its
+    matmuls halved, no all-reduce), measured on one core."""
+    with open(os.path.join(ROOT, "docs", "encoder_width_bench_skewed.json")) as f:
+        runs = json.load(f)
+    lines = ["| `vision_dim` / heads | 1 image (ms) | 4 images (ms) | command |", "|---|---|---|---|"]
+    for d in runs:
+        o = dict(x.split("=", 1) for x in d["overrides"])
+        cells = " | ".join(f"{p['median_ms']:.0f} ({p['min_ms']:.0f}-{p['max_ms']:.0f})" for p in d["points"])
+        lines.append(f"| {o['model.vision_dim']} / {o['model.vision_heads']} | {cells} | `{d['command']}` |")
+    return "\n".join(lines) + "\n"
+
+
+#: the recipes tools/vision_tp.py compares (the LLM split over T; the vision encoder whole, or split too)
+VISION_TP = ("recipes/qwen2_5_vl_7b.yaml|parallel_config.model_parallel=2", "recipes/qwen2_5_vl_72b.yaml",
+             "recipes/qwen2_5_vl_72b.yaml|mpipe.encoder.trainable=true",
+             "recipes/qwen2_5_vl_bench.yaml|parallel_config.model_parallel=2")
+
+
 BALANCE_PROFILE = "recipes/profiles/bench_skewed.measured.profile.yaml"   # the bench run's own profile
 
 
@@ -662,13 +681,15 @@ GENERATORS: Dict[str, Callable[[], str]] = {
     "tune-verify": tune_verify,
     "bench-balance": bench_balance,
     "encoder-scaling": encoder_scaling,
+    "encoder-width": encoder_width,
+    "vision-tp": lambda: tool_table("vision_tp.py", *VISION_TP),
     "balance-replay": balance_replay,
     "layout": lambda: tool_table("layout.py"),
     "shape-buckets": lambda: tool_table("shape_buckets.py", "recipes/tiny_mllm_data.yaml", "--demo", "--steps", "40"),
 }
 #: Blocks whose figures come from running the cost model (the rest render measured JSON).
 SIMULATED = ("encoder-heavy", "frozen-vit", "paper-scale", "paper-memory", "real-sizes", "schedule-orders", "schedule-torch",
-             "balance-replay")
+             "balance-replay", "vision-tp")
 
 
 def render(text: str, cache: Dict[str, str], only=None) -> str:

@@ -141,6 +141,10 @@ def build_profile(recipe, plan, ranks: List[dict]) -> dict:
         reg = dict(name=r.name, layers=r.layers, trainable=r.trainable, forward_ms=round(f_l, 4),
                    backward_ms=round(b_l * tr, 4), weight_ms=round(w_l * tr, 4),
                    activation_mb=round(act / L, 4), output_mb=round(out, 5), param_mb=round(par / L, 5))
+        whole = ranks[0].get("whole_param_mb", {})
+        if any(f"{r.name}/{c.index}" in whole for c in chunks):   # the part tensor parallelism keeps whole
+            reg["whole_param_mb"] = round(sum(whole.get(f"{r.name}/{c.index}", ranks[0]["param_mb"][f"{r.name}/{c.index}"])
+                                              for c in chunks) / L, 5)
         if len(chunks) > 1:
             reg.update(head_forward_ms=round(f_h, 4), head_backward_ms=round(b_h * tr, 4),
                        head_weight_ms=round(w_h * tr, 4))

@@ -51,6 +51,8 @@ def cmd_plan(args) -> int:
     check_tensor_parallel(recipe)
     print(f"schedule {plan.meta['schedule_name']}: P={plan.num_devices} M={plan.num_micro} "
           f"V={plan.meta['pp_interleave_num']} D={plan.data_parallel}")
+    if plan.meta.get("zero"):
+        print(plan.meta["zero"]["line"])
     print(cut_lines(plan))
     if recipe.estimated:
         print(f"note: {recipe.costs}")

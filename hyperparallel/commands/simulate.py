@@ -5,7 +5,9 @@ One schedule with ``--json`` prints one object (``makespan_ms``, ``bubble_ratio`
 peak_held, peak_held_total}]``, ...); several print a table, or with
 ``--json`` a list of such objects, each with its ``speedup`` against the first. With
 ``mpipe.memory_limit_gb`` each object has ``memory_limit_exceeded`` (the devices over it, worst
-first, with their predicted peak and its parts) and a warning line goes to stderr per plan over it.
+first, with their predicted peak and its parts) and a warning line goes to stderr per plan over it. With
+ZeRO (``train.zero``, or ``parallel_config.optimizer_shard: true``: level 1) each has ``zero`` ({level, key,
+line}) and the table is preceded by that line.
 """
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ def run_simulate(args) -> int:
     for plan, rep in results:
         o = {"schedule": plan.meta["schedule_name"], **rep.to_json()}
         o["speedup"] = round(base / rep.makespan_ms, 6) if rep.makespan_ms > 0 else None
+        if plan.meta.get("zero"):   # the ZeRO level and the key that gave it (optimizer_shard: true is level 1)
+            o["zero"] = dict(plan.meta["zero"])
         if recipe.memory_limit_gb is not None:
             o["memory_limit_exceeded"] = [e.to_json() for e in memory_excess(recipe, plan, rep)]
             warning = memory_warning(recipe, plan, rep)
@@ -80,6 +84,8 @@ def run_simulate(args) -> int:
         return 0
     P, M = results[0][0].num_devices, results[0][0].num_micro
     print(f"recipe {args.recipe}: P={P} M={M} V={recipe.pp_interleave_num} D={recipe.data_parallel}")
+    if results[0][0].meta.get("zero"):
+        print(results[0][0].meta["zero"]["line"])
     if recipe.estimated:
         print(f"note: {recipe.costs}")
     for line in recipe.notes:

@@ -268,6 +268,8 @@ def _launch(args, recipe, rc, plan, run_dir: str, world: int, node0: bool) -> in
     print(f"train {stem}: schedule {sched_name}, P={plan.num_devices} D={plan.data_parallel}{tp} "
           f"M={plan.num_micro} on {world} {rc.device} ranks, {steps} steps ({args.steps_from}); run dir {run_dir}",
           flush=True)
+    if plan.meta.get("zero"):   # train.zero / parallel_config.optimizer_shard (true: level 1)
+        print(plan.meta["zero"]["line"], flush=True)
     print(compile_line(rc.model, rc.compile), flush=True)
     notes = schema.unused_keys(recipe.raw)
     if notes:

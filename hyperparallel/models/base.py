@@ -53,8 +53,9 @@ a model class or a shape formula: it asks an adapter. One adapter per model fami
   in the same order: inside chunk forwards and backwards, which they run identically); and name the
   parameters split so (``{name: axis}``: each rank holds the ``rank``-th of ``size`` equal slices along
   ``axis``; the others are whole copies). Parameter names stay the model's; checkpoints hold whole tensors.
+  ``tensor_parallel_split(T)`` (pure Python) names them without a group (the memory figures' split share).
 
-Constructing an adapter, ``regions()``, ``check_device()``, ``check_tensor_parallel()`` and ``compile_reason()`` are pure Python (the
+Constructing an adapter, ``regions()``, ``check_device()``, ``check_tensor_parallel()``, ``tensor_parallel_split()`` and ``compile_reason()`` are pure Python (the
 launcher checks a recipe before any rank starts); the other methods may import MindSpore.
 """
 from __future__ import annotations
@@ -152,6 +153,12 @@ class ModelAdapter:
 
     def sharded_params(self) -> dict:
         """{parameter name: axis} of the parameters split over the tensor-parallel group (default none)."""
+        return {}
+
+    def tensor_parallel_split(self, size: int) -> dict:
+        """Pure Python: the parameters a group of ``size`` would split (``sharded_params``' form: an axis, or
+        (axis, slices) for a slice held by several ranks), without splitting anything (default none): what
+        the memory figures of tensor parallelism count."""
         return {}
 
     def processor_record(self, data_cfg) -> Optional[dict]:

@@ -16,7 +16,8 @@ input and weight gradients are split (measured).
 :func:`parallel_block` wraps a block (attention, MLP) with *f* on its input and *g* on its output by swapping
 its class for a subclass (same Cell, same parameters and names); :func:`split` keeps a parameter's slice;
 :func:`vocab_embedding` and :func:`vocab_cross_entropy` are the vocabulary-parallel embedding and loss
-(no rank ever holds the full logits).
+(no rank ever holds the full logits; a vocabulary T does not divide is padded to a multiple of T, the padded
+logits left out of the loss).
 """
 from __future__ import annotations
 
@@ -42,10 +43,16 @@ def reduce_from(x: Tensor, group) -> Tensor:
 def split(p, axis: int, group, parts: int = 0) -> None:
     """Keep this rank's slice of parameter ``p`` along ``axis``: the ``group.rank``-th of ``group.size`` equal
     slices, or with ``parts`` < size the ``rank // (size // parts)``-th of ``parts`` (a slice held by
-    ``size // parts`` consecutive ranks: key/value heads replicated when there are fewer than ranks)."""
+    ``size // parts`` consecutive ranks: key/value heads replicated when there are fewer than ranks). A
+    length ``parts`` does not divide is padded with zeros to ``parts`` x ceil(length / parts) first (a
+    vocabulary padded to a multiple of T, as Megatron's ``make-vocab-size-divisible-by``)."""
     parts = parts or group.size
     whole = p.asnumpy()
-    n, i = whole.shape[axis] // parts, group.rank // (group.size // parts)
+    n, i = -(-whole.shape[axis] // parts), group.rank // (group.size // parts)
+    if n * parts > whole.shape[axis]:
+        pad = [(0, 0)] * whole.ndim
+        pad[axis] = (0, n * parts - whole.shape[axis])
+        whole = np.pad(whole, pad)
     part = np.take(whole, np.arange(i * n, (i + 1) * n), axis=axis)
     p.set_data(Tensor(np.ascontiguousarray(part), p.dtype), slice_shape=True)
 
@@ -104,13 +111,19 @@ def vocab_embedding(ids: Tensor, weight, lo: int, padding_idx, group) -> Tensor:
     return reduce_from(out * held.astype(out.dtype).expand_dims(-1), group)
 
 
-def vocab_cross_entropy(logits: Tensor, labels: Tensor, lo: int, group, ignore_index: int = -100) -> Tensor:
+def vocab_cross_entropy(logits: Tensor, labels: Tensor, lo: int, group, ignore_index: int = -100,
+                        vocab: int = 0) -> Tensor:
     """Mean token cross entropy of a causal LM (labels shifted by one, ``ignore_index`` left out: the loss
     of mindone's ``ForCausalLMLoss``) from this rank's vocabulary slice of the logits (``[..., V/T]``, columns
     ``lo..``): log-sum-exp and the target logit are summed over the group (per-token numbers, never the
-    logits); the gradient of each slice is its own softmax minus its one-hot part."""
+    logits); the gradient of each slice is its own softmax minus its one-hot part. ``vocab``: the real
+    vocabulary size of a padded one: the columns from it on (padding rows of the LM head) are left out of
+    the loss (no probability, no gradient)."""
     V = logits.shape[-1]
     logits = logits[:, :-1, :].reshape(-1, V).astype(ms.float32)
+    if vocab and lo + V > vocab:   # padded columns: out of the softmax (their rows get no gradient)
+        real = Tensor((np.arange(lo, lo + V) < vocab).reshape(1, V))
+        logits = ops.where(real, logits, ops.full_like(logits, -1e30))
     target = labels[:, 1:].reshape(-1)
     # a common shift: the largest logit of any rank (no gradient: log-sum-exp does not depend on it)
     local_max = ops.stop_gradient(logits.max(axis=-1))

@@ -147,7 +147,9 @@ def tensor_parallel_profile(profile: ModelProfile, T: int, split) -> ModelProfil
 
     A profile's costs are a whole layer's (``hyperparallel profile`` measures without T; the estimate and a
     hand-written profile state whole layers). Per rank of a split region: parameters (hence grads and
-    optimizer state) 1/T; compute times (layers and head: the LM head is vocabulary-parallel) 1/T, an ideal
+    optimizer state) ``whole_param_mb`` (the norms, which every rank holds whole) plus 1/T of the rest
+    (:func:`tensor_parallel_share`; a measured profile gives the norms' share, the estimate counts no norms);
+    compute times (layers and head: the LM head is vocabulary-parallel) 1/T, an ideal
     split; activations ``1 - TP_SPLIT_SHARE + TP_SPLIT_SHARE / T`` of a layer's (:data:`TP_SPLIT_SHARE`);
     and per layer two all-reduces forward (after ``o_proj`` and ``down_proj``; a recompute repeats them) and
     two backward (before q/k/v and gate/up), each of the layer's output (``output_mb``: tokens x hidden x
@@ -164,12 +166,25 @@ def tensor_parallel_profile(profile: ModelProfile, T: int, split) -> ModelProfil
     for r in profile.regions:
         if r.name in split:
             ar = 2 * ring_ms(ALLREDUCE, T, r.output_mb, link)
+            whole = min(r.whole_param_mb, r.param_mb)
             r = replace(r, forward_ms=r.forward_ms / T + ar, backward_ms=r.backward_ms / T + ar,
                         weight_ms=r.weight_ms / T, head_forward_ms=r.head_forward_ms / T,
                         head_backward_ms=r.head_backward_ms / T, head_weight_ms=r.head_weight_ms / T,
-                        param_mb=r.param_mb / T, activation_mb=r.activation_mb * keep)
+                        param_mb=tensor_parallel_share(r.param_mb, ((r.param_mb - whole, T),)), whole_param_mb=whole,
+                        activation_mb=r.activation_mb * keep)
         regions.append(r)
     return replace(profile, regions=tuple(regions))
+
+
+def tensor_parallel_share(size: float, split=()) -> float:
+    """One rank's part of ``size`` of which ``split`` (``((part, slices), ...)``) is split into ``slices``
+    equal slices each (T, or the key/value heads' count when T exceeds it: each slice held by T / kv
+    ranks), the rest held whole: ``size - sum(part) + sum(part / slices)``. A ``(part, slices, rows)``
+    entry is ``rows`` long along its split axis, which ``slices`` does not divide (a vocabulary padded to
+    a multiple of T): each slice holds ceil(rows / slices) of them, zero padding included."""
+    def one(e):
+        return e[0] / e[1] if len(e) < 3 else e[0] / e[2] * -(-e[2] // e[1])
+    return size - sum(e[0] for e in split) + sum(one(e) for e in split)
 
 
 def sharded_regions(plan: Plan) -> set:
@@ -185,7 +200,8 @@ def zero_level(plan: Plan) -> int:
 
 
 def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_factor: float,
-                  shard: Callable[[float, int], float] = lambda p, n: p / n) -> Dict[int, Tuple[float, float, float]]:
+                  shard: Callable[[float, int], float] = lambda p, n: p / n,
+                  split: Optional[Callable[[str, int], tuple]] = None) -> Dict[int, Tuple[float, float, float]]:
     """Per device: (parameters, grads, optimizer state) of the chunks it holds, in the unit of ``size``.
 
     ``size(region, chunk)``: the parameter size of a chunk (the cost model's MB from the profile; a
@@ -197,8 +213,16 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
     D data-parallel replicas (:func:`zero_level`) every trained chunk's optimizer state counts
     ``shard(size, D)`` per rank, and at level 2 its grads too (what a rank holds once the step's
     gradients are reduced).
+
+    ``split(region, chunk)``: with T > 1, the parts of ``size(region, chunk)`` (a whole chunk's) that the T
+    ranks split, as :func:`tensor_parallel_share` reads them (a padded vocabulary's with its rows); each rank then holds its share of the chunks
+    of :func:`tensor_parallel_regions` (a test's real bytes: the split weights' whole bytes, the norms'
+    whole). Without it ``size`` is already one rank's (the cost model's split profile).
     """
     sharded = sharded_regions(plan)
+    if split is not None and plan.tensor_parallel > 1:
+        tp, whole = tensor_parallel_regions(plan), size
+        size = lambda r, c: tensor_parallel_share(whole(r, c), split(r, c)) if r in tp else whole(r, c)  # noqa: E731
     zero, D = zero_level(plan), plan.data_parallel
     central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
     out = {}

@@ -13,7 +13,7 @@ from . import bounds
 from ..errors import SpecError, is_whole, number, unknown_key, whole
 
 COST_KEYS = ("forward_ms", "backward_ms", "weight_ms", "activation_mb", "output_mb", "param_mb",
-             "head_forward_ms", "head_backward_ms", "head_weight_ms")
+             "head_forward_ms", "head_backward_ms", "head_weight_ms", "whole_param_mb")
 REGION_KEYS = ("name", "layers", "trainable", "fixed_share", "spread") + COST_KEYS
 TIME_KEYS = ("forward_ms", "backward_ms", "weight_ms", "head_forward_ms", "head_backward_ms", "head_weight_ms")
 SUMMARY_SHARE = 0.1   # a per-layer cost under this share of its region's per-layer time leaves the summary spread
@@ -35,6 +35,10 @@ class RegionProfile:
     head_forward_ms: float = 0.0
     head_backward_ms: float = 0.0
     head_weight_ms: float = 0.0
+    # the part of param_mb that each rank of a tensor-parallel group (parallel_config.model_parallel) keeps
+    # whole (the norms; the rest splits T ways): ``hyperparallel profile`` measures it from the model
+    # adapter's split weights; 0 (everything splits) in a hand-written profile and the estimate
+    whole_param_mb: float = 0.0
     # the share of a task's time that does not grow with the micro-batch's encoder work (per-micro-batch
     # dispatch and fixed-size work; ``tools/encoder_scaling.py`` measures it): a replay of the data's
     # per-step work (``simulate --data-steps``) scales only the rest. 0: time proportional to the work
@@ -175,6 +179,9 @@ def parse_profile(obj, where: str = "mpipe.profile") -> ModelProfile:
         if not isinstance(trainable, bool):
             raise SpecError(f"{w}.trainable", f"must be true or false, got {trainable!r}")
         kw = {k: _at_most(f"{w}.{k}", r[k], bounds.MAX_COST) for k in COST_KEYS if k in r}
+        if kw.get("whole_param_mb", 0.0) > kw.get("param_mb", 0.0):
+            raise SpecError(f"{w}.whole_param_mb", f"{kw['whole_param_mb']} exceeds param_mb "
+                                                   f"({kw.get('param_mb', 0.0)}): it is the part of it kept whole")
         if "fixed_share" in r:
             kw["fixed_share"] = _at_most(f"{w}.fixed_share", r["fixed_share"], 1.0)
         if "spread" in r:

@@ -46,7 +46,7 @@ from ..mpipe import recompute as rc
 from ..mpipe.schedule import Schedule, parse_schedule
 from . import mindformers as mf
 from . import estimate, schema
-from .train import TrainConfig, zero_of
+from .train import TrainConfig, zero_line, zero_of
 from .files import apply_override, load_raw
 
 MPIPE_KEYS = ("schedule", "profile", "encoder", "memory_limit_gb", "compile", "compile_fallback", "recompute")
@@ -538,6 +538,9 @@ def derive_recipe(recipe: Recipe, schedule=None) -> Plan:
     plan.meta["recipe"] = recipe.path
     if recipe.tensor_parallel > 1:
         plan.meta["tensor_parallel"] = recipe.tensor_parallel
+    if recipe.zero:   # the level, the key that gave it and the line plan and train print
+        level, key = zero_of(recipe.raw)
+        plan.meta["zero"] = {"level": level, "key": key, "line": zero_line(level, key, recipe.data_parallel)}
     return plan
 
 

@@ -355,6 +355,17 @@ def zero_of(raw: dict) -> Tuple[int, str]:
     return level, key
 
 
+def zero_line(level: int, key: str, D: int) -> str:
+    """One line saying what the ZeRO level means here ("" at level 0): ``parallel_config.optimizer_shard:
+    true`` reads as level 1."""
+    if not level:
+        return ""
+    given = "parallel_config.optimizer_shard: true" if key == "parallel_config.optimizer_shard" else f"{key}: {level}"
+    what = ("optimizer state sharded over the data-parallel replicas, gradients all-reduced" if level == 1 else
+            "optimizer state and gradients sharded over the data-parallel replicas (gradients reduce-scattered)")
+    return f"ZeRO level {level} ({given}): {what}, D={D}"
+
+
 def _typed(name: str, sec, classes: dict) -> str:
     """The ``type`` of a MindFormers ``{type: Class, ...}`` section, its fields checked against the class's."""
     if not isinstance(sec, dict):

@@ -207,12 +207,13 @@ class RankRuntime:
         """This rank's parameters: name -> (region, elements of the whole parameter, trained: the region is
         trainable in the plan and the weight is no base weight LoRA froze).
         Gathered from every rank and merged by name (:func:`parameters_line`), each counts once."""
-        from .tensor_group import split_of
-        T = self.plan.tensor_parallel   # a sharded parameter's whole size
+        import numpy as np
+        from .tensor_group import whole_shape
+        T = self.plan.tensor_parallel   # a sharded parameter's whole size (a padded vocabulary's unpadded)
 
-        def parts(name):
-            return split_of(self.sharded[name], T)[1] if name in self.sharded else 1
-        return {p.name: (region, int(p.size) * parts(p.name),
+        def whole(p):
+            return int(np.prod(whole_shape(p.shape, self.sharded[p.name], T))) if p.name in self.sharded else int(p.size)
+        return {p.name: (region, whole(p),
                          bool(self.plan.trainable.get(region, True)) and not is_frozen_base(p))
                 for (region, _), cell in sorted(self.chunks.items()) for p in cell.get_parameters()}
 

@@ -27,9 +27,16 @@ class TensorGroup:
 
 
 def split_of(spec, size: int):
-    """(axis, parts) of a sharded-parameter spec: an axis (``size`` slices, one per rank) or (axis, parts) with
-    parts < ``size`` (each slice held by ``size // parts`` consecutive ranks: key/value heads replicated)."""
+    """(axis, parts) of a sharded-parameter spec: an axis (``size`` slices, one per rank), (axis, parts) with
+    parts < ``size`` (each slice held by ``size // parts`` consecutive ranks: key/value heads replicated), or
+    (axis, parts, length): a whole tensor of ``length`` along ``axis`` that ``parts`` does not divide, padded
+    with zeros to ``parts`` x ceil(length / parts) (a vocabulary padded to a multiple of T; :func:`length_of`)."""
     return (spec, size) if isinstance(spec, int) else (int(spec[0]), int(spec[1]))
+
+
+def length_of(spec):
+    """The whole (unpadded) length along the split axis of a padded spec (:func:`split_of`), else None."""
+    return None if isinstance(spec, int) or len(spec) < 3 else int(spec[2])
 
 
 def first_copy(spec, size: int, index: int) -> bool:
@@ -49,7 +56,9 @@ def gather_whole(comm, values: dict, sharded: dict) -> dict:
     for name in sorted(n for n in values if n in sharded):
         axis, parts = split_of(sharded[name], T)
         got = comm.all_gather(ops.stop_gradient(values[name]), "tp")
-        out[name] = ops.concat(got[::T // parts], axis=axis)
+        whole = ops.concat(got[::T // parts], axis=axis)
+        n = length_of(sharded[name])
+        out[name] = whole if n is None else ops.narrow(whole, axis, 0, n)   # the padding left out
     return out
 
 
@@ -66,12 +75,21 @@ def whole_shape(shape, spec, size: int) -> tuple:
     """The shape of the whole tensor of which ``shape`` is this rank's slice (``spec``: :func:`split_of`)."""
     axis, parts = split_of(spec, size)
     s = list(shape)
-    s[axis] *= parts
+    n = length_of(spec)
+    s[axis] = s[axis] * parts if n is None else n
     return tuple(s)
 
 
 def my_slice(value, spec, size: int, index: int):
-    """Rank ``index``'s slice of a whole tensor ``value`` (``spec``: :func:`split_of`)."""
+    """Rank ``index``'s slice of a whole tensor ``value`` (``spec``: :func:`split_of`; a padded spec's zero
+    padding added first)."""
     axis, parts = split_of(spec, size)
+    length = length_of(spec)
+    if length is not None:
+        n = -(-length // parts)
+        if n * parts > value.shape[axis]:
+            pad = list(value.shape)
+            pad[axis] = n * parts - value.shape[axis]
+            value = ops.concat([value, ops.zeros(tuple(pad), value.dtype)], axis=axis)
     n = value.shape[axis] // parts
     return ops.narrow(value, axis, index // (size // parts) * n, n)

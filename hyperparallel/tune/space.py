@@ -164,7 +164,7 @@ def profile_dict(profile: ModelProfile) -> dict:
     regions = []
     for r in profile.regions:
         d = {"name": r.name, "layers": r.layers, "trainable": r.trainable}
-        d.update({k: getattr(r, k) for k in COST_KEYS})
+        d.update({k: getattr(r, k) for k in COST_KEYS if k != "whole_param_mb" or r.whole_param_mb})
         if r.spread:
             d["spread"] = dict(r.spread)
         regions.append(d)

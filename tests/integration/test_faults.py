@@ -148,7 +148,8 @@ def train(*args, env=None, timeout=300):
     (["--set", "train.stop_grace_s=-5"], {}, "error: train.stop_grace_s: must be a number > 0, got -5"),
     (["--set", "train.hang_timeout_s=fast"], {}, "error: train.hang_timeout_s: must be a number > 0, got 'fast'"),
     ([], {"HP_MSRUN_ARGS": "--worker_num=4 --local_worker_num=2 --node_rank=2"},
-     "error: HP_MSRUN_ARGS --worker_num: 4 but the plan needs pipeline_stage x data_parallel x model_parallel = 2 ranks"),
+     "error: HP_MSRUN_ARGS --worker_num: 4 but the plan needs parallel_config.pipeline_stage x data_parallel x "
+     "model_parallel = 2 ranks; allowed: 2"),
     (["--set", "parallel_config.data_parallel=2"], {"HP_MSRUN_ARGS": "--local_worker_num=2 --node_rank=2"},
      "error: HP_MSRUN_ARGS --node_rank: 2 but 4 ranks of 2 per node make 2 node(s): 0..1"),
     (["--set", "parallel_config.pipeline_stage=3"], {"HP_MSRUN_ARGS": "--local_worker_num=2"},

@@ -2,7 +2,8 @@
 Qwen2.5-VL: Megatron column/row-parallel attention and MLP, vocabulary-parallel embedding, LM head and cross
 entropy, the encoder replicated within each stage's T ranks.
 
-* refusals before launch: a T that does not divide the heads, channels or vocabulary, a model without
+* refusals before launch: a T that does not divide the heads or channels (a vocabulary it does not divide is
+  padded to a multiple of T, the padded logits out of the loss, checkpoints unpadded), a model without
   tensor-parallel layers, Qwen3-VL, tied embeddings; ``HP_MSRUN_ARGS --worker_num`` other than P x D x T;
 * the rank layout: each stage replica's T ranks are neighbours, the groups are the ones the comm module builds;
 * equivalence (msrun): T=2 P=1 D=1 (2 ranks) and T=2 P=2 (4 ranks: 1f1b, transpose, zb_h1) train 3 steps like the
@@ -24,6 +25,9 @@ STEPS = 3
 T2 = ("parallel_config.model_parallel=2",)
 T4 = ("parallel_config.model_parallel=4",)   # > num_key_value_heads (2): each key/value head on 2 ranks
 P1 = ("parallel_config.pipeline_stage=1",)
+D2 = ("parallel_config.data_parallel=2",)
+Z1 = ("parallel_config.optimizer_shard=true",)   # ZeRO level 1
+V255 = ("model.model_config.text_config.vocab_size=255",)   # T=2 does not divide it: padded to 256
 M2 = ("parallel_config.micro_batch_num=2",)
 # zb_h1: B and W split (f's gradient hook fires once, in B)
 SCHEDULES_P2 = ("1f1b", "transpose", "zb_h1")
@@ -59,9 +63,23 @@ def test_t_that_does_not_divide_the_heads_is_refused_naming_the_key_and_the_allo
     assert "3 does not divide model.model_config.text_config.num_attention_heads (4); allowed: 1, 2, 4" in str(e)
 
 
-def test_t_that_does_not_divide_the_vocabulary_is_refused(refused):
-    e = refused(Q25, *T2, "model.model_config.text_config.vocab_size=255")
-    assert "2 does not divide model.model_config.text_config.vocab_size (255); allowed: 1" in str(e)
+def test_a_vocabulary_t_does_not_divide_is_padded_not_refused(demo):
+    """vocab 255 under T=2 (and 4): the embedding and LM head padded to 256 rows, 128 (64) a rank; their whole
+    (file) shape stays 255 rows. The heads still bound T: 3 is refused naming the key and the allowed values."""
+    from hyperparallel.runconfig import load_parsed
+    from hyperparallel.runtime.tensor_group import length_of, split_of, whole_shape
+    V = ("model.model_config.text_config.vocab_size=255",)
+    for T in (2, 4):
+        rc = load_parsed(Q25, list(demo) + [f"parallel_config.model_parallel={T}"] + list(V)).run
+        spec = rc.model.tensor_parallel_split(T)
+        for name in ("lm_head.weight", "model.language_model.embed_tokens.weight"):
+            assert spec[name] == (0, T, 255) and split_of(spec[name], T) == (0, T) and length_of(spec[name]) == 255
+            assert whole_shape((256 // T, 64), spec[name], T) == (255, 64)
+        assert spec["model.language_model.layers.0.mlp.down_proj.weight"] == 1   # the rest as before
+    with pytest.raises(Exception) as e:
+        load_parsed(Q25, list(demo) + ["parallel_config.model_parallel=3"] + list(V)).run
+    assert e.value.field == "parallel_config.model_parallel"
+    assert "3 does not divide model.model_config.text_config.num_attention_heads (4); allowed: 1, 2, 4" in str(e.value)
 
 
 def test_models_and_settings_without_tensor_parallel_layers_are_refused(refused):
@@ -96,7 +114,17 @@ def test_worker_num_must_be_p_x_d_x_t(mindone, monkeypatch):
     monkeypatch.setenv("HP_MSRUN_ARGS", "--worker_num=2")
     with pytest.raises(SpecError) as e:
         msrun_overrides(recipe.ranks)
-    assert "pipeline_stage x data_parallel x model_parallel = 4 ranks" in str(e.value)
+    assert "pipeline_stage x data_parallel x model_parallel = 4 ranks; allowed: 4" in str(e.value)
+
+
+def test_the_cli_refuses_ranks_other_than_p_x_d_x_t_before_launch_with_exit_2(demo, tmp_path):
+    sets = [a for kv in demo + T2 + D2 for a in ("--set", kv)]   # P=2 x D=2 x T=2 = 8 ranks
+    p = run_main("train", Q25, *sets, "--run-dir", str(tmp_path / "run"), env={"HP_MSRUN_ARGS": "--worker_num=4"})
+    assert p.returncode == 2, p.stderr
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and "HP_MSRUN_ARGS --worker_num: 4 but the plan needs parallel_config.pipeline_stage x " \
+        "data_parallel x model_parallel = 8 ranks; allowed: 8" in err[0], p.stderr
+    assert not os.path.exists(tmp_path / "run" / "log")
 
 
 def test_bench_and_profile_refuse_t_before_launch(demo, tmp_path):
@@ -189,6 +217,19 @@ def test_a_slice_held_by_several_ranks_is_gathered_and_sliced_by_its_parts():
             return [my_slice(whole, (0, 2), 4, r) for r in range(4)]
     got = gather_whole(Group(), {"w": my_slice(whole, (0, 2), 4, 1), "n": Tensor([1.0])}, {"w": (0, 2)})
     assert (got["w"].asnumpy() == whole.asnumpy()).all() and got["n"].asnumpy()[0] == 1.0
+    # a padded spec: 3 rows over T = 2, padded to 4: rank 1 holds row 2 and a zero row; gathered, 3 rows again
+    three = Tensor(np.arange(18, dtype=np.float32).reshape(3, 6))
+    slices = [my_slice(three, (0, 2, 3), 2, t) for t in range(2)]
+    assert [s.shape for s in slices] == [(2, 6), (2, 6)] and (slices[1].asnumpy()[1] == 0).all()
+    assert (slices[1].asnumpy()[0] == three.asnumpy()[2]).all()
+
+    class Two:
+        T = 2
+
+        def all_gather(self, t, group):
+            return slices
+    back = gather_whole(Two(), {"e": slices[0]}, {"e": (0, 2, 3)})["e"]
+    assert back.shape == (3, 6) and (back.asnumpy() == three.asnumpy()).all()
 
 
 # -- equivalence on msrun ranks ------------------------------------------------------------------------
@@ -220,7 +261,8 @@ def _reference(demo, extra=(), path=Q25):
 
 
 def _check(demo, case):
-    losses, grads, per_step = _reference(demo, path=case["recipe"])
+    dp = tuple(e for e in case["extra"] if e.startswith(("parallel_config.data_parallel=", V255[0])))
+    losses, grads, per_step = _reference(demo, dp, path=case["recipe"])
     got = assert_equivalent(case, losses, grads, per_step)
     assert any(k.startswith("model.visual.") for k in got)
     return got
@@ -248,7 +290,8 @@ def two_ranks(tmp_path_factory, demo, hf_dir):
     cases = [_case(tmp, demo, "1f1b", T2 + P1, save_dir=os.path.join(tmp, "ckpt"), save_every=2),
              _case(tmp, demo, "1f1b", T2 + P1, dump_dir=os.path.join(tmp, "dump", "from_hf"),
                    resume_from=resolve(hf_dir).to_json()),
-             _case(tmp, demo, "1f1b", T2 + P1, path=Q3)]
+             _case(tmp, demo, "1f1b", T2 + P1, path=Q3),
+             _case(tmp, demo, "1f1b", T2 + P1 + V255, save_dir=os.path.join(tmp, "ckpt255"), save_every=2)]
     launch_cases(tmp, cases, 2, timeout=600)
     return {os.path.basename(c["dump_dir"]): c for c in cases}
 
@@ -265,6 +308,11 @@ def four_ranks(tmp_path_factory, demo, two_ranks):
                                                                 _case(tmp, demo, "1f1b", T4 + P1)]
     cases.append(_case(tmp, demo, "1f1b", T2, dump_dir=os.path.join(tmp, "dump", "resumed"),
                        resume_from=resolve(os.path.join(saved, "step_2")).to_json()))
+    cases.append(_case(tmp, demo, "1f1b", T2 + P1 + D2))   # T=2 D=2: two data-parallel replicas of a T group
+    cases.append(_case(tmp, demo, "1f1b", T2 + P1 + D2 + Z1))   # and ZeRO-1 over them
+    saved255 = two_ranks[_key(Q25, "1f1b", T2 + P1 + V255)]["save_dir"]   # the padded vocabulary, resumed at P=2
+    cases.append(_case(tmp, demo, "1f1b", T2 + V255, dump_dir=os.path.join(tmp, "dump", "resumed255"),
+                       resume_from=resolve(os.path.join(saved255, "step_2")).to_json()))
     launch_cases(tmp, cases, 4, timeout=900)
     return {os.path.basename(c["dump_dir"]): c for c in cases}
 
@@ -276,7 +324,7 @@ def _assert_trains_like_reference(runs, demo, schedule, extra, path=Q25):
     grads = _check(demo, case)
     # every tensor-parallel rank of the last stage held (and dumped, gathered whole) the sharded weights
     assert "model.language_model.layers.0.self_attn.q_proj.weight" in grads and "lm_head.weight" in grads
-    assert len(grads["lm_head.weight"]) == T
+    assert len(grads["lm_head.weight"]) == T * case["plan"]["data_parallel"]
     return grads
 
 
@@ -303,6 +351,48 @@ def test_t2_p2_trains_like_the_single_process_reference(four_ranks, demo, schedu
 
 
 @pytest.mark.msrun
+@pytest.mark.parametrize("schedule,extra", [(s, T2) for s in SCHEDULES_P2] + [("1f1b", T4 + P1), ("1f1b", T2 + P1 + D2),
+                                                                         ("1f1b", T2 + P1 + D2 + Z1)],
+                         ids=[f"T2-P2-{s}" for s in SCHEDULES_P2] + ["T4-P1", "T2-P1-D2", "T2-P1-D2-zero1"])
+def test_every_tensor_parallel_rank_holds_the_bytes_the_cost_model_predicts(four_ranks, demo, schedule, extra):
+    """Every rank of every step: its parameter, grad and optimizer bytes are ``static_memory``'s share of the
+    chunks' real bytes under T (the split weights 1/T, k/v 1/kv under T=4, the norms whole), its held forwards
+    the cost model's and its held bytes the predicted peak of its (whole) boundary tensors."""
+    from helpers import assert_memory_predicted, measured_memory
+    from hyperparallel.recipe import load_recipe
+    case = four_ranks[_key(Q25, schedule, extra)]
+    assert_memory_predicted(case, load_recipe(Q25, _sets(demo, extra)))
+    got = measured_memory(case["dump_dir"])
+    # the split is real: a T group's ranks hold less than the whole chunk, and the same
+    T = case["plan"]["meta"]["tensor_parallel"]
+    assert len({m[0]["params_bytes"] for r, m in got.items() if r < T}) == 1
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("zero", [(), Z1], ids=["plain", "optimizer_shard"])
+def test_t2_d2_trains_like_the_single_process_reference(four_ranks, demo, zero):
+    """T=2 D=2 P=1 (4 ranks): two data-parallel replicas of one tensor-parallel group (with
+    ``parallel_config.optimizer_shard: true`` each rank's Adam state sharded over its data-parallel peer); the
+    reference runs the D x M micro-batches of a step in one process."""
+    grads = _assert_trains_like_reference(four_ranks, demo, "1f1b", T2 + P1 + D2 + zero)
+    plan = four_ranks[_key(Q25, "1f1b", T2 + P1 + D2 + zero)]["plan"]
+    assert len(grads["lm_head.weight"]) == 4 and plan["data_parallel"] == 2
+    assert plan["meta"].get("zero", {}).get("level", 0) == (1 if zero else 0)
+
+
+@pytest.mark.msrun
+def test_a_padded_vocabulary_checkpoint_resumes_under_another_layout(four_ranks, demo):
+    """vocab 255: the T=2 P=1 step-2 checkpoint (255-row tensors) resumed at T=2 P=2, each rank padding its
+    slice again: the third step's loss is the unpadded reference's."""
+    import json
+    import numpy as np
+    with open(os.path.join(four_ranks["resumed255"]["dump_dir"], "losses.json")) as f:
+        got = json.load(f)
+    assert got["start"] == 2 and len(got["losses"]) == 1
+    np.testing.assert_allclose(got["losses"][0], _reference(demo, V255)[0][2], rtol=1e-5)
+
+
+@pytest.mark.msrun
 @pytest.mark.parametrize("P", [1, 2], ids=["T2-P1-1f1b", "T2-P2-transpose"])
 def test_qwen3_vl_tensor_parallel_trains_like_the_single_process_reference(two_ranks, four_ranks, demo, P):
     """Qwen3-VL: per-head q_norm / k_norm (their gradients summed over the group) and deepstack features added
@@ -311,6 +401,38 @@ def test_qwen3_vl_tensor_parallel_trains_like_the_single_process_reference(two_r
     grads = _assert_trains_like_reference(runs, demo, schedule, extra, path=Q3)
     assert "model.language_model.layers.0.self_attn.q_norm.weight" in grads
     assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
+
+
+@pytest.mark.msrun
+def test_a_padded_vocabulary_trains_like_the_unpadded_reference_and_saves_it_unpadded(two_ranks, demo):
+    """vocab 255 under T=2: each rank 128 rows of the embedding and LM head (rank 1's last a zero row whose
+    logit is left out of the loss): losses and every gradient (255 rows, gathered and cut) equal mindone's
+    unpadded model's, every rank's bytes are static_memory's (128 rows of each, padding counted); the step-2 checkpoint holds 255-row weights and moments, and the unpadded reference
+    restored from it gives the run's third loss."""
+    import json
+    import numpy as np
+    import mindspore as ms
+    from hyperparallel.recipe import load_recipe
+    from hyperparallel.runconfig import RunConfig
+    from hyperparallel.runtime.ckpt_files import resolve
+    from hyperparallel.runtime.reference import Reference
+    from helpers import assert_memory_predicted
+    case = two_ranks[_key(Q25, "1f1b", T2 + P1 + V255)]
+    grads = _assert_trains_like_reference(two_ranks, demo, "1f1b", T2 + P1 + V255)
+    assert grads["lm_head.weight"][0].shape == (255, 64)
+    # each rank holds 128 rows (the padding included), as static_memory counts them
+    assert_memory_predicted(case, load_recipe(Q25, _sets(demo, T2 + P1 + V255)))
+    src = resolve(os.path.join(case["save_dir"], "step_2"))
+    saved = ms.load_checkpoint(src.files[0], format="safetensors")
+    for n in ("lm_head.weight", "model.language_model.embed_tokens.weight"):
+        assert saved[n].shape == (255, 64) and any(k.endswith(n) and k != n and saved[k].shape == (255, 64)
+                                                    for k in saved), n   # the weight and its Adam moments
+    recipe = load_recipe(Q25, _sets(demo, V255))
+    fresh = Reference(RunConfig.from_raw(recipe.raw), recipe.micro_batch_num, {"vision": True, "llm": True})
+    assert fresh.restore(src) == (2, True)
+    loss, _ = fresh.step(2)
+    with open(os.path.join(case["dump_dir"], "losses.json")) as f:
+        np.testing.assert_allclose(loss, json.load(f)["losses"][2], rtol=1e-5)
 
 
 # -- checkpoints: whole tensors, interchangeable with unsharded runs -------------------------------------

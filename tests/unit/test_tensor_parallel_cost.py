@@ -92,3 +92,48 @@ def test_tensor_parallel_the_model_cannot_split_refused(command):
 def test_tensor_link_bad_input_refused():
     with pytest.raises(Exception, match=r"mpipe.profile.tensor_link.*latency_ms, bandwidth_gb_s"):
         parse_profile({"regions": [LAYER], "tensor_link": {"speed": 1}})
+
+
+def test_the_norms_stay_whole_on_every_rank():
+    """whole_param_mb (the norms, measured by hyperparallel profile) is held whole; the rest splits: 2 + 6 / 2."""
+    prof = parse_profile({"regions": [dict(LAYER, whole_param_mb=2.0)]})
+    r = tensor_parallel_profile(prof, 2, ("llm",)).region("llm")
+    assert (r.param_mb, r.whole_param_mb) == (5.0, 2.0)
+    plan = derive(prof, "1f1b", 2, 4, 1)
+    plan.meta["tensor_parallel"] = 2
+    d = simulate(plan, prof).devices[0]
+    assert (d.params_mb, d.grads_mb, d.optimizer_mb) == (10.0, 10.0, 20.0)   # 2 layers of 5 MB
+    with pytest.raises(Exception, match=r"regions\[0\]\.whole_param_mb: 9.0 exceeds param_mb \(8.0\)"):
+        parse_profile({"regions": [dict(LAYER, whole_param_mb=9.0)]})
+
+
+def test_static_memory_takes_each_ranks_share_of_real_bytes():
+    """A test's real bytes: the chunk's whole size and its split parts (slices: T, or the key/value heads'
+    count); with ZeRO-1 over D = 2 the optimizer state is half of that share."""
+    from hyperparallel.mpipe.cost import static_memory, tensor_parallel_share
+    assert tensor_parallel_share(100, ((64, 4), (16, 2))) == 100 - 80 + 16 + 8
+    # 255 rows of 4 bytes over T = 2: padded to 256, 128 rows a rank
+    assert tensor_parallel_share(1020 + 10, ((1020, 2, 255),)) == 10 + 128 * 4
+    prof = parse_profile({"regions": [LAYER]})
+    plan = derive(prof, "1f1b", 2, 4, 1, D=2, zero=1)
+    plan.meta["tensor_parallel"] = 4
+    got = static_memory(plan, lambda r, c: 1000, 2.0, split=lambda r, c: ((800, 4), (100, 2)))
+    share = 1000 - 900 + 200 + 50
+    assert got[0] == (share, share, 2.0 * share / 2)
+    plan.meta["tensor_parallel"] = 1   # T = 1: the split is not taken
+    assert static_memory(plan, lambda r, c: 1000, 2.0, split=lambda r, c: ((800, 4),))[0] == (1000, 1000, 1000)
+
+
+def test_a_measured_profile_records_the_part_tensor_parallelism_keeps_whole():
+    """hyperparallel profile: per region with split weights, its chunks' whole part (measure.py: the bytes of the
+    parameters the adapter's ``tensor_parallel_split`` does not name) over its layers; none for other regions."""
+    from fake_bench import profile_rank
+    from hyperparallel.bench.profile import build_profile
+    from hyperparallel.recipe import derive_recipe, load_recipe
+    rec = load_recipe(recipe("tiny_mllm.yaml"))
+    plan = derive_recipe(rec)
+    rank = dict(profile_rank(), whole_param_mb={"llm/0": 0.02, "llm/1": 0.04})
+    regions = {r["name"]: r for r in build_profile(rec, plan, [rank])["regions"]}
+    L = rec.profile.region("llm").layers
+    assert regions["llm"]["whole_param_mb"] == round(0.06 / L, 5) and "whole_param_mb" not in regions["vision"]
+    assert "whole_param_mb" not in {k for r in build_profile(rec, plan, [profile_rank()])["regions"] for k in r}

@@ -197,6 +197,11 @@ def profile_rank(job: dict, comm) -> dict:
     out["activation_mb"] = _activation_mb(plan, rc, source, cells, local)
     out["param_mb"] = {f"{r}/{c}": sum(int(np.prod(p.shape)) * 4 for p in cell.get_parameters()) / MB
                        for (r, c), cell in cells.items()}
+    # of the chunks with weights that tensor parallelism splits, the part every rank of the group keeps whole
+    split = rc.model.tensor_parallel_split(2)
+    out["whole_param_mb"] = {f"{r}/{c}": sum(int(np.prod(p.shape)) * 4 for p in cell.get_parameters()
+                                             if p.name not in split) / MB
+                             for (r, c), cell in cells.items() if any(p.name in split for p in cell.get_parameters())}
     out["layers"] = {f"{c.region}/{c.index}": c.layers for c in plan.chunks}
     out["output_mb"] = {r: float(np.mean(v or [0])) / MB for r, v in out["output_bytes"].items()}
     comm.barrier()

@@ -308,9 +308,10 @@ class QwenVL(ModelAdapter):
 
     # -- tensor parallelism (parallel_config.model_parallel: T; :mod:`.tp`) ---------------------------
     def check_tensor_parallel(self, size: int) -> None:
-        """T must divide the query heads, the MLP channels and the vocabulary of the language model, and divide
-        the key/value heads or be a multiple of them (each then replicated on T / kv ranks; the encoder is
-        replicated within the group); refused before launch, naming the key."""
+        """T must divide the query heads and the MLP channels of the language model, and divide the key/value
+        heads or be a multiple of them (each then replicated on T / kv ranks; the encoder is replicated within
+        the group); refused before launch, naming the key. A vocabulary T does not divide is padded to a
+        multiple of T (:mod:`.tp`)."""
         self._tp_size = size   # compile_reason: the LLM's chunks run eager under T > 1
         if size == 1:
             return
@@ -322,10 +323,9 @@ class QwenVL(ModelAdapter):
         H, KV = t.num_attention_heads, t.num_key_value_heads
 
         def fits(d):   # key/value heads split, or each replicated on d / KV ranks
-            return all(m % d == 0 for m in (H, t.intermediate_size, t.vocab_size)) and (KV % d == 0 or d % KV == 0)
+            return all(m % d == 0 for m in (H, t.intermediate_size)) and (KV % d == 0 or d % KV == 0)
         allowed = ", ".join(str(d) for d in range(1, H + 1) if fits(d))
-        for field, n in (("num_attention_heads", H), ("intermediate_size", t.intermediate_size),
-                         ("vocab_size", t.vocab_size)):
+        for field, n in (("num_attention_heads", H), ("intermediate_size", t.intermediate_size)):
             if n % size:
                 raise SpecError(key, f"{size} does not divide {self._key(f'{self.text_key}.{field}')} ({n}); "
                                      f"allowed: {allowed}")
@@ -339,13 +339,18 @@ class QwenVL(ModelAdapter):
     def shard(self, group) -> None:
         """Split the language model's layers, embedding and LM head over ``group`` (before any chunk)."""
         from .tp import shard_network
-        shard_network(self.network(), group, self.text.num_attention_heads, self.text.num_key_value_heads)
+        shard_network(self.network(), group, self.text.num_attention_heads, self.text.num_key_value_heads,
+                      self.text.vocab_size)
         self.tp_group = group
 
     def sharded_params(self) -> dict:
-        from .tp import sharded
         g = getattr(self, "tp_group", None)
-        return sharded(int(self.text.num_hidden_layers), g.size, self.text.num_key_value_heads) if g else {}
+        return self.tensor_parallel_split(g.size) if g else {}
+
+    def tensor_parallel_split(self, size: int) -> dict:
+        from .tp import sharded
+        return sharded(int(self.text.num_hidden_layers), size, self.text.num_key_value_heads,
+                       int(self.text.vocab_size)) if size > 1 else {}
 
     def compile_reason(self, region: str) -> str:
         """'' (the chunks compile: :mod:`.graph`), or why they run eager naming the key: LoRA (:data:`LORA_REASON`),

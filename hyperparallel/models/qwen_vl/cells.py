@@ -420,7 +420,8 @@ class LLMChunk(_Slice):
             logits = self.lm_head(self.norm(h))
             if self._tp is not None:   # this rank's vocabulary slice of the logits (:mod:`.tp`)
                 from ..tensor_parallel import vocab_cross_entropy
-                loss = vocab_cross_entropy(logits, t.labels, self._tp.rank * logits.shape[-1], self._tp)
+                loss = vocab_cross_entropy(logits, t.labels, self._tp.rank * logits.shape[-1], self._tp,
+                                           vocab=self.vocab)   # a padded vocabulary's real size
             else:
                 loss = net.loss_function(logits=logits, labels=t.labels, vocab_size=self.vocab)
             return loss * t.loss_scale

@@ -10,7 +10,9 @@ pretrained directory), each rank keeps:
   matching columns of ``o_proj``; the attention module runs ``g(attn(f(x)))``;
 * MLP: the rows of ``gate_proj`` / ``up_proj`` and the columns of ``down_proj`` of its ``intermediate_size / T``
   channels; ``g(mlp(f(x)))``;
-* ``embed_tokens`` and ``lm_head``: its ``vocab_size / T`` rows; the embedding looks up the ids it holds and
+* ``embed_tokens`` and ``lm_head``: its ``vocab_size / T`` rows (a vocabulary T does not divide padded with
+  zero rows to the next multiple of T, as Megatron's ``make-vocab-size-divisible-by``; the padded logits are
+  left out of the loss and checkpoints hold the unpadded tensors); the embedding looks up the ids it holds and
   the group sums, the LM head gives this rank's logit columns, and the loss is the vocabulary-parallel cross
   entropy (:func:`.tensor_parallel.vocab_cross_entropy`).
 
@@ -30,11 +32,13 @@ MLP = (("gate_proj.weight", 0), ("up_proj.weight", 0), ("down_proj.weight", 1))
 EMBED, HEAD = "model.language_model.embed_tokens.weight", "lm_head.weight"
 
 
-def sharded(num_layers: int, size: int, kv_heads: int) -> Dict[str, object]:
+def sharded(num_layers: int, size: int, kv_heads: int, vocab: int = 0) -> Dict[str, object]:
     """{parameter name: spec} of every parameter split over a group of ``size``: an axis (one slice per rank), or
     for k/v when ``size`` > ``kv_heads`` (axis, ``kv_heads``): each key/value head held by ``size // kv_heads``
-    ranks."""
-    out = {EMBED: 0, HEAD: 0}
+    ranks; the embedding and LM head of a ``vocab`` that ``size`` does not divide (0, size, vocab): padded
+    with zero rows to a multiple of ``size`` (:func:`~hyperparallel.runtime.tensor_group.split_of`)."""
+    v = 0 if not vocab or vocab % size == 0 else (0, size, vocab)
+    out = {EMBED: v, HEAD: v}
     for i in range(num_layers):
         pre = f"model.language_model.layers.{i}."
         out.update({pre + "self_attn." + n: (a if size <= kv_heads or n[0] not in "kv" else (a, kv_heads))
@@ -43,13 +47,13 @@ def sharded(num_layers: int, size: int, kv_heads: int) -> Dict[str, object]:
     return out
 
 
-def shard_network(net, group, num_heads: int, kv_heads: int) -> None:
+def shard_network(net, group, num_heads: int, kv_heads: int, vocab: int = 0) -> None:
     """Split ``net``'s language model over ``group`` in place (see the module docstring)."""
     lm = net.model.language_model
     params = {p.name: p for p in net.get_parameters()}
-    for name, spec in sharded(len(lm.layers), group.size, kv_heads).items():
+    for name, spec in sharded(len(lm.layers), group.size, kv_heads, vocab).items():
         if name in params:   # a bias the config leaves out
-            axis, parts = (spec, 0) if isinstance(spec, int) else spec
+            axis, parts = (spec, 0) if isinstance(spec, int) else spec[:2]   # a padded vocabulary: (0, T, V)
             tp.split(params[name], axis, group, parts)
     local_q, local_kv = num_heads // group.size, max(1, kv_heads // group.size)
     for layer in lm.layers:
