@@ -184,8 +184,21 @@ def zero_level(plan: Plan) -> int:
     return 2 if REDUCESCATTER in kinds else (1 if ALLGATHER in kinds else 0)
 
 
+def shard_elements(n: int, replicas: int) -> int:
+    """Elements of one replica's share of a flat group of ``n`` elements: ``ceil(n / replicas)`` (the group is
+    padded to ``replicas x`` that; the runtime's flat shares, :mod:`hyperparallel.runtime.sharded`)."""
+    return -(-int(n) // int(replicas))
+
+
+def share_bytes(size: int, replicas: int, itemsize: int = 4) -> int:
+    """Bytes of one replica's share of a flat group of ``size`` bytes of ``itemsize``-byte elements, padding
+    included, as the runtime allocates it (:func:`shard_elements`; float32 master weights: 4)."""
+    return shard_elements(int(size) // itemsize, replicas) * itemsize
+
+
 def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_factor: float,
-                  shard: Callable[[float, int], float] = lambda p, n: p / n) -> Dict[int, Tuple[float, float, float]]:
+                  shard: Callable[[float, int], float] = lambda p, n: p / n,
+                  groups: Callable[[str, int], Dict[object, float]] = None) -> Dict[int, Tuple[float, float, float]]:
     """Per device: (parameters, grads, optimizer state) of the chunks it holds, in the unit of ``size``.
 
     ``size(region, chunk)``: the parameter size of a chunk (the cost model's MB from the profile; a
@@ -193,25 +206,41 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
     included); grads (1x) and optimizer state (``optimizer_factor`` x) count for trainable chunks whose
     optimizer runs there (not the parameter-only replicas of a central backward). A region whose
     optimizer state is sharded (``transpose(optimizer=sharded)``) counts ``shard(size, replicas)`` of
-    it per replica (1/P by default; the runtime's padded flat share for exact bytes). With ZeRO over the
-    D data-parallel replicas (:func:`zero_level`) every trained chunk's optimizer state counts
-    ``shard(size, D)`` per rank, and at level 2 its grads too (what a rank holds once the step's
-    gradients are reduced).
+    it per replica; with ZeRO over the D data-parallel replicas (:func:`zero_level`) every trained
+    region's optimizer state counts ``shard(size, D)`` per rank, and at level 2 its grads too (what a rank
+    holds once the step's gradients are reduced).
+
+    A share is what the runtime lays out: per device, one flat vector per trained region and weight-decay
+    group, of the sizes of that group in every chunk of the region the device holds. ``groups(region,
+    chunk)``: ``{group: size}`` of a chunk's parameters by weight-decay group (default: one group, the whole
+    ``size``); ``shard`` is applied to each (region, group) sum: 1/n by default (the profile's MB), the
+    runtime's padded share (:func:`share_bytes`) for exact bytes.
     """
     sharded = sharded_regions(plan)
     zero, D = zero_level(plan), plan.data_parallel
     central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
+    split = groups or (lambda r, c: {None: size(r, c)})
     out = {}
     for d in range(plan.num_devices):
-        params = grads = optim = 0.0
+        params = 0.0
+        whole: Dict[str, float] = {}                                 # region -> its trained chunks' size
+        flat: Dict[Tuple[str, object], float] = {}                   # (region, group) -> size
+        replicas: Dict[str, int] = {}
         for c in plan.chunks_on(d):
             p = size(c.region, c.index)
             holds_state = plan.trainable.get(c.region, True) and not (central.get(c.region) and d != min(c.devices))
             params += p
             if not holds_state:
                 continue
-            grads += shard(p, D) if zero == 2 else p
-            optim += (shard(p, len(c.devices)) if c.region in sharded else shard(p, D) if zero else p) * optimizer_factor
+            whole[c.region] = whole.get(c.region, 0.0) + p
+            replicas[c.region] = len(c.devices) if c.region in sharded else D if zero else 1
+            for g, gp in split(c.region, c.index).items():
+                flat[(c.region, g)] = flat.get((c.region, g), 0.0) + gp
+        shares = {r: 0.0 for r in whole}
+        for (r, _), gp in flat.items():
+            shares[r] += shard(gp, replicas[r]) if replicas[r] > 1 else gp
+        grads = sum(shares[r] if zero == 2 and r not in sharded else whole[r] for r in whole)
+        optim = sum(shares[r] if replicas[r] > 1 else whole[r] for r in whole) * optimizer_factor
         out[d] = (params, grads, optim)
     return out
 

@@ -37,15 +37,11 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from hyperparallel.mpipe import ir
+from hyperparallel.mpipe.cost import shard_elements   # the cost model's share size is this one
 from .compat import load_optimizer_state, write_param
 from .optim import Optimizer, decay_groups
 
 SHARD = "shard."
-
-
-def shard_elements(n: int, replicas: int) -> int:
-    """Elements of one replica's share of a group of ``n`` elements (``ceil(n / replicas)``)."""
-    return -(-n // replicas)
 
 
 class FlatShare:

@@ -212,27 +212,30 @@ def test_qwen2_5_vl_zero_with_adamw_weight_decay_matches_mindones_model(two_rank
 
 
 def assert_zero_memory(case, level, recipe):
-    """Every rank's measured bytes against ``static_memory`` over the chunks' real parameter bytes: parameters
-    exactly; grads (level 2) and optimizer state 1/D of them, plus the padding of each share to a whole
-    number of float32 elements per rank (under one element per weight-decay group and region)."""
-    from helpers import chunk_param_bytes, measured_memory
-    from hyperparallel.mpipe.cost import static_memory
+    """Every rank's measured bytes equal ``static_memory`` over the chunks' real parameter bytes and the run's
+    weight-decay groups: parameters whole; grads (level 2) and optimizer state one share per region and group,
+    ceil(N / D) float32 elements of its N (the padding included); a share is 1/D of the group and under one
+    element more."""
+    from helpers import chunk_param_bytes, chunk_param_groups, measured_memory
+    from hyperparallel.mpipe.cost import share_bytes, static_memory
     from hyperparallel.mpipe.ir import Plan
     plan = Plan.from_json(case["plan"])
-    size = chunk_param_bytes(case["raw"], plan)
+    size, groups = chunk_param_bytes(case["raw"], plan), chunk_param_groups(case["raw"], plan)
+    assert any(len(g) == 2 for g in groups.values())   # decay and no decay: two shares in a region
     factor = recipe.profile.optimizer_factor
-    params, grads, optim = static_memory(plan, lambda r, c: size[(r, c)], factor)[0]
-    assert optim == factor * params / 2 and grads == (params / 2 if level == 2 else params)
+    params, grads, optim = static_memory(plan, lambda r, c: size[(r, c)], factor, shard=share_bytes,
+                                         groups=lambda r, c: groups[(r, c)])[0]
+    ideal = static_memory(plan, lambda r, c: size[(r, c)], factor)[0]
     pad = 4 * 2 * len(plan.regions())
+    assert params == ideal[0] and 0 <= optim - ideal[2] < pad * factor
+    assert grads == ideal[1] == params if level == 1 else 0 <= grads - ideal[1] < pad
     got = measured_memory(case["dump_dir"])
     assert sorted(got) == [0, 1]
     for rank, steps in got.items():
         assert len(steps) == case["steps"]
         for m in steps:
             where = f"{case['name']} rank {rank} step {m['step']}: {m}"
-            assert m["params_bytes"] == params, where
-            assert 0 <= m["grads_bytes"] - grads < (pad if level == 2 else 1), where
-            assert 0 <= m["optimizer_bytes"] - optim < pad * factor, where
+            assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == (params, grads, optim), where
 
 
 @pytest.mark.msrun

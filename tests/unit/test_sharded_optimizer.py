@@ -186,3 +186,53 @@ def test_zero_with_one_replica_is_a_one_line_error_exit_2_before_launch(cli, tmp
     assert len(lines) == 1 and lines[0].startswith("error: train.zero: ZeRO 2 shards over the data-parallel "
                                                    "replicas, but parallel_config.data_parallel is 1"), lines
     assert not (tmp_path / "run").exists()
+
+
+class _Members:
+    """The data-parallel group of D members as seen by member ``rank`` (what a Shard asks at construction)."""
+
+    def __init__(self, rank, D):
+        self.rank, self.D = rank, D
+
+    def ranks_of(self, group):
+        return list(range(self.D))
+
+
+@pytest.mark.parametrize("D", [2, 3])
+def test_runtime_shares_take_the_bytes_the_cost_model_counts_padding_included(D):
+    """Odd-sized parameters in MindFormers' two weight-decay groups, in two chunks of one region and one of
+    another: every member's flat shares (its grads at ZeRO-2) and AdamW state take exactly the bytes
+    ``static_memory`` counts with the runtime's share size (``share_bytes`` per region and group): more than
+    1/D of the parameters by the padding of each share."""
+    pytest.importorskip("mindformers")
+    import numpy as np
+    from mindspore import Parameter, Tensor
+    from hyperparallel.mpipe.cost import share_bytes, static_memory
+    from hyperparallel.recipe.train import TrainConfig
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.memory import nbytes, static_bytes
+    from hyperparallel.runtime.sharded import Shard, ShardedOptimizer
+    compat.setup_device("CPU")
+    cfg = TrainConfig.from_raw({"train": {"seed": 0, "steps": 3}, "optimizer": {
+        "type": "AdamW", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1}})
+    plan = derive(prof(), "gpipe", 1, 2, V=2, D=D, zero=2)
+    chunks = sorted({(c.region, c.index) for c in plan.chunks})
+    assert chunks == [("llm", 0), ("llm", 1), ("vision", 0)]
+    shapes = {("vision", 0): [(3, 5), (5,)], ("llm", 0): [(5, 3), (3,)],
+              ("llm", 1): [(2, 5), (7,)]}   # weights (decay) and biases (no decay), odd element counts
+    params = {k: [Parameter(Tensor(np.ones(s, np.float32)), name=f"{k[0]}.{k[1]}.{'bias' if len(s) == 1 else 'w'}")
+                  for s in v] for k, v in shapes.items()}
+    size = {k: sum(int(p.nbytes) for p in v) for k, v in params.items()}
+    groups = {k: {0.1: int(v[0].nbytes), 0.0: int(v[1].nbytes)} for k, v in params.items()}
+    want = static_memory(plan, lambda r, c: size[(r, c)], 2.0, shard=share_bytes, groups=lambda r, c: groups[(r, c)])
+    ideal = static_memory(plan, lambda r, c: size[(r, c)], 2.0)
+    for rank in range(D):
+        shards = {f"zero.{r}": Shard(f"zero.{r}", [p for k in chunks if k[0] == r for p in params[k]], "dp",
+                                     _Members(rank, D), cfg) for r in ("vision", "llm")}
+        assert [len(s.shares) for s in shards.values()] == [2, 2]
+        opt = ShardedOptimizer([p for v in params.values() for p in v], shards, cfg)
+        held = {s.param.name: s.param for sh in shards.values() for s in sh.shares}   # ZeRO-2's slices' shape
+        got = static_bytes([p for v in params.values() for p in v], held, opt)
+        assert (got["params_bytes"], got["grads_bytes"], got["optimizer_bytes"]) == want[0]
+        assert sum(nbytes(p) for p in held.values()) == want[0][1] > ideal[0][1]
+        assert want[0][2] - ideal[0][2] == 2.0 * (want[0][1] - ideal[0][1]) > 0
