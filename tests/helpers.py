@@ -289,7 +289,8 @@ def assert_memory_predicted(case: dict, recipe) -> None:
     ``static_memory`` over the chunks' real parameter bytes (``recipe``: the case's, loaded). Without next-step
     spill, the measured peak held bytes equal the cost model's held-activation peak over the step's boundary
     tensors (:func:`boundary_bytes`; recomputed chunks' kept inputs included)."""
-    from hyperparallel.mpipe.cost import activation_events, peak_of, share_bytes, simulate, static_memory
+    from hyperparallel.mpipe.cost import (activation_events, grad_peak, peak_of, share_bytes, simulate, static_memory,
+                                          zero_level)
     from hyperparallel.mpipe.ir import Plan
     plan = Plan.from_json(case["plan"])
     spill = any(a.step for p in plan.programs.values() for a in p)
@@ -299,6 +300,10 @@ def assert_memory_predicted(case: dict, recipe) -> None:
     # (hyperparallel.runtime.sharded), as the cost model counts it
     static = static_memory(plan, lambda r, c: size[(r, c)], recipe.profile.optimizer_factor,
                            shard=share_bytes, groups=lambda r, c: groups[(r, c)])
+    # ZeRO-2: the peak gradient bytes held during the step (each region's whole gradients until the plan's
+    # reduce-scatter of the region, then its share)
+    peak_grads = grad_peak(plan, lambda r, c: size[(r, c)], share_bytes, lambda r, c: groups[(r, c)]) \
+        if zero_level(plan) == 2 else None
     got = measured_memory(case["dump_dir"])
     assert sorted(got) == list(range(plan.num_devices * plan.data_parallel)), case["name"]
     for rank, steps in got.items():
@@ -316,4 +321,5 @@ def assert_memory_predicted(case: dict, recipe) -> None:
                 events = activation_events(plan, rep.execution, d, held, kept, lambda k: 0)
                 assert m["peak_held_bytes"] == peak_of(events), where
             assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == static[d], where
+            assert peak_grads is None or m["peak_grad_bytes"] == peak_grads[d], where
             assert m["optimizer_global_bytes"] >= 0, where

@@ -215,9 +215,11 @@ def assert_zero_memory(case, level, recipe):
     """Every rank's measured bytes equal ``static_memory`` over the chunks' real parameter bytes and the run's
     weight-decay groups: parameters whole; grads (level 2) and optimizer state one share per region and group,
     ceil(N / D) float32 elements of its N (the padding included); a share is 1/D of the group and under one
-    element more."""
+    element more. The peak gradient bytes held during the step equal ``grad_peak``'s: at level 1 every
+    whole gradient; at level 2 the LLM's whole gradients until its reduce-scatter right after its backward,
+    then its share and the encoder's whole gradients, until the encoder's reduce-scatter."""
     from helpers import chunk_param_bytes, chunk_param_groups, measured_memory
-    from hyperparallel.mpipe.cost import share_bytes, static_memory
+    from hyperparallel.mpipe.cost import grad_peak, share_bytes, static_memory
     from hyperparallel.mpipe.ir import Plan
     plan = Plan.from_json(case["plan"])
     size, groups = chunk_param_bytes(case["raw"], plan), chunk_param_groups(case["raw"], plan)
@@ -229,6 +231,14 @@ def assert_zero_memory(case, level, recipe):
     pad = 4 * 2 * len(plan.regions())
     assert params == ideal[0] and 0 <= optim - ideal[2] < pad * factor
     assert grads == ideal[1] == params if level == 1 else 0 <= grads - ideal[1] < pad
+    peak = grad_peak(plan, lambda r, c: size[(r, c)], share_bytes, lambda r, c: groups[(r, c)])[0]
+    dp = [(a.kind, a.region) for a in plan.programs[0] if a.group == "dp"]
+    if level == 2:   # each region's reduce-scatter right after its last backward (1f1b, P = 1: LLM, then encoder)
+        assert dp == [("REDUCESCATTER", "llm"), ("REDUCESCATTER", "vision"), ("ALLGATHER", None)]
+        llm, vision = (sum(b for (r, _), b in size.items() if r == x) for x in ("llm", "vision"))
+        assert peak == max(llm, grads - share_bytes_of(groups, "vision") + vision) < params
+    else:
+        assert peak == params
     got = measured_memory(case["dump_dir"])
     assert sorted(got) == [0, 1]
     for rank, steps in got.items():
@@ -236,6 +246,18 @@ def assert_zero_memory(case, level, recipe):
         for m in steps:
             where = f"{case['name']} rank {rank} step {m['step']}: {m}"
             assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == (params, grads, optim), where
+            assert m["peak_grad_bytes"] == peak, where
+
+
+def share_bytes_of(groups, region, D=2):
+    """Bytes of one rank's share of ``region`` (its chunks' weight-decay groups: {(region, chunk): {wd: bytes}})."""
+    from hyperparallel.mpipe.cost import share_bytes
+    per = {}
+    for (r, _), g in groups.items():
+        for wd, b in g.items():
+            if r == region:
+                per[wd] = per.get(wd, 0) + b
+    return sum(share_bytes(b, D) for b in per.values())
 
 
 @pytest.mark.msrun

@@ -104,17 +104,36 @@ def test_bad_optimizer_option_is_a_one_line_error_exit_2(cli, command):
 @pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
 def test_zero_plans_reduce_then_gather_over_the_data_parallel_group(schedule):
     plain = derive(prof(), schedule, 2, 4, D=2)
-    tails = {}
+    tails, early = {}, {}
     for zero in (1, 2):
         plan = derive(prof(), schedule, 2, 4, D=2, zero=zero)
         assert check(plan) == []
         for d, prog in plan.programs.items():
-            # the body and the replica all-reduces are the plain plan's; the data-parallel reduction is an
-            # all-reduce (ZeRO-1) or a reduce-scatter (ZeRO-2), and every rank's shares are gathered after it
-            assert prog[:len(plain.programs[d]) - 1] == plain.programs[d][:-1]
-            tails[zero] = [(a.kind, a.tensor, a.group) for a in prog[len(plain.programs[d]) - 1:]]
-    assert tails[1] == [(ALLREDUCE, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
-    assert tails[2] == [(REDUCESCATTER, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
+            # ZeRO-2 reduce-scatters a region whose gradients are complete on the device right after its last
+            # weight-gradient task there (and that task's sends); without those, the body and the replica
+            # all-reduces are the plain plan's; the data-parallel reduction of the rest is an all-reduce (ZeRO-1)
+            # or a reduce-scatter (ZeRO-2), and every rank's shares are gathered after it
+            body = [a for a in prog if not (a.kind == REDUCESCATTER and a.region is not None)]
+            assert body[:len(plain.programs[d]) - 1] == plain.programs[d][:-1]
+            tails[zero, d] = [(a.kind, a.tensor, a.group) for a in body[len(plain.programs[d]) - 1:]]
+            for i, a in enumerate(prog):
+                if a.kind == REDUCESCATTER and a.region is not None:
+                    assert zero == 2 and a.group == DP_GROUP and a.tensor == WGRAD
+                    last = max(j for j, b in enumerate(prog) if b.kind in ("W", "BW") and b.region == a.region)
+                    assert i > last and all(b.kind == "SEND" for b in prog[last + 1:i])
+                    early.setdefault(d, []).append(a.region)
+    for d in plain.programs:
+        assert tails[1, d] == [(ALLREDUCE, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
+    # 1f1b: the encoder is placed on device 0 and the LLM pipelined: every region's gradients are complete
+    # after its last backward there, nothing is left for the tail. transpose: the encoder's replicas are summed
+    # over the pipeline devices first, at the tail: its reduce-scatter stays there
+    if schedule == "1f1b":
+        assert early == {0: ["llm", "vision"], 1: ["llm"]}
+        assert all(tails[2, d] == [(ALLGATHER, WEIGHTS, DP_GROUP)] for d in plain.programs)
+    else:
+        assert early == {0: ["llm"], 1: ["llm"]}
+        assert all(tails[2, d] == [(REDUCESCATTER, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)] and
+                   (plain.programs[d][-2].kind, plain.programs[d][-2].region) == (ALLREDUCE, "vision") for d in plain.programs)
     assert plain.programs[0][-1].kind == ALLREDUCE and plain.programs[0][-1].group == DP_GROUP
 
 
@@ -136,8 +155,13 @@ def test_zero_cost_charges_the_gather_and_a_reduce_scatter_is_half_an_all_reduce
     gather = ring_ms(ALLGATHER, 4, held, lp)
     assert gather > 0 and ring_ms(REDUCESCATTER, 4, held, lp) == pytest.approx(gather)
     assert z1.makespan_ms - plain.makespan_ms == pytest.approx(gather)
-    # ring all-reduce = reduce-scatter + all-gather: ZeRO-2 moves what the plain plan moves
-    assert z2.makespan_ms == pytest.approx(plain.makespan_ms)
+    # ring all-reduce = reduce-scatter + all-gather: ZeRO-2 moves what the plain plan moves, in one
+    # reduce-scatter per region on device 0 (the encoder's and its LLM chunk's, each after its last backward
+    # there): one more collective's latency, (D - 1) hops, on the critical device
+    rs = [[a.region for a in p if a.kind == REDUCESCATTER] for p in derive(prof(link), "1f1b", 2, 4, D=4,
+                                                                             zero=2).programs.values()]
+    assert rs == [["llm", "vision"], ["llm"]]
+    assert z2.makespan_ms == pytest.approx(plain.makespan_ms + 3 * 0.1)
 
 
 @pytest.mark.parametrize("over,level", [
@@ -148,8 +172,10 @@ def test_recipe_keys_give_the_zero_level(over, level):
     rec = load_recipe(TINY, ["parallel_config.data_parallel=2"] + over)
     assert rec.zero == level
     plan = checked_plan(rec, "transpose")
-    kinds = [a.kind for a in plan.programs[0] if a.group == DP_GROUP]
-    assert kinds == {0: [ALLREDUCE], 1: [ALLREDUCE, ALLGATHER], 2: [REDUCESCATTER, ALLGATHER]}[level]
+    kinds = [(a.kind, a.region) for a in plan.programs[0] if a.group == DP_GROUP]
+    # ZeRO-2: the LLM's gradients after its last backward, the replicated encoder's after its pipeline all-reduce
+    assert kinds == {0: [(ALLREDUCE, None)], 1: [(ALLREDUCE, None), (ALLGATHER, None)],
+                     2: [(REDUCESCATTER, "llm"), (REDUCESCATTER, None), (ALLGATHER, None)]}[level]
 
 
 @pytest.mark.parametrize("over,field,words", [
