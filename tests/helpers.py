@@ -204,21 +204,40 @@ def assert_equivalent(case: dict, ref_losses, ref_grads, ref_step_grads=None) ->
 _CHUNK_BYTES = {}
 
 
-def chunk_param_bytes(raw: dict, plan) -> dict:
-    """{(region, chunk): bytes of its parameters} of a plan's chunks, built here by the recipe's model adapter."""
+def _chunk_params(raw: dict, plan) -> dict:
+    """{(region, chunk): (bytes of its parameters, {weight decay: bytes of its trained parameters in that
+    weight-decay group})} of a plan's chunks, built here by the recipe's model adapter; the groups are the
+    run's optimizer's (hyperparallel.runtime.optim.decay_groups: None for the train: section's one group)."""
     import json as _json
     from hyperparallel.runconfig import RunConfig
-    key = _json.dumps(raw.get("model"), sort_keys=True, default=str)
+    key = _json.dumps([raw.get("model"), raw.get("optimizer"), raw.get("train")], sort_keys=True, default=str)
     out = {}
     for c in plan.chunks:
         k = (key, c.region, c.start, c.stop)
         if k not in _CHUNK_BYTES:
+            from hyperparallel.models.lora import trained
             from hyperparallel.runtime import compat
+            from hyperparallel.runtime.optim import decay_groups
             compat.setup_device("CPU")
-            cell = RunConfig.from_raw(raw).model.build_chunk(c.region, c.start, c.stop)
-            _CHUNK_BYTES[k] = sum(int(p.nbytes) for p in cell.get_parameters())
+            rc = RunConfig.from_raw(raw)
+            params = list(rc.model.build_chunk(c.region, c.start, c.stop).get_parameters())
+            groups = {}
+            for wd, ps in decay_groups(trained(params), rc.train):
+                groups[wd] = groups.get(wd, 0) + sum(int(p.nbytes) for p in ps)
+            _CHUNK_BYTES[k] = (sum(int(p.nbytes) for p in params), groups)
         out[(c.region, c.index)] = _CHUNK_BYTES[k]
     return out
+
+
+def chunk_param_bytes(raw: dict, plan) -> dict:
+    """{(region, chunk): bytes of its parameters} of a plan's chunks, built here by the recipe's model adapter."""
+    return {k: v[0] for k, v in _chunk_params(raw, plan).items()}
+
+
+def chunk_param_groups(raw: dict, plan) -> dict:
+    """{(region, chunk): {weight decay: bytes}}: a chunk's trained parameters by the run's weight-decay group
+    (what the runtime's ZeRO / sharded flat shares lay out per region and group)."""
+    return {k: v[1] for k, v in _chunk_params(raw, plan).items()}
 
 
 def measured_memory(dump_dir: str) -> dict:
@@ -301,18 +320,24 @@ def assert_memory_predicted(case: dict, recipe) -> None:
     rank's share of them: :func:`chunk_split_bytes`). Without next-step spill, the measured peak held bytes
     equal the cost model's held-activation peak over the step's boundary tensors (:func:`boundary_bytes`;
     recomputed chunks' kept inputs included; under T whole on every rank of the group)."""
-    from hyperparallel.mpipe.cost import activation_events, peak_of, simulate, static_memory
+    from hyperparallel.mpipe.cost import (activation_events, grad_peak, peak_of, share_bytes, simulate, static_memory,
+                                          zero_level)
     from hyperparallel.mpipe.ir import Plan
     plan = Plan.from_json(case["plan"])
     spill = any(a.step for p in plan.programs.values() for a in p)
     rep = simulate(plan, recipe.profile, steps=3 if spill else 1)
-    size = chunk_param_bytes(case["raw"], plan)
+    size, groups = chunk_param_bytes(case["raw"], plan), chunk_param_groups(case["raw"], plan)
     T = plan.tensor_parallel
     split = chunk_split_bytes(case["raw"], plan) if T > 1 else None
-    # a sharded region's share: ceil(N / P) float32 elements of its N (hyperparallel.runtime.sharded)
+    # a sharded region's share: per weight-decay group, ceil(N / P) float32 elements of its N
+    # (hyperparallel.runtime.sharded), as the cost model counts it
     static = static_memory(plan, lambda r, c: size[(r, c)], recipe.profile.optimizer_factor,
-                           shard=lambda b, n: -(-(b // 4) // n) * 4,
+                           shard=share_bytes, groups=lambda r, c: groups[(r, c)],
                            split=(lambda r, c: split[(r, c)]) if split else None)
+    # ZeRO-2: the peak gradient bytes held during the step (each region's whole gradients until the plan's
+    # reduce-scatter of the region, then its share)
+    peak_grads = grad_peak(plan, lambda r, c: size[(r, c)], share_bytes, lambda r, c: groups[(r, c)]) \
+        if zero_level(plan) == 2 and T == 1 else None
     got = measured_memory(case["dump_dir"])
     assert sorted(got) == list(range(plan.num_devices * plan.data_parallel * T)), case["name"]
     for rank, steps in got.items():
@@ -330,4 +355,5 @@ def assert_memory_predicted(case: dict, recipe) -> None:
                 events = activation_events(plan, rep.execution, d, held, kept, lambda k: 0)
                 assert m["peak_held_bytes"] == peak_of(events), where
             assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == static[d], where
+            assert peak_grads is None or m["peak_grad_bytes"] == peak_grads[d], where
             assert m["optimizer_global_bytes"] >= 0, where

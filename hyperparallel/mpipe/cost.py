@@ -80,12 +80,23 @@ class Durations:
     def chunk_mb(self, region: str, chunk: int, per_layer: float) -> float:
         return per_layer * self.layers[(region, chunk)]
 
-    def held_param_mb(self, device: int, trainable_only: bool = False) -> float:
+    def held_param_mb(self, device: int, trainable_only: bool = False, regions=None) -> float:
+        """MB of the parameters ``device`` holds (of its trained regions only; of ``regions`` only, if given)."""
+        def counted(region):
+            return (not trainable_only or self.plan.trainable.get(region, True)) and (regions is None or
+                                                                                     region in regions)
         return sum(self.chunk_mb(c.region, c.index, self.profile.region(c.region).param_mb)
-                   for c in self.plan.chunks if device in c.devices
-                   and (not trainable_only or self.plan.trainable.get(c.region, True))) + sum(
-            self.tied_mb(t.name) for t in self.plan.tied_on(device)
-            if not trainable_only or self.plan.trainable.get(t.region, True))
+                   for c in self.plan.chunks if device in c.devices and counted(c.region)) + sum(
+            self.tied_mb(t.name) for t in self.plan.tied_on(device) if counted(t.region))
+
+    def dp_regions(self, a: Action, device: int):
+        """The regions a data-parallel collective of ``device`` moves: its region (ZeRO-2's reduce-scatter
+        after the region's last weight-gradient task), else every region not scattered earlier (None: all)."""
+        if a.region is not None:
+            return {a.region}
+        early = {b.region for b in self.plan.programs.get(device, ()) if b.kind == REDUCESCATTER and
+                 b.group == DP_GROUP and b.region is not None}
+        return None if not early else {r for r in self.plan.regions() if r not in early}
 
     def tied_mb(self, name: str) -> float:
         """The profile's size of tied weight ``name`` (0 when the profile does not list it)."""
@@ -98,7 +109,8 @@ class Durations:
         if a.kind not in (ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER) or link.bandwidth_gb_s <= 0:
             return 0.0
         if a.group == DP_GROUP:
-            g, mb = self.plan.data_parallel, self.held_param_mb(device, trainable_only=True)
+            regions = self.dp_regions(a, device) if a.kind == REDUCESCATTER else None
+            g, mb = self.plan.data_parallel, self.held_param_mb(device, trainable_only=True, regions=regions)
         elif a.tensor == TIED:   # the tied weights of the region held by exactly this group of devices
             g = len(a.group)
             mb = sum(self.tied_mb(t.name) for t in self.plan.tied if t.region == a.region and t.devices == a.group)
@@ -199,8 +211,48 @@ def zero_level(plan: Plan) -> int:
     return 2 if REDUCESCATTER in kinds else (1 if ALLGATHER in kinds else 0)
 
 
+def shard_elements(n: int, replicas: int) -> int:
+    """Elements of one replica's share of a flat group of ``n`` elements: ``ceil(n / replicas)`` (the group is
+    padded to ``replicas x`` that; the runtime's flat shares, :mod:`hyperparallel.runtime.sharded`)."""
+    return -(-int(n) // int(replicas))
+
+
+def share_bytes(size: int, replicas: int, itemsize: int = 4) -> int:
+    """Bytes of one replica's share of a flat group of ``size`` bytes of ``itemsize``-byte elements, padding
+    included, as the runtime allocates it (:func:`shard_elements`; float32 master weights: 4)."""
+    return shard_elements(int(size) // itemsize, replicas) * itemsize
+
+
+def _device_state(plan: Plan, d: int, size, shard, groups):
+    """Device ``d``'s (parameters, {region: its trained chunks' size}, {region: its share's size},
+    {region: replicas it is sharded over (1: whole)}) for :func:`static_memory` / :func:`grad_peak`."""
+    sharded = sharded_regions(plan)
+    zero, D = zero_level(plan), plan.data_parallel
+    central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
+    split = groups or (lambda r, c: {None: size(r, c)})
+    params = 0.0
+    whole: Dict[str, float] = {}                                 # region -> its trained chunks' size
+    flat: Dict[Tuple[str, object], float] = {}                   # (region, group) -> size
+    replicas: Dict[str, int] = {}
+    for c in plan.chunks_on(d):
+        p = size(c.region, c.index)
+        holds_state = plan.trainable.get(c.region, True) and not (central.get(c.region) and d != min(c.devices))
+        params += p
+        if not holds_state:
+            continue
+        whole[c.region] = whole.get(c.region, 0.0) + p
+        replicas[c.region] = len(c.devices) if c.region in sharded else D if zero else 1
+        for g, gp in split(c.region, c.index).items():
+            flat[(c.region, g)] = flat.get((c.region, g), 0.0) + gp
+    shares = {r: 0.0 for r in whole}
+    for (r, _), gp in flat.items():
+        shares[r] += shard(gp, replicas[r]) if replicas[r] > 1 else gp
+    return params, whole, shares, replicas
+
+
 def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_factor: float,
                   shard: Callable[[float, int], float] = lambda p, n: p / n,
+                  groups: Callable[[str, int], Dict[object, float]] = None,
                   split: Optional[Callable[[str, int], tuple]] = None) -> Dict[int, Tuple[float, float, float]]:
     """Per device: (parameters, grads, optimizer state) of the chunks it holds, in the unit of ``size``.
 
@@ -209,34 +261,61 @@ def static_memory(plan: Plan, size: Callable[[str, int], float], optimizer_facto
     included); grads (1x) and optimizer state (``optimizer_factor`` x) count for trainable chunks whose
     optimizer runs there (not the parameter-only replicas of a central backward). A region whose
     optimizer state is sharded (``transpose(optimizer=sharded)``) counts ``shard(size, replicas)`` of
-    it per replica (1/P by default; the runtime's padded flat share for exact bytes). With ZeRO over the
-    D data-parallel replicas (:func:`zero_level`) every trained chunk's optimizer state counts
-    ``shard(size, D)`` per rank, and at level 2 its grads too (what a rank holds once the step's
-    gradients are reduced).
+    it per replica; with ZeRO over the D data-parallel replicas (:func:`zero_level`) every trained
+    region's optimizer state counts ``shard(size, D)`` per rank, and at level 2 its grads too (what a rank
+    holds once the step's gradients are reduced).
+
+    A share is what the runtime lays out: per device, one flat vector per trained region and weight-decay
+    group, of the sizes of that group in every chunk of the region the device holds. ``groups(region,
+    chunk)``: ``{group: size}`` of a chunk's parameters by weight-decay group (default: one group, the whole
+    ``size``); ``shard`` is applied to each (region, group) sum: 1/n by default (the profile's MB), the
+    runtime's padded share (:func:`share_bytes`) for exact bytes.
 
     ``split(region, chunk)``: with T > 1, the parts of ``size(region, chunk)`` (a whole chunk's) that the T
-    ranks split, as :func:`tensor_parallel_share` reads them (a padded vocabulary's with its rows); each rank then holds its share of the chunks
-    of :func:`tensor_parallel_regions` (a test's real bytes: the split weights' whole bytes, the norms'
-    whole). Without it ``size`` is already one rank's (the cost model's split profile).
+    ranks split, as :func:`tensor_parallel_share` reads them (a padded vocabulary's with its rows); each rank
+    then holds its share of the chunks of :func:`tensor_parallel_regions` (a test's real bytes: the split
+    weights' whole bytes, the norms' whole), one weight-decay group per split chunk. Without it ``size`` is
+    already one rank's (the cost model's split profile).
     """
-    sharded = sharded_regions(plan)
     if split is not None and plan.tensor_parallel > 1:
-        tp, whole = tensor_parallel_regions(plan), size
-        size = lambda r, c: tensor_parallel_share(whole(r, c), split(r, c)) if r in tp else whole(r, c)  # noqa: E731
-    zero, D = zero_level(plan), plan.data_parallel
-    central = {s["region"]: s.get("backward") == "central" for s in plan.schedule if s.get("skeleton") == "transpose"}
+        tp, whole_size, by_group = tensor_parallel_regions(plan), size, groups
+        size = lambda r, c: tensor_parallel_share(whole_size(r, c), split(r, c)) if r in tp else whole_size(r, c)  # noqa: E731
+        if by_group is not None:
+            groups = lambda r, c: {None: size(r, c)} if r in tp else by_group(r, c)  # noqa: E731
+    zero, sharded = zero_level(plan), sharded_regions(plan)
     out = {}
     for d in range(plan.num_devices):
-        params = grads = optim = 0.0
-        for c in plan.chunks_on(d):
-            p = size(c.region, c.index)
-            holds_state = plan.trainable.get(c.region, True) and not (central.get(c.region) and d != min(c.devices))
-            params += p
-            if not holds_state:
-                continue
-            grads += shard(p, D) if zero == 2 else p
-            optim += (shard(p, len(c.devices)) if c.region in sharded else shard(p, D) if zero else p) * optimizer_factor
+        params, whole, shares, replicas = _device_state(plan, d, size, shard, groups)
+        grads = sum(shares[r] if zero == 2 and r not in sharded else whole[r] for r in whole)
+        optim = sum(shares[r] if replicas[r] > 1 else whole[r] for r in whole) * optimizer_factor
         out[d] = (params, grads, optim)
+    return out
+
+
+def grad_peak(plan: Plan, size: Callable[[str, int], float], shard: Callable[[float, int], float] = lambda p, n: p / n,
+              groups: Callable[[str, int], Dict[object, float]] = None) -> Dict[int, float]:
+    """Per device: the peak size of the gradients it holds during the step, in the unit of ``size`` (see
+    :func:`static_memory` for ``size``, ``shard``, ``groups``). Walking the device's program: a chunk's
+    gradients are held from its first weight-gradient task (W or BW) on; a ZeRO-2 ``REDUCESCATTER`` replaces
+    its region's (or, without a region, every region's not yet scattered) by the region's share. Without
+    ZeRO-2 the peak is the static grads (every gradient held to the step's end)."""
+    out = {}
+    for d in range(plan.num_devices):
+        _, whole, shares, _ = _device_state(plan, d, size, shard, groups)
+        chunks = {(c.region, c.index) for c in plan.chunks_on(d) if c.region in whole}
+        started, scattered = set(), set()
+        held = peak = 0.0
+        for a in plan.programs.get(d, ()):
+            if a.kind in (W, BW) and not a.step and (a.region, a.chunk) in chunks and (a.region, a.chunk) not in started:
+                started.add((a.region, a.chunk))
+                held += size(a.region, a.chunk)
+            elif a.kind == REDUCESCATTER and a.group == DP_GROUP:
+                for r in ([a.region] if a.region is not None else sorted(whole)):
+                    if r in whole and r not in scattered:
+                        scattered.add(r)
+                        held += shares[r] - sum(size(r, c) for rr, c in started if rr == r)
+            peak = max(peak, held)
+        out[d] = peak
     return out
 
 

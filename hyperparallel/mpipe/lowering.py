@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, REDUCESCATTER, SEND, WEIGHTS, WGRAD,
-                 Action)
+from .ir import (ACT, ALLGATHER, ALLREDUCE, BROADCAST, B, BW, DP_GROUP, F, GRAD, R, RECV, REDUCESCATTER, SEND, W, WEIGHTS,
+                 WGRAD, Action)
 from .schedule import Transpose
 
 
@@ -195,6 +195,8 @@ def collectives(facts: Facts, s: Lowering) -> Lowering:
     # optimizer (the members only; every member reaches it at the same place: its program's end)
     tail.extend(facts.tied_reduces)
     if facts.D > 1:
+        # ZeRO-2: the regions of early_scatter(facts) are reduce-scattered after their last weight-gradient
+        # task on each device (assemble); this one takes every gradient not scattered yet
         tail.append(Action(REDUCESCATTER if facts.zero == 2 else ALLREDUCE, tensor=WGRAD, group=DP_GROUP))
     if facts.P > 1:
         # sharded optimizer state: after every gradient is reduced, each device updates its share of
@@ -206,6 +208,19 @@ def collectives(facts: Facts, s: Lowering) -> Lowering:
         # ZeRO: each data-parallel rank steps its share of every region it updates, then the group gathers
         tail.append(Action(ALLGATHER, tensor=WEIGHTS, group=DP_GROUP))
     return replace(s, head=tuple(head), tail=tuple(tail))
+
+
+def early_scatter(facts: Facts) -> frozenset:
+    """ZeRO-2's regions whose gradients are complete on a device after its last weight-gradient task (W or
+    BW) of the region there: every trained region but those summed over pipeline devices at the tail first
+    (a replicated encoder's all-reduce, a tied weight's copies). Their ``REDUCESCATTER wgrad dp`` goes right
+    after that task (and its sends): the device then holds only its share of them for the rest of the step."""
+    if facts.D < 2 or facts.zero != 2:
+        return frozenset()
+    late = {a.region for a in facts.tied_reduces}
+    if facts.P > 1:
+        late |= {r for r, sk in facts.upstream if isinstance(sk, Transpose) and sk.backward != "central"}
+    return frozenset(r for r, ok in facts.trainable.items() if ok and r not in late)
 
 
 def assemble(facts: Facts, s: Lowering) -> Lowering:
@@ -224,11 +239,14 @@ def assemble(facts: Facts, s: Lowering) -> Lowering:
     def receives(d: int, i: int) -> List[Receive]:
         return sorted(s.recvs_at.get(d, {}).get(i, ()), key=lambda x: (x.src, x.k))
 
+    early = early_scatter(facts)
     programs: Dict[int, List[Action]] = {}
     for d, seq in s.seqs.items():
         prog = list(s.head)
         pairs = facts.pairs.get(d)
         spilled: List[Action] = []
+        # ZeRO-2: the last weight-gradient task of each early-scattered region here
+        last_w = {t.region: i for i, t in enumerate(seq) if t.kind in (W, BW) and t.region in early and not t.step}
         for i, t in enumerate(seq):
             out = spilled if i >= s.trailing[d] else prog
             for src, k, msg in receives(d, i):
@@ -237,9 +255,15 @@ def assemble(facts: Facts, s: Lowering) -> Lowering:
             out.append(Action(t.kind, region=t.region, chunk=t.chunk, micro=t.micro, step=t.step, pair=pair))
             for msg in s.sends_after.get(d, {}).get(i, ()):
                 (spilled if msg.next_step else out).append(p2p(SEND, msg, msg.dst))
+            if last_w.get(t.region) == i:
+                out.append(Action(REDUCESCATTER, region=t.region, tensor=WGRAD, group=DP_GROUP))
         for src, k, msg in receives(d, len(seq)):
             spilled.append(p2p(RECV, msg, src))
-        programs[d] = prog + [a for a in s.tail if not isinstance(a.group, tuple) or d in a.group] + spilled
+        tail = [a for a in s.tail if not isinstance(a.group, tuple) or d in a.group]
+        held = {t.region for t in seq if t.kind in (W, BW) and facts.trainable.get(t.region, True)}
+        if held and held <= set(last_w):   # every gradient here is scattered already: no tail reduce-scatter
+            tail = [a for a in tail if a.kind != REDUCESCATTER]
+        programs[d] = prog + tail + spilled
     return replace(s, programs=programs)
 
 

@@ -24,9 +24,12 @@ per-step stores keyed by ``(region, chunk, micro)``:
   ``BROADCAST weights``: copy a region's parameters from the root device;
   ``ALLGATHER weights``: a sharded optimizer's region (:mod:`.sharded`; over ``dp``: ZeRO, every region):
   nothing here; the rank's optimizer step updates this rank's share and gathers every share right after
-  the program. ``REDUCESCATTER wgrad dp`` (ZeRO-2): every gradient of this rank summed over its
-  data-parallel group, of which only this rank's share is kept (:attr:`Interpreter.scatter`, the rank's
-  sharded optimizer); the whole gradients are dropped.
+  the program. ``REDUCESCATTER wgrad dp`` (ZeRO-2): the gradients of the action's region (the plan puts it
+  right after the region's last weight-gradient task on this device), or without a region every gradient
+  not scattered yet, summed over the data-parallel group, of which only this rank's share is kept
+  (:attr:`Interpreter.scatter`, the rank's sharded optimizer); those whole gradients are dropped there.
+  :attr:`Interpreter.peak_grad_bytes`: the step's peak bytes of the gradients held between actions
+  (whole gradients and shares).
 
 Host work never sits between a receive and its consumer or between a backward and its
 send: before every blocking RECV the micro-batches (and model inputs) that the actions up to the
@@ -115,6 +118,7 @@ class Interpreter:
         # runtime to its sharded optimizer's, :mod:`.sharded`) at the plan's REDUCESCATTER
         self.grad_shares: Dict[str, Tensor] = {}
         self.scatter = None
+        self.peak_grad_bytes = 0
         self._mb: Dict[tuple, tuple] = {}
         self.held = HeldForwards(self.regions)   # forwards held for a later backward (:mod:`.memory`)
         # the callables the hooks may wrap (timing), asked for once
@@ -194,9 +198,18 @@ class Interpreter:
         self.pending_acc.append((params, grads))
 
     def flush_grads(self) -> None:
+        if not self.pending_acc:
+            return
         for params, grads in self.pending_acc:
             self._accumulate(params, grads)
         self.pending_acc = []
+        self.note_grads()
+
+    def note_grads(self) -> None:
+        """The peak of the gradient bytes held now: whole gradients and ZeRO-2 shares (:mod:`.memory`)."""
+        held = sum(nbytes(g) for g in self.grads.values() if g is not None) + nbytes(self.grad_shares)
+        if held > self.peak_grad_bytes:
+            self.peak_grad_bytes = held
 
     # -- one optimizer step ----------------------------------------------------------
     def run_step(self, step: int) -> float:
@@ -212,6 +225,7 @@ class Interpreter:
         self.pending_w: Dict[Key, Tuple[Tensor, Tensor]] = {}
         self.grads = {p.name: None for p in self.updated}
         self.grad_shares = {}
+        self.peak_grad_bytes = 0
         self.loss = 0.0
         self.pending_acc: List[tuple] = []
         self.acts.update(self.ahead_acts)  # next-step work done last step (or by the prologue)
@@ -394,8 +408,13 @@ class Interpreter:
         if self.scatter is None:
             raise RuntimeError(f"{a.label()}: the plan reduce-scatters the gradients (ZeRO-2), but this rank's "
                                "optimizer is not sharded over its data-parallel group")
-        self.grad_shares = self.scatter(self.step_grads())
-        self.grads = {}   # only the shares are kept (ZeRO-2's point)
+        names = None if a.region is None else {p.name for p in self.region_params(a.region)}
+        grads = {p.name: (self.grads[p.name] if self.grads[p.name] is not None else ops.zeros_like(p))
+                 for p in self.updated if p.name in self.grads and (names is None or p.name in names)}
+        self.grad_shares.update(self.scatter(grads))
+        for n in grads:   # only the shares are kept (ZeRO-2's point)
+            del self.grads[n]
+        self.note_grads()
 
     def step_grads(self) -> Dict[str, Tensor]:
         """Gradients of the parameters this rank updates (zeros where none arrived); under ZeRO-2 this

@@ -13,7 +13,10 @@ Per step, a rank records (:func:`rank_memory`, one JSON object; the keys are in 
   rank holds, of the gradients it hands the optimizer, and of the optimizer's per-parameter state
   (``moment1``/``moment2`` of Adam, ``accum``/``stat`` of SGD); ``optimizer_global_bytes``: the
   optimizer's few global scalars (``beta1_power``, ``global_step``, ...), which the cost model does not
-  count.
+  count;
+* ``peak_grad_bytes``: the peak bytes of the gradients the rank holds between two actions of its program
+  (whole gradients as they accumulate; under ZeRO-2 a region's are replaced by this rank's shares at the
+  plan's reduce-scatter of the region).
 """
 from __future__ import annotations
 
@@ -99,5 +102,6 @@ def rank_memory(rt, grads: Dict[str, object]) -> dict:
     """This rank's memory record of the step just run on rank runtime ``rt`` (``grads``: the step's)."""
     out = {"rank": rt.comm.rank, "device": rt.comm.device, "dp_index": rt.comm.dp_index}
     out.update(rt.interp.held.record())
+    out["peak_grad_bytes"] = rt.interp.peak_grad_bytes
     out.update(static_bytes(rt.parameters().values(), grads, rt.optimizer))
     return out

@@ -18,10 +18,11 @@ the step with the parameters of an unsharded run. The update needs the step's gr
 gets them (clipped by the global norm, known only after the program), so it runs in the rank's optimizer
 step (:meth:`ShardedOptimizer.step`), right after the program and at the same point on every member; the
 plan's ``ALLGATHER`` marks that end of the step for the checker and the cost model (the interpreter does
-nothing there). ZeRO-2 (the plan's ``REDUCESCATTER wgrad dp``): the interpreter hands the program's gradients
-to :meth:`ShardedOptimizer.scatter`, which reduce-scatters each flat group over the data-parallel group and
-keeps only this rank's slice (the full gradients are dropped); the global norm then sums each slice's
-counted part (:meth:`ShardedOptimizer.share_square`).
+nothing there). ZeRO-2 (the plan's ``REDUCESCATTER wgrad dp``, per region after its last weight-gradient task
+on the device where the derivation places it so, else at the step's end): the interpreter hands that region's
+gradients to :meth:`ShardedOptimizer.scatter`, which reduce-scatters each of its flat groups over the
+data-parallel group and keeps only this rank's slice (the full gradients are dropped there); the global norm
+then sums each slice's counted part (:meth:`ShardedOptimizer.share_square`).
 
 Checkpoints keep the global names: :class:`ShardedOptimizer` names in ``state()`` a full-shape
 ``<slot>.<param>`` entry for every sharded parameter's state (a shape only: nothing of full size is kept
@@ -37,15 +38,11 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from hyperparallel.mpipe import ir
+from hyperparallel.mpipe.cost import shard_elements   # the cost model's share size is this one
 from .compat import load_optimizer_state, write_param
 from .optim import Optimizer, decay_groups
 
 SHARD = "shard."
-
-
-def shard_elements(n: int, replicas: int) -> int:
-    """Elements of one replica's share of a group of ``n`` elements (``ceil(n / replicas)``)."""
-    return -(-n // replicas)
 
 
 class FlatShare:
@@ -204,10 +201,13 @@ class ShardedOptimizer:
             s.update(grads)
 
     def scatter(self, grads: Dict[str, Tensor]) -> Dict[str, Tensor]:
-        """ZeRO-2's reduce-scatter of the program's gradients: {share name: this rank's slice}."""
+        """ZeRO-2's reduce-scatter of the gradients ``grads`` (a region's, after its last weight-gradient task
+        here, or every one not scattered yet): {share name: this rank's slice} of every shard holding one
+        of them (each member calls this with the same names)."""
         out = {}
         for _, s in sorted(self.shards.items()):
-            out.update(s.scatter(grads))
+            if any(p.name in grads for p in s.params):
+                out.update(s.scatter(grads))
         return out
 
     def share_square(self, grads: Dict[str, Tensor], counted: set) -> float:

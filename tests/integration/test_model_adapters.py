@@ -55,6 +55,8 @@ def test_profile_layers_disagreeing_with_model_refused(command, tmp_path):
     ("model.model_config.fused_rms_norm=true", ("model.model_config.fused_rms_norm", "CPU", "False")),
     ("model.model_config.use_rope_slice=false", ("model.model_config.use_rope_slice", "CPU", "True")),
     ("model.model_config.compute_dtype=bfloat16", ("model.model_config.compute_dtype", "bfloat16", "float32")),
+    ("model.model_config.compute_dtype=float16", ("model.model_config.compute_dtype: 'float16' cannot train on CPU",
+                                                  "set float32")),
     ("model.model_config.use_past=true", ("model.model_config.use_past", "False")),
     ("model.model_config.vocab_size=64", ("model.model_config.vocab_size", "data.vocab")),
     ("model.vision.num_heads=3", ("model.vision.num_heads",)),
@@ -79,6 +81,21 @@ def test_mindformers_defaults_that_cannot_train_on_cpu_are_named():
         RunConfig.from_raw(raw)
     raw["context"]["device_target"] = "Ascend"
     assert RunConfig.from_raw(raw).model.depth("llm") == 4
+    # float16 is the mindone models' path (loss scale, float32 master weights): MindFormers' Llama is refused
+    # in any dtype but float32 on every device, naming the key (never trained as something else)
+    raw["model"]["model_config"]["compute_dtype"] = "float16"
+    raw["runner_wrapper"] = {"scale_sense": 1024}
+    with pytest.raises(ValueError, match=r"^model.model_config.compute_dtype: 'float16' is not supported: "
+                                         r"hyperparallel trains MindFormers' Llama in float32 only; set float32$"):
+        RunConfig.from_raw(raw)
+    del raw["model"]["model_config"]["compute_dtype"]
+    with pytest.raises(ValueError, match=r"^model.model_config.compute_dtype: 'float16' \(MindFormers' default\) "
+                                         r"is not supported"):
+        RunConfig.from_raw(raw)
+    raw["model"]["model_config"]["compute_dtype"] = "float32"
+    raw["model"]["model_config"]["param_init_type"] = "float16"
+    with pytest.raises(ValueError, match=r"^model.model_config.param_init_type: 'float16' is not supported"):
+        RunConfig.from_raw(raw)
 
 
 def test_mindformers_recipe_regions_come_from_the_model():

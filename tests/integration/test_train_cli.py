@@ -111,7 +111,7 @@ def test_tiny_recipe_trains_with_transpose(full_run):
     assert [x["peak_held"] for x in m[-1]["memory"]] == [{"vision": 2, "llm": 2}, {"vision": 2, "llm": 1}]
     assert set(m[0]["memory"][0]) == {"rank", "device", "dp_index", "step", "peak_held", "peak_held_total",
                                       "peak_held_bytes", "params_bytes", "grads_bytes", "optimizer_bytes",
-                                      "optimizer_global_bytes"}
+                                      "optimizer_global_bytes", "peak_grad_bytes"}
     losses = [r["loss"] for r in m]
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses  # it learns
     assert " step 1/" in p.stdout and "loss" in p.stdout  # per-step progress shown

@@ -104,17 +104,36 @@ def test_bad_optimizer_option_is_a_one_line_error_exit_2(cli, command):
 @pytest.mark.parametrize("schedule", ["1f1b", "transpose"])
 def test_zero_plans_reduce_then_gather_over_the_data_parallel_group(schedule):
     plain = derive(prof(), schedule, 2, 4, D=2)
-    tails = {}
+    tails, early = {}, {}
     for zero in (1, 2):
         plan = derive(prof(), schedule, 2, 4, D=2, zero=zero)
         assert check(plan) == []
         for d, prog in plan.programs.items():
-            # the body and the replica all-reduces are the plain plan's; the data-parallel reduction is an
-            # all-reduce (ZeRO-1) or a reduce-scatter (ZeRO-2), and every rank's shares are gathered after it
-            assert prog[:len(plain.programs[d]) - 1] == plain.programs[d][:-1]
-            tails[zero] = [(a.kind, a.tensor, a.group) for a in prog[len(plain.programs[d]) - 1:]]
-    assert tails[1] == [(ALLREDUCE, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
-    assert tails[2] == [(REDUCESCATTER, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
+            # ZeRO-2 reduce-scatters a region whose gradients are complete on the device right after its last
+            # weight-gradient task there (and that task's sends); without those, the body and the replica
+            # all-reduces are the plain plan's; the data-parallel reduction of the rest is an all-reduce (ZeRO-1)
+            # or a reduce-scatter (ZeRO-2), and every rank's shares are gathered after it
+            body = [a for a in prog if not (a.kind == REDUCESCATTER and a.region is not None)]
+            assert body[:len(plain.programs[d]) - 1] == plain.programs[d][:-1]
+            tails[zero, d] = [(a.kind, a.tensor, a.group) for a in body[len(plain.programs[d]) - 1:]]
+            for i, a in enumerate(prog):
+                if a.kind == REDUCESCATTER and a.region is not None:
+                    assert zero == 2 and a.group == DP_GROUP and a.tensor == WGRAD
+                    last = max(j for j, b in enumerate(prog) if b.kind in ("W", "BW") and b.region == a.region)
+                    assert i > last and all(b.kind == "SEND" for b in prog[last + 1:i])
+                    early.setdefault(d, []).append(a.region)
+    for d in plain.programs:
+        assert tails[1, d] == [(ALLREDUCE, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)]
+    # 1f1b: the encoder is placed on device 0 and the LLM pipelined: every region's gradients are complete
+    # after its last backward there, nothing is left for the tail. transpose: the encoder's replicas are summed
+    # over the pipeline devices first, at the tail: its reduce-scatter stays there
+    if schedule == "1f1b":
+        assert early == {0: ["llm", "vision"], 1: ["llm"]}
+        assert all(tails[2, d] == [(ALLGATHER, WEIGHTS, DP_GROUP)] for d in plain.programs)
+    else:
+        assert early == {0: ["llm"], 1: ["llm"]}
+        assert all(tails[2, d] == [(REDUCESCATTER, WGRAD, DP_GROUP), (ALLGATHER, WEIGHTS, DP_GROUP)] and
+                   (plain.programs[d][-2].kind, plain.programs[d][-2].region) == (ALLREDUCE, "vision") for d in plain.programs)
     assert plain.programs[0][-1].kind == ALLREDUCE and plain.programs[0][-1].group == DP_GROUP
 
 
@@ -136,8 +155,13 @@ def test_zero_cost_charges_the_gather_and_a_reduce_scatter_is_half_an_all_reduce
     gather = ring_ms(ALLGATHER, 4, held, lp)
     assert gather > 0 and ring_ms(REDUCESCATTER, 4, held, lp) == pytest.approx(gather)
     assert z1.makespan_ms - plain.makespan_ms == pytest.approx(gather)
-    # ring all-reduce = reduce-scatter + all-gather: ZeRO-2 moves what the plain plan moves
-    assert z2.makespan_ms == pytest.approx(plain.makespan_ms)
+    # ring all-reduce = reduce-scatter + all-gather: ZeRO-2 moves what the plain plan moves, in one
+    # reduce-scatter per region on device 0 (the encoder's and its LLM chunk's, each after its last backward
+    # there): one more collective's latency, (D - 1) hops, on the critical device
+    rs = [[a.region for a in p if a.kind == REDUCESCATTER] for p in derive(prof(link), "1f1b", 2, 4, D=4,
+                                                                             zero=2).programs.values()]
+    assert rs == [["llm", "vision"], ["llm"]]
+    assert z2.makespan_ms == pytest.approx(plain.makespan_ms + 3 * 0.1)
 
 
 @pytest.mark.parametrize("over,level", [
@@ -148,8 +172,10 @@ def test_recipe_keys_give_the_zero_level(over, level):
     rec = load_recipe(TINY, ["parallel_config.data_parallel=2"] + over)
     assert rec.zero == level
     plan = checked_plan(rec, "transpose")
-    kinds = [a.kind for a in plan.programs[0] if a.group == DP_GROUP]
-    assert kinds == {0: [ALLREDUCE], 1: [ALLREDUCE, ALLGATHER], 2: [REDUCESCATTER, ALLGATHER]}[level]
+    kinds = [(a.kind, a.region) for a in plan.programs[0] if a.group == DP_GROUP]
+    # ZeRO-2: the LLM's gradients after its last backward, the replicated encoder's after its pipeline all-reduce
+    assert kinds == {0: [(ALLREDUCE, None)], 1: [(ALLREDUCE, None), (ALLGATHER, None)],
+                     2: [(REDUCESCATTER, "llm"), (REDUCESCATTER, None), (ALLGATHER, None)]}[level]
 
 
 @pytest.mark.parametrize("over,field,words", [
@@ -200,3 +226,53 @@ def test_zero_with_one_replica_is_a_one_line_error_exit_2_before_launch(cli, tmp
     assert len(lines) == 1 and lines[0].startswith("error: train.zero: ZeRO 2 shards over the data-parallel "
                                                    "replicas, but parallel_config.data_parallel is 1"), lines
     assert not (tmp_path / "run").exists()
+
+
+class _Members:
+    """The data-parallel group of D members as seen by member ``rank`` (what a Shard asks at construction)."""
+
+    def __init__(self, rank, D):
+        self.rank, self.D = rank, D
+
+    def ranks_of(self, group):
+        return list(range(self.D))
+
+
+@pytest.mark.parametrize("D", [2, 3])
+def test_runtime_shares_take_the_bytes_the_cost_model_counts_padding_included(D):
+    """Odd-sized parameters in MindFormers' two weight-decay groups, in two chunks of one region and one of
+    another: every member's flat shares (its grads at ZeRO-2) and AdamW state take exactly the bytes
+    ``static_memory`` counts with the runtime's share size (``share_bytes`` per region and group): more than
+    1/D of the parameters by the padding of each share."""
+    pytest.importorskip("mindformers")
+    import numpy as np
+    from mindspore import Parameter, Tensor
+    from hyperparallel.mpipe.cost import share_bytes, static_memory
+    from hyperparallel.recipe.train import TrainConfig
+    from hyperparallel.runtime import compat
+    from hyperparallel.runtime.memory import nbytes, static_bytes
+    from hyperparallel.runtime.sharded import Shard, ShardedOptimizer
+    compat.setup_device("CPU")
+    cfg = TrainConfig.from_raw({"train": {"seed": 0, "steps": 3}, "optimizer": {
+        "type": "AdamW", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1}})
+    plan = derive(prof(), "gpipe", 1, 2, V=2, D=D, zero=2)
+    chunks = sorted({(c.region, c.index) for c in plan.chunks})
+    assert chunks == [("llm", 0), ("llm", 1), ("vision", 0)]
+    shapes = {("vision", 0): [(3, 5), (5,)], ("llm", 0): [(5, 3), (3,)],
+              ("llm", 1): [(2, 5), (7,)]}   # weights (decay) and biases (no decay), odd element counts
+    params = {k: [Parameter(Tensor(np.ones(s, np.float32)), name=f"{k[0]}.{k[1]}.{'bias' if len(s) == 1 else 'w'}")
+                  for s in v] for k, v in shapes.items()}
+    size = {k: sum(int(p.nbytes) for p in v) for k, v in params.items()}
+    groups = {k: {0.1: int(v[0].nbytes), 0.0: int(v[1].nbytes)} for k, v in params.items()}
+    want = static_memory(plan, lambda r, c: size[(r, c)], 2.0, shard=share_bytes, groups=lambda r, c: groups[(r, c)])
+    ideal = static_memory(plan, lambda r, c: size[(r, c)], 2.0)
+    for rank in range(D):
+        shards = {f"zero.{r}": Shard(f"zero.{r}", [p for k in chunks if k[0] == r for p in params[k]], "dp",
+                                     _Members(rank, D), cfg) for r in ("vision", "llm")}
+        assert [len(s.shares) for s in shards.values()] == [2, 2]
+        opt = ShardedOptimizer([p for v in params.values() for p in v], shards, cfg)
+        held = {s.param.name: s.param for sh in shards.values() for s in sh.shares}   # ZeRO-2's slices' shape
+        got = static_bytes([p for v in params.values() for p in v], held, opt)
+        assert (got["params_bytes"], got["grads_bytes"], got["optimizer_bytes"]) == want[0]
+        assert sum(nbytes(p) for p in held.values()) == want[0][1] > ideal[0][1]
+        assert want[0][2] - ideal[0][2] == 2.0 * (want[0][1] - ideal[0][1]) > 0

@@ -46,9 +46,12 @@ LLAMA_DEFAULTS = {"use_past": False, "use_flash_attention": False, "fused_rms_no
                   "softmax_compute_type": "float32", "rotary_dtype": "float32", "param_init_type": "float16",
                   "embedding_init_type": None, "residual_dtype": None}
 DTYPE_FOLLOWS = {"embedding_init_type": "param_init_type", "residual_dtype": "compute_dtype"}
-# what the legacy Llama needs to train on CPU in PyNative (measured: docs in the notes)
+# what the legacy Llama needs to train on CPU in PyNative (measured: docs in the notes); every dtype float32
+# on every device (check_device)
 CPU_FLAGS = {"use_flash_attention": False, "fused_rms_norm": False, "use_rope_slice": True}
-CPU_DTYPE = "float32"
+FLOAT32 = "float32"
+# the LlamaConfig dtype keys, compute_dtype first (a float16 recipe is refused naming it)
+DTYPE_KEYS = tuple(k for k in LLAMA_DEFAULTS if k.endswith(("_dtype", "_type")))
 
 
 @dataclass(frozen=True)
@@ -131,18 +134,22 @@ class MFLlamaMLLM(VitLLMAdapter):
         return v
 
     def check_device(self, device: str) -> None:
-        if device != "CPU":
-            return
-        for key, need in CPU_FLAGS.items():
-            if bool(self.setting(key)) != need:
+        if device == "CPU":
+            for key, need in CPU_FLAGS.items():
+                if bool(self.setting(key)) != need:
+                    given = "" if key in self.mc else " (MindFormers' default)"
+                    raise SpecError(f"model.model_config.{key}", f"{self.setting(key)!r}{given} cannot train on "
+                                     f"CPU; set {need}")
+        # every device: the project's float16 path (a loss scale, float32 master weights and optimizer state,
+        # amp on the chunks) is the mindone models'; MindFormers' Llama casts inside its own cells, which the
+        # runtime neither scales nor checks, so a dtype other than float32 is refused, never trained as given
+        for key in DTYPE_KEYS:
+            if self.setting(key) != FLOAT32:
                 given = "" if key in self.mc else " (MindFormers' default)"
-                raise SpecError(f"model.model_config.{key}", f"{self.setting(key)!r}{given} cannot train on CPU; "
-                                 f"set {need}")
-        for key in LLAMA_DEFAULTS:
-            if key.endswith(("_dtype", "_type")) and self.setting(key) != CPU_DTYPE:
-                given = "" if key in self.mc else " (MindFormers' default)"
-                raise SpecError(f"model.model_config.{key}", f"{self.setting(key)!r}{given} cannot train on CPU; "
-                                 f"set {CPU_DTYPE}")
+                where = "cannot train on CPU" if device == "CPU" else (
+                    "is not supported: hyperparallel trains MindFormers' Llama in float32 only")
+                raise SpecError(f"model.model_config.{key}", f"{self.setting(key)!r}{given} {where}; "
+                                 f"set {FLOAT32}")
 
     def tied_weights(self) -> dict:
         """``tie_word_embeddings: true``: MindFormers' Llama makes its LM head's weight the embedding table."""
