@@ -45,8 +45,9 @@ class QwenVLSource(IndexedSource):
         return self.cfg.channels * f.temporal_patch_size * f.patch_size * f.patch_size
 
     def sample_patches(self, s) -> int:
-        """Patches of every image at its own resolution (t*h*w of its grid, from the header's size)."""
-        return int(sum(int(np.prod(g)) for g in s.enc.grids))
+        """Patches of every image at its own resolution and of every video (t*h*w of their grids, from the
+        headers)."""
+        return int(sum(int(np.prod(g)) for g in s.enc.grids) + sum(int(np.prod(v.grid)) for v in s.enc.videos))
 
     def micro_batch(self, step: int, micro: int) -> QwenVLBatch:
         key = (int(step), int(micro))
@@ -63,12 +64,24 @@ class QwenVLSource(IndexedSource):
             ids[b, :L], mask[b, :L] = e.ids, 1
             labels[b, :L] = np.where(e.answer, e.ids, IGNORE)
         grids: List[tuple] = [g for s in samples for g in s.enc.grids]
-        extra = 0 if grids else 1
+        videos = [v for s in samples for v in s.enc.videos]
+        extra = 0 if grids or videos else 1
         return QwenVLBatch(input_ids=ids, attention_mask=mask, labels=labels,
-                           image_grid_thw=np.asarray(grids + [self.filler_grid] * extra, np.int64),
+                           image_grid_thw=np.asarray(grids + [self.filler_grid] * extra, np.int64).reshape(-1, 3),
                            images_per_sample=[len(s.files) for s in samples], merge_size=self.fmt.merge_size,
                            load=lambda: self.load_pixels(*key), extra_images=extra,
-                           sample_ids=[s.id for s in samples])
+                           sample_ids=[s.id for s in samples],
+                           video_grid_thw=np.asarray([v.grid for v in videos], np.int64).reshape(-1, 3),
+                           second_per_grid_ts=[v.second_per_grid_t for v in videos],
+                           videos_per_sample=[len(s.enc.videos) for s in samples],
+                           load_videos=lambda: self.load_videos(*key))
+
+    def load_videos(self, step: int, micro: int) -> np.ndarray:
+        """(video patches, C*tp*P*P) float32 of one micro-batch's videos, decoded now (PyAV / Pillow)."""
+        videos = [v for s in self.batch_samples(step, micro) for v in s.enc.videos]
+        rows = [self.layout.video_values(v)[0] for v in videos]
+        return np.concatenate(rows).astype(np.float32, copy=False) if rows else np.zeros((0, self.patch_dim),
+                                                                                          np.float32)
 
     def load_pixels(self, step: int, micro: int) -> np.ndarray:
         """(num_patches, C*tp*P*P) float32 of one micro-batch (the filler is zeros)."""
@@ -77,6 +90,8 @@ class QwenVLSource(IndexedSource):
         want = [g for s in samples for g in s.enc.grids]
         out = self.pixels.get(step, micro)
         if not out:
+            if any(s.enc.videos for s in samples):   # the videos are the encoder's work: no filler
+                return np.zeros((0, self.patch_dim), np.float32)
             m = self.fmt.merge_size
             return np.zeros((m * m, self.patch_dim), np.float32)
         for path, (_, grid), w in zip(files, out, want):
