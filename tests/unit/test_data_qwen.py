@@ -719,3 +719,24 @@ def test_scan_decodes_every_video_file(with_video, monkeypatch):
     assert re.search(r"video .*images/s\d+\.mkv: grid_mismatch: the processor's grid \(\d, \d, \d\) is not",
                      bad[0].message), bad[0].message
     assert not any(isinstance(s.enc.videos[0].source, str) for s in samples if s.enc.videos)
+
+
+def test_encoder_work_and_boundaries_follow_the_videos_grids(with_video):
+    """A video's patches are encoder work (data.balance: encoder reads them) and size the encoder's boundary
+    tensors: the last vision chunk hands the LLM every image's and video's merged tokens."""
+    from hyperparallel.models import adapter_for
+    from hyperparallel.recipe import load_recipe
+    raw = load_recipe(os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")).raw
+    model = adapter_for(raw["model"], {}, 0)
+    src = _source(with_video, on_bad_sample="skip")
+    s = next(s for s in src.samples if s.enc.videos)
+    assert src.sample_patches(s) == int(np.prod(s.enc.videos[0].grid)) > 0
+    step, g = next((st, g) for st in range(6) for g in range(2) if src.micro_batch(st, g).num_videos)
+    mb = src.micro_batch(step, g)
+    video_patches = int(mb.video_grid_thw.prod(axis=1).sum())
+    assert video_patches and mb.num_patches == mb.image_patches + video_patches
+    assert sum(src.sample_patches(x) for x in src.batch_samples(step, g)) == mb.num_patches - 4 * mb.extra_images
+    depth = model.vision.depth
+    assert model.boundary("vision", depth, mb).shape == (mb.num_patches // 4, model.text.hidden_size)
+    assert model.boundary("vision", 1, mb).shape == (mb.num_patches, model.vision.hidden_size)
+    src.close()
