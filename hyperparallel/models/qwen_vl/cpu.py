@@ -323,7 +323,7 @@ _MINT_NEW = dict(arange=arange, linspace=linspace, ones_like=ones_like, zeros_li
                  outer=outer, repeat_interleave=repeat_interleave, argsort=argsort, split=split)
 REPLACED = tuple([f"mint.{k}" for k in _MINT_NEW] + [f"mint.nn.functional.{k}" for k in _F_NEW]
                  + [f"mint.nn.{k}" for k in _NN_NEW]
-                 + ["Tensor.repeat", "Tensor.clone", "Qwen2_5_VLModel.get_rope_index", "Qwen3VLModel.get_rope_index",
+                 + ["Tensor.repeat", "Tensor.clone", "Tensor.new_zeros", "Qwen2_5_VLModel.get_rope_index", "Qwen3VLModel.get_rope_index",
                     "Qwen3VLTextModel._deepstack_process"])
 
 
