@@ -4,7 +4,8 @@ Token ids, labels and image grids come from the index (grids from the image head
 are transformers' ``Qwen2VLImageProcessor`` output, computed in the :class:`~hyperparallel.data.pixels.PixelStream`
 read-ahead pipeline or eagerly with the same callable, on the first read of ``pixel_values``.
 An image whose decoded grid is not its header's stops the run (RuntimeError naming the file;
-``data check`` reports it as ``grid_mismatch``).
+``data check`` reports it as ``grid_mismatch``). Videos (:mod:`.video`) are decoded on the first read of
+``pixel_values_videos``, eagerly (PyAV for a file, Pillow for a frame list), and checked the same way.
 """
 from __future__ import annotations
 
