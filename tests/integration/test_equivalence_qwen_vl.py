@@ -459,7 +459,9 @@ def test_hugging_face_export_loads_with_from_pretrained_and_gives_the_pipelines_
     whole = WholeModel(rc.model)
     whole.net = net
     src = rc.source()
-    loss = sum(float(whole.loss(src.micro_batch(2, m), 0.5).asnumpy()) for m in range(2))
+    from hyperparallel.data.loss_norm import loss_scales
+    scales = loss_scales(src, 2, 2, rc.train.loss_normalization)   # each micro-batch's share of the step's tokens
+    loss = sum(float(whole.loss(src.micro_batch(2, m), scales[m]).asnumpy()) for m in range(2))
     src.close()
     got, _ = dumped(cases["saved"]["dump_dir"])
     np.testing.assert_allclose(loss, got["losses"][2], rtol=1e-5)
