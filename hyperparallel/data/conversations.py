@@ -126,6 +126,16 @@ def scan(cfg: ConversationsConfig, data_format) -> Tuple[int, list, List[Problem
         return size
 
     samples, problems = _build_index(cfg, layout, check_and_decode)
+    check = getattr(layout, "decode_sample", None)   # a layout whose samples hold more than image files
+    if check is not None:                             # (qwen_vl: video files) decodes them here
+        kept = []
+        for s in samples:
+            try:
+                check(s)
+                kept.append(s)
+            except SampleProblem as e:
+                problems.append(Problem(f"{s.where} (id {s.id})", e.kind, str(e)))
+        samples = kept
     return len(samples) + len(problems), samples, problems
 
 

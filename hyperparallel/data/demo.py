@@ -11,9 +11,12 @@ format. Images are PNG renderings of the synthetic source's class prototypes (se
 ``hyperparallel/data/synthetic.py``), upsampled to 16x16 or 24x24 pixels with noise, and about a
 third of the still images non-square (16x24 or 32x16, height x width; chosen by a second random
 stream, so the square ones are the same files as before); a sample holds 0 to 3 images or a
-"video" of 4 to 6 frames (the prototype shifted frame by frame), and a conversation whose answer
+"video" of 4 to 6 frames of one size (the prototype shifted frame by frame), and a conversation whose answer
 names the classes shown, so the answer needs the images. ``videos=False`` (``--no-video``)
-writes single-image samples instead of videos (the ``qwen_vl`` layout takes images only).
+writes single-image samples instead of videos. ``video_files=True`` (``--video-files``) writes the
+video samples of odd index as one video file instead of its frame images (lossless FFV1 in Matroska at 4 frames
+per second, written with PyAV; the ``qwen_vl`` layout reads both,
+``merge_index`` frame lists only); the frames' pixels and every other file are the same.
 ``skewed=p`` (``--skewed P``) writes a skewed image mix instead: a sample has 4 to 6 images of 16 to
 48 pixels with probability ``p`` and none otherwise (a counting question), so the encoder's work per
 micro-batch ranges from the filler image to a few dozen images (``data.balance: encoder``).
@@ -64,10 +67,15 @@ def _render(proto: np.ndarray, scale, rng: np.random.Generator, shift: int = 0) 
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+VIDEO_FPS = 4   # --video-files: the frame rate the files are written at
+
+
 def _sample(i: int, rng: np.random.Generator, protos, img_dir: str, shape_rng: np.random.Generator,
-            videos: bool = True) -> dict:
+            videos: bool = True, video_file: bool = False) -> dict:
     u = rng.random()
     rec: dict = {"id": f"s{i:04d}"}
+
+    frames = []
 
     def image(c, tag, shift=0, still=True):
         name = f"images/{rec['id']}_{tag}.png"
@@ -76,7 +84,14 @@ def _sample(i: int, rng: np.random.Generator, protos, img_dir: str, shape_rng: n
             arr = _render(protos[c], NON_SQUARE[int(shape_rng.integers(len(NON_SQUARE)))], shape_rng, shift)
         else:
             arr = square
-        _png(os.path.join(img_dir, os.path.basename(name)), arr)
+        if not still:   # a video's frames share the first frame's size (a frame drawn at the other scale is
+            if frames and arr.shape != frames[0].shape:   # resized to it: the random streams stay as they were)
+                from PIL import Image
+                h, w = frames[0].shape[:2]
+                arr = np.asarray(Image.fromarray(arr).resize((w, h), Image.NEAREST))
+            frames.append(arr)
+        if not (video_file and not still):
+            _png(os.path.join(img_dir, os.path.basename(name)), arr)
         return name
 
     if u >= 0.85 and not videos:
@@ -99,6 +114,10 @@ def _sample(i: int, rng: np.random.Generator, protos, img_dir: str, shape_rng: n
     else:
         c, f = int(rng.integers(len(CLASSES))), int(rng.integers(4, 7))
         rec["video"] = [image(c, f"f{j}", shift=j, still=False) for j in range(f)]
+        if video_file:
+            from .video import write_video
+            rec["video"] = f"images/{rec['id']}.mkv"
+            write_video(os.path.join(img_dir, f"{rec['id']}.mkv"), frames, VIDEO_FPS)
         rec["conversations"] = [{"from": "human", "value": "<video>\nwhat moves in the video ?"},
                                 {"from": "gpt", "value": f"a {CLASSES[c]} moves ."}]
         if rng.random() < 0.5:
@@ -172,10 +191,11 @@ def token_ids(tokenizer: str) -> Dict[str, int]:
 
 
 def write_demo(out: str, num_samples: int = 160, seed: int = 0, broken: bool = False,
-               videos: bool = True, images: int = 0, skewed: float = 0.0) -> Dict[str, str]:
+               videos: bool = True, images: int = 0, skewed: float = 0.0,
+               video_files: bool = False) -> Dict[str, str]:
     """Write ``out/train.jsonl``, ``out/images/*.png`` and ``out/tokenizer.json``; returns their paths
     (as ``data:`` keys). With ``broken``, the bad samples are interleaved (every 7th line from line 3);
-    ``videos=False``: no video samples; ``images=k``: an encoder-heavy set instead, every sample with
+    ``videos=False``: no video samples; ``video_files``: the video samples of odd index as video files; ``images=k``: an encoder-heavy set instead, every sample with
     ``k`` to ``k + 2`` images of 16 to 48 pixels; ``skewed=p``: a skewed image mix (module docstring)."""
     img_dir = os.path.join(out, "images")
     os.makedirs(img_dir, exist_ok=True)
@@ -186,7 +206,8 @@ def write_demo(out: str, num_samples: int = 160, seed: int = 0, broken: bool = F
         recs = [_skewed_sample(i, skewed, rng, protos, img_dir) for i in range(num_samples)]
     else:
         recs = [_multi_image_sample(i, images, rng, protos, img_dir) if images else
-                _sample(i, rng, protos, img_dir, shape_rng, videos) for i in range(num_samples)]
+                _sample(i, rng, protos, img_dir, shape_rng, videos, video_files and i % 2 == 1)
+                for i in range(num_samples)]
     lines = [json.dumps(r) for r in recs]
     if broken:
         good = next(r["image"] for r in recs if isinstance(r.get("image"), str))
@@ -209,6 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--broken", action="store_true", help="add one bad sample of each kind")
     ap.add_argument("--no-video", action="store_true", help="single-image samples instead of videos")
+    ap.add_argument("--video-files", action="store_true",
+                    help="the video samples of odd index as video files (FFV1 .mkv) instead of frame images")
     ap.add_argument("--images", type=int, default=0, metavar="K",
                     help="an encoder-heavy set: every sample shows K to K+2 images of 16 to 48 pixels")
     ap.add_argument("--skewed", type=float, default=0.0, metavar="P",
@@ -221,7 +244,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: --skewed: give --skewed or --images, not both", file=sys.stderr)
         return 2
     paths = write_demo(args.out, args.samples, args.seed, args.broken, videos=not args.no_video, images=args.images,
-                       skewed=args.skewed)
+                       skewed=args.skewed, video_files=args.video_files)
     n = len(os.listdir(os.path.join(args.out, "images")))
     print(f"wrote {paths['path']} ({args.samples} samples{' + broken ones' if args.broken else ''}"
           f"{', no videos' if args.no_video else ''}{f', {args.images}+ images each' if args.images else ''}"

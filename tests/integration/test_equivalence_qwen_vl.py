@@ -1,8 +1,10 @@
-"""mindone's Qwen2.5-VL and Qwen3-VL pipelined on 2 and 4 msrun ranks train exactly like mindone's whole model
-called as users call it (``model(input_ids=..., attention_mask=..., pixel_values=..., image_grid_thw=...,
-labels=...)``), on the demo conversations laid out as Qwen's processor lays them out: images of different
-sizes inside and across micro-batches, text-only samples, video samples left out. Losses of 3 optimizer steps
-within 1e-5 relative, every step-0 gradient within 1e-5.
+"""mindone's Qwen2.5-VL and Qwen3-VL pipelined on 2 and 4 msrun ranks train exactly like mindone's whole
+model called as users call it (``model(input_ids=..., attention_mask=..., pixel_values=...,
+image_grid_thw=..., labels=...)``, a micro-batch's videos as ``pixel_values_videos=..., video_grid_thw=...``
+(Qwen2.5-VL: ``second_per_grid_ts=...``)), on the demo conversations laid out as Qwen's processor lays them
+out: images of different sizes inside and across micro-batches, text-only samples, video samples (frame
+lists and video files, alone and beside images in a micro-batch). Losses of 3 optimizer steps within 1e-5
+relative, every step-0 gradient within 1e-5.
 
 Launches: one on 2 ranks (Qwen2.5-VL: 1f1b, interleaved V=2, zb_h1, transpose owner and central, encoder
 frozen and trained; activation recompute, full and layers=1; Qwen3-VL: transpose, and 1f1b with an uneven cut
@@ -90,7 +92,7 @@ PACKED = [(Q25, "transpose", PACK), (Q3, "1f1b", PACK + UNEVEN)]
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     from hyperparallel.data.demo import write_demo
-    paths = write_demo(str(tmp_path_factory.mktemp("qdemo")), 48, seed=3)
+    paths = write_demo(str(tmp_path_factory.mktemp("qdemo")), 48, seed=3, video_files=True)
     return tuple(f"data.{k}={v}" for k, v in sorted(paths.items()))
 
 
@@ -524,21 +526,29 @@ def test_packed_run_resumes_at_the_next_packed_sequences(two_rank, demo):
 
 
 @pytest.mark.msrun
-def test_micro_batches_hold_images_of_different_sizes_and_text_only_samples(two_rank, demo):
-    """The cases above trained on what Qwen's processor makes of the demo set: checked on its index."""
+@pytest.mark.parametrize("path", [Q25, Q3], ids=["qwen2_5_vl", "qwen3_vl"])
+def test_micro_batches_hold_images_of_different_sizes_text_only_samples_and_videos(two_rank, demo, path):
+    """The cases above trained on what Qwen's processor makes of the demo set: checked on its index. Every
+    sample is used (the recipes refuse bad ones); the steps trained hold a frame-list video beside an image,
+    a video file alone, and micro-batches without videos."""
     from hyperparallel.runconfig import load_parsed
-    rc = load_parsed(Q25, _overrides(demo, False)).run
+    rc = load_parsed(path, _overrides(demo, False)).run
     src = rc.source()
-    sizes, text_only, per_micro = set(), 0, []
+    assert src.skipped == 0 and rc.data.on_bad_sample == "error"
+    sizes, text_only, per_micro, videos = set(), 0, [], []
     for step in range(STEPS):
         for m in range(2):
             mb = src.micro_batch(step, m)
             grid = np.asarray(mb.image_grid_thw)[:len(mb.image_grid_thw) - mb.extra_images]
             sizes |= {tuple(g) for g in grid}
-            text_only += sum(1 for n in mb.images_per_sample if n == 0)
+            text_only += sum(1 for n, v in zip(mb.images_per_sample, mb.videos_per_sample) if n == v == 0)
             per_micro.append(mb.num_image_tokens)
+            kinds = [isinstance(v.source, str) for s in src.batch_samples(step, m) for v in s.enc.videos]
+            videos.append((kinds, len(grid)))
+            assert int((mb.input_ids == rc.model.cfg.video_token_id).sum()) == mb.num_video_tokens
     src.close()
     assert len(sizes) >= 3 and text_only >= 1 and len(set(per_micro)) >= 3, (sizes, text_only, per_micro)
+    assert ([False], 1) in videos and ([True], 0) in videos and any(not k for k, _ in videos), videos
 
 
 @pytest.mark.msrun
@@ -569,7 +579,9 @@ def test_hugging_face_export_loads_with_from_pretrained_and_gives_the_pipelines_
     whole = WholeModel(rc.model)
     whole.net = net
     src = rc.source()
-    loss = sum(float(whole.loss(src.micro_batch(2, m), 0.5).asnumpy()) for m in range(2))
+    from hyperparallel.data.loss_norm import loss_scales
+    scales = loss_scales(src, 2, 2, rc.train.loss_normalization)   # each micro-batch's share of the step's tokens
+    loss = sum(float(whole.loss(src.micro_batch(2, m), scales[m]).asnumpy()) for m in range(2))
     src.close()
     got, _ = dumped(cases["saved"]["dump_dir"])
     np.testing.assert_allclose(loss, got["losses"][2], rtol=1e-5)

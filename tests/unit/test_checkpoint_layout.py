@@ -612,7 +612,8 @@ def test_processor_record_is_what_the_data_layer_uses(tmp_path):
             "preprocessor_config": str(pre), "max_pixels": 2048, "system_prompt": "Be brief."}
     rec = processor_record(ConversationsConfig.from_section(data, 1))
     assert rec == {"tokenizer": demo["tokenizer"], "min_pixels": 512, "max_pixels": 2048,
-                   "image_mean": [0.5, 0.5, 0.5], "image_std": rec["image_std"], "system_prompt": "Be brief."}
+                   "image_mean": [0.5, 0.5, 0.5], "image_std": rec["image_std"], "system_prompt": "Be brief.",
+                   "fps": 2.0, "min_frames": 4, "max_frames": 768}   # Qwen's video defaults
     assert processor_record(data_config(load_recipe(RECIPE).raw)) is None   # synthetic
     assert processor_record(None) is None
 

@@ -37,7 +37,7 @@ def demo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def with_video(tmp_path_factory):
-    return write_demo(str(tmp_path_factory.mktemp("qwen_video")), N, seed=1, broken=True)
+    return write_demo(str(tmp_path_factory.mktemp("qwen_video")), N, seed=1, broken=True, video_files=True)
 
 
 def _cfg(paths, **keys):
@@ -336,19 +336,198 @@ def test_preprocessor_config_gives_defaults_and_must_match_the_model(tmp_path, d
         _source(demo, fmt={"format": "merge_index", "image_tokens": 1})
 
 
-def test_video_samples_are_bad_samples_of_their_own_kind(with_video):
-    videos = sum(1 for r in _records(with_video) if r.get("video"))
-    assert videos > 0
-    with pytest.raises(ValueError, match=r"^data: \d+ bad sample\(s\) .*unsupported_video"):
-        _source(with_video)
+# -- videos --------------------------------------------------------------------------------------
+
+PAD_VID = 11
+
+
+def _frames(paths_or_arrays):
+    from PIL import Image
+    return [Image.open(p).convert("RGB") if isinstance(p, str) else Image.fromarray(p) for p in paths_or_arrays]
+
+
+def _video_reference(frames, **kw):
+    """The processor's video path on PIL frames (what Qwen's processor is given): (rows, grid)."""
+    out = _processor(**kw)(images=None, videos=[_frames(frames)], return_tensors="np")
+    return out["pixel_values_videos"], out["video_grid_thw"]
+
+
+def test_demo_videos_train_as_qwens_processor_lays_them_out(with_video):
+    """Every video sample of the demo set (frame lists and .mkv files) is usable; its <|video_pad|> group holds
+    t*h*w/4 pads; the micro-batch's video rows are the processor's on the same frames, bit for bit."""
+    recs = {r["id"]: r for r in _records(with_video)}
     src = _source(with_video, on_bad_sample="skip")
-    kinds = [p.kind for p in src.problems]
-    assert kinds.count("unsupported_video") == videos and src.skipped == len(kinds)
-    assert sorted(k for k in kinds if k != "unsupported_video") == sorted(
+    assert sorted(p.kind for p in src.problems) == sorted(
         ["missing_image", "unreadable_image", "malformed_json", "placeholder_mismatch", "placeholder_mismatch",
-         "too_long"])
-    msg = next(str(p) for p in src.problems if p.kind == "unsupported_video")
-    assert "field 'video'" in msg
+         "too_long"])   # the broken samples only: no video is skipped
+    vids = [s for s in src.samples if s.enc.videos]
+    assert len(vids) == sum(1 for r in recs.values() if r.get("video"))
+    kinds = {isinstance(s.enc.videos[0].source, str) for s in vids}
+    assert kinds == {True, False}   # both a file and a frame list
+    seen = 0
+    for step in range(len(src.samples) // 4 + 1):
+        for g in range(2):
+            mb = src.micro_batch(step, g)
+            samples = src.batch_samples(step, g)
+            if not mb.num_videos:
+                assert mb.pixel_values_videos is None
+                continue
+            want_rows, want_grid = [], []
+            for s in samples:
+                for v in s.enc.videos:
+                    if isinstance(v.source, str):
+                        from hyperparallel.data.video import read_frames
+                        frames = read_frames(v.source, v.indices)   # lossless: the demo's frames
+                    else:
+                        frames = list(v.source)
+                    pv, grid = _video_reference(frames)
+                    want_rows.append(pv)
+                    want_grid.append(grid[0])
+            np.testing.assert_array_equal(mb.pixel_values_videos, np.concatenate(want_rows))
+            np.testing.assert_array_equal(mb.video_grid_thw, np.asarray(want_grid))
+            assert mb.pixel_values_videos.dtype == np.float32
+            assert mb.num_patches == mb.image_patches + int(mb.video_grid_thw.prod(axis=1).sum())
+            assert mb.encoder_pixels.shape[0] == mb.num_patches
+            for b, s in enumerate(samples):   # one group per video: <|vision_start|> pads <|vision_end|>
+                ids = mb.input_ids[b].tolist()
+                for v in s.enc.videos:
+                    n = int(np.prod(v.grid)) // 4
+                    k = ids.index(PAD_VID)
+                    assert ids[k - 1] == VS and ids[k:k + n] == [PAD_VID] * n and ids[k + n] == VE
+                assert (mb.labels[b][mb.input_ids[b] == PAD_VID] == -100).all()
+            assert int((mb.input_ids == PAD_VID).sum()) == mb.num_video_tokens
+            seen += mb.num_videos
+    assert seen >= 2
+    frames_list = next(s for s in vids if not isinstance(s.enc.videos[0].source, str)).enc.videos[0]
+    assert frames_list.second_per_grid_t == 2 / 2.0   # temporal_patch_size / data.fps
+    assert frames_list.grid[0] == -(-len(frames_list.source) // 2)   # padded to whole temporal patches
+    src.close()
+
+
+def test_a_video_of_identical_frames_is_its_image(tmp_path, demo):
+    """Independent of the processor's video path: 2 copies of one frame give the image's rows (an image is
+    repeated temporal_patch_size times in time)."""
+    img = os.path.join(demo["image_root"], _image_of_size(demo, 24, 16))
+    rec = {"id": "v", "video": [os.path.relpath(img, demo["image_root"])] * 2,
+           "conversations": [{"from": "human", "value": "<video>\nwhat moves ?"}, {"from": "gpt", "value": "alpha ."}]}
+    p = tmp_path / "v.jsonl"
+    p.write_text(json.dumps(rec) + "\n" + json.dumps(dict(rec, id="w")) + "\n")
+    mb = _source(dict(demo, path=str(p))).micro_batch(0, 0)
+    pv, grid = _reference([img])
+    np.testing.assert_array_equal(mb.pixel_values_videos[:len(pv)], pv)
+    assert mb.video_grid_thw.tolist() == [grid[0].tolist()] * 2 and mb.extra_images == 0 and mb.num_images == 0
+
+
+def _video_file(tmp_path, name, n, fps, size=(16, 24)):
+    from hyperparallel.data.video import write_video
+    rng = np.random.default_rng(n)
+    frames = [rng.integers(0, 256, size + (3,), dtype=np.uint8) for _ in range(n)]
+    write_video(str(tmp_path / name), frames, fps)
+    return frames
+
+
+def _video_set(tmp_path, demo, videos):
+    ask = [{"from": "human", "value": "<video>\nwhat moves ?"}, {"from": "gpt", "value": "alpha ."}]
+    p = tmp_path / "videos.jsonl"
+    p.write_text("".join(json.dumps({"id": f"v{i}", "video": v, "conversations": ask}) + "\n"
+                         for i, v in enumerate(videos)))
+    return dict(demo, path=str(p), image_root=str(tmp_path))
+
+
+@pytest.mark.parametrize("total,rate,keys", [(30, 10, {}), (13, 4, {}), (15, 4, {}), (50, 25, {"fps": 1.0}),
+                                             (40, 8, {"max_frames": 6}), (9, 30, {"min_frames": 6})],
+                         ids=["fps", "odd", "rounded-up", "fps-key", "max", "min"])
+def test_video_file_frames_follow_qwens_sampling_rule(tmp_path, demo, total, rate, keys):
+    """A video file: the frames taken are qwen_vl_utils' (mindone's copy: smart_nframes, then
+    round(linspace(0, total - 1, n))), their rows the processor's on those frames, and second_per_grid_t
+    = temporal_patch_size / (n / total * video_fps)."""
+    pytest.importorskip("mindone")
+    from mindone.transformers.models.qwen2_vl.qwen_vl_utils.vision_process import smart_nframes
+    frames = _video_file(tmp_path, "a.mkv", total, rate)
+    src = _source(_video_set(tmp_path, demo, ["a.mkv", "a.mkv"]), **keys)
+    v = src.samples[0].enc.videos[0]
+    ele = {k: keys[k] for k in ("fps", "min_frames", "max_frames") if k in keys}
+    n = smart_nframes(ele, total_frames=total, video_fps=rate)
+    assert v.indices == tuple(np.linspace(0, total - 1, n).round().astype(int).tolist())
+    assert v.second_per_grid_t == pytest.approx(2 / (n / total * rate))
+    mb = src.micro_batch(0, 0)
+    pv, grid = _video_reference([frames[i] for i in v.indices])
+    np.testing.assert_array_equal(mb.pixel_values_videos[:len(pv)], pv)
+    assert mb.video_grid_thw.tolist() == [grid[0].tolist()] * 2
+    np.testing.assert_allclose(mb.second_per_grid_ts, [v.second_per_grid_t] * 2)
+    src.close()
+
+
+def test_per_frame_video_layout_puts_each_steps_timestamp_before_its_group(tmp_path, demo):
+    """Qwen3-VL (video_layout per_frame): a group per temporal grid step, after '<{s:.1f} seconds>' as text;
+    the seconds are Qwen3VLProcessor._calculate_timestamps' of the frames taken."""
+    pytest.importorskip("mindone")
+    from mindone.transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    _video_file(tmp_path, "a.mkv", 30, 10)
+    paths = _video_set(tmp_path, demo, ["a.mkv", "a.mkv"])
+    src = _source(paths, fmt=dict(FMT, video_layout="per_frame"))
+    v = src.samples[0].enc.videos[0]
+    secs = Qwen3VLProcessor._calculate_timestamps(None, list(v.indices), 10.0, 2)
+    assert v.timestamps(2) == pytest.approx(secs) and len(secs) == v.grid[0] == 3
+    tok = Tok(paths["tokenizer"])
+    ids = src.micro_batch(0, 0).input_ids[0].tolist()
+    per = v.grid[1] * v.grid[2] // 4
+    text = [tok.encode(f"<{t:.1f} seconds>") for t in secs]
+    first = ids.index(VS)
+    k = first - len(text[0])
+    assert ids[k:first] == tok.encode("\n<0.0 seconds>")[-len(text[0]):] or ids[k:first] == text[0]
+    for t in range(3):
+        start = ids.index(VS, k)
+        assert ids[start + 1:start + 1 + per] == [PAD_VID] * per and ids[start + 1 + per] == VE
+        if t:
+            assert ids[k:start] == text[t]
+        k = start + per + 2
+    grouped = _source(paths)   # Qwen2.5-VL: one group of every step
+    g = grouped.micro_batch(0, 0).input_ids[0].tolist()
+    assert g.count(VS) == 1 and g.count(PAD_VID) == 3 * per
+    src.close()
+    grouped.close()
+
+
+def test_bad_videos_are_bad_samples_naming_the_file(tmp_path, demo):
+    _video_file(tmp_path, "ok.mkv", 8, 4)
+    _video_file(tmp_path, "one.mkv", 1, 4)
+    (tmp_path / "junk.mkv").write_bytes(b"not a video at all")
+    from PIL import Image
+    Image.new("RGB", (16, 16)).save(tmp_path / "f16.png")
+    Image.new("RGB", (24, 24)).save(tmp_path / "f24.png")
+    paths = _video_set(tmp_path, demo, ["ok.mkv", "junk.mkv", "gone.mkv", "one.mkv", ["f16.png"] * 5,
+                                        ["f16.png", "f24.png"], "ok.mkv"])
+    with pytest.raises(ValueError, match=r"^data: 5 bad sample\(s\) .*\(bad_video 2, missing_video 1, "
+                                         r"too_many_frames 1, undecodable_video 1\); first: .*:2 \(id v1\): "
+                                         r"undecodable_video: field 'video': .*junk\.mkv: not a readable video"):
+        _source(paths, max_frames=4)
+    src = _source(paths, max_frames=4, on_bad_sample="skip")
+    got = {p.where.split("(id ")[1].rstrip(")"): (p.kind, p.message) for p in src.problems}
+    assert {k: kind for k, (kind, _) in got.items()} == {"v1": "undecodable_video", "v2": "missing_video",
+                                                         "v3": "bad_video", "v4": "too_many_frames", "v5": "bad_video"}
+    assert "gone.mkv" in got["v2"][1] and "one.mkv" in got["v3"][1] and "needs 2 to 1" in got["v3"][1]
+    assert got["v4"][1] == "field 'video': 5 frame images > data.max_frames 4"
+    assert "frame 1" in got["v5"][1] and "24x24 pixels but frame 0 is 16x16" in got["v5"][1]
+    assert all("\n" not in m for _, m in got.values()) and src.skipped == 5 and len(src.samples) == 2
+    src.close()
+
+
+def test_bad_video_keys_are_refused_naming_the_key(demo):
+    with pytest.raises(ValueError, match=r"^data.fps: frames sampled per second of a video file: a number > 0"):
+        _cfg(demo, fps=0)
+    with pytest.raises(ValueError, match=r"^data.min_frames: 8 > data.max_frames 6$"):
+        _cfg(demo, min_frames=8, max_frames=6)
+    with pytest.raises(ValueError, match=r"^data.max_frames: must be a whole number >= 1"):
+        _cfg(demo, max_frames=0)
+
+
+def test_video_replaced_after_the_index_stops_the_run_naming_it(tmp_path, demo):
+    _video_file(tmp_path, "a.mkv", 8, 4)
+    src = _source(_video_set(tmp_path, demo, ["a.mkv", "a.mkv"]))
+    _video_file(tmp_path, "a.mkv", 8, 4, size=(40, 40))
+    with pytest.raises(RuntimeError, match=r"^data: video .*a\.mkv: grid_mismatch: the processor's grid \(2, 10, 10\)"):
+        src.micro_batch(0, 0).pixel_values_videos
     src.close()
 
 
@@ -456,8 +635,8 @@ def test_data_check_on_a_qwen_format_recipe(tmp_path, demo, with_video):
     r = out["bad"]
     videos = sum(1 for x in _records(with_video) if x.get("video"))
     assert r.returncode == 1, r.stderr
-    assert (f"problems by kind: malformed_json 1, missing_image 1, placeholder_mismatch 2, too_long 1, "
-            f"unreadable_image 1, unsupported_video {videos}") in r.stderr, r.stderr
+    assert videos and ("problems by kind: malformed_json 1, missing_image 1, placeholder_mismatch 2, too_long 1, "
+                       "unreadable_image 1 (") in r.stderr, r.stderr   # every video decoded, none a problem
     r = out["key"]   # a key the model's layout does not read is a bad argument
     assert r.returncode == 2 and "error: data.patch: does not apply to this model's qwen_vl" in r.stderr, r.stderr
 
@@ -718,3 +897,43 @@ def test_train_with_packing_refuses_a_too_long_sample_before_launch_in_one_line(
                                       r".*train.jsonl:\d+ \(id s\d+\): too_long: \d+ tokens .*> data.seq_len 30 "
                                       r".*data.on_bad_sample=skip", err[0]), err
     assert "job finished" not in res.stdout and "hyperparallel worker rank" not in res.stdout + res.stderr
+
+
+def test_scan_decodes_every_video_file(with_video, monkeypatch):
+    """``data check`` decodes each video file once: a processor grid other than the index's is a problem of
+    that sample, named; frame lists are checked as images."""
+    from hyperparallel.models.qwen_vl import video as qwen_video
+    real = qwen_video.QwenVideoPixels.__call__
+
+    def off(self, frames):
+        pv, grid = real(self, frames)
+        return pv, grid + np.asarray([1, 0, 0])
+    monkeypatch.setattr(qwen_video.QwenVideoPixels, "__call__", off)
+    _, samples, problems = scan(_cfg(with_video, on_bad_sample="skip"), FMT)
+    files = [r["id"] for r in _records(with_video) if isinstance(r.get("video"), str)]
+    bad = [p for p in problems if p.kind == "undecodable_video"]
+    assert files and sorted(p.where.split("(id ")[1].rstrip(")") for p in bad) == sorted(files)
+    assert re.search(r"video .*images/s\d+\.mkv: grid_mismatch: the processor's grid \(\d, \d, \d\) is not",
+                     bad[0].message), bad[0].message
+    assert not any(isinstance(s.enc.videos[0].source, str) for s in samples if s.enc.videos)
+
+
+def test_encoder_work_and_boundaries_follow_the_videos_grids(with_video):
+    """A video's patches are encoder work (data.balance: encoder reads them) and size the encoder's boundary
+    tensors: the last vision chunk hands the LLM every image's and video's merged tokens."""
+    from hyperparallel.models import adapter_for
+    from hyperparallel.recipe import load_recipe
+    raw = load_recipe(os.path.join(ROOT, "recipes", "qwen2_5_vl_tiny.yaml")).raw
+    model = adapter_for(raw["model"], {}, 0)
+    src = _source(with_video, on_bad_sample="skip")
+    s = next(s for s in src.samples if s.enc.videos)
+    assert src.sample_patches(s) == int(np.prod(s.enc.videos[0].grid)) > 0
+    step, g = next((st, g) for st in range(6) for g in range(2) if src.micro_batch(st, g).num_videos)
+    mb = src.micro_batch(step, g)
+    video_patches = int(mb.video_grid_thw.prod(axis=1).sum())
+    assert video_patches and mb.num_patches == mb.image_patches + video_patches
+    assert sum(src.sample_patches(x) for x in src.batch_samples(step, g)) == mb.num_patches - 4 * mb.extra_images
+    depth = model.vision.depth
+    assert model.boundary("vision", depth, mb).shape == (mb.num_patches // 4, model.text.hidden_size)
+    assert model.boundary("vision", 1, mb).shape == (mb.num_patches, model.vision.hidden_size)
+    src.close()

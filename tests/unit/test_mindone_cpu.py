@@ -446,6 +446,17 @@ def test_cpu_inplace_ops_still_noop():
     assert float(b.asnumpy().sum()) == 6.0, "copy_ into a non-contiguous view works now"
 
 
+def test_new_zeros_torch_style_still_refused_and_replaced():
+    """Qwen3-VL's joint image + video deepstack calls ``new_zeros(n, d)`` with n a 0-d Tensor (torch's way):
+    MindSpore reads d as a dtype and raises; the replacement gives zeros of (n, d) in the tensor's dtype."""
+    x = Tensor(f32(2, 3))
+    with pytest.raises(TypeError):
+        mc.original(Tensor, "new_zeros")(x, Tensor(np.array(4)), 3)
+    z = x.new_zeros(Tensor(np.array(4)), 3)
+    assert tuple(z.shape) == (4, 3) and z.dtype == ms.float32 and not z.asnumpy().any()
+    assert tuple(x.new_zeros((2, 5), ms.int64).shape) == (2, 5) and x.new_zeros((2, 5), ms.int64).dtype == ms.int64
+
+
 def test_cpu_identity_still_aliases():
     x = Tensor(f32(3))
     assert ops.identity(x) is x, "ops.identity copies now"
@@ -459,8 +470,8 @@ def _snapshot():
     from mindone.transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as q25
     from mindone.transformers.models.qwen3_vl import modeling_qwen3_vl as q3
     owners = (Tensor, q25.Qwen2_5_VLModel, q3.Qwen3VLModel, q3.Qwen3VLTextModel)
-    return mods, {(o, k): o.__dict__.get(k) for o in owners for k in ("repeat", "clone", "get_rope_index",
-                                                                       "_deepstack_process")}
+    return mods, {(o, k): o.__dict__.get(k) for o in owners for k in ("repeat", "clone", "new_zeros",
+                                                                       "get_rope_index", "_deepstack_process")}
 
 
 def test_apply_is_narrow_idempotent_and_reversible():

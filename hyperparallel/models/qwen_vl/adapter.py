@@ -369,7 +369,8 @@ class QwenVL(ModelAdapter):
     def data_format(self) -> dict:
         v = self.vision
         return dict(format="qwen_vl", patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
-                    merge_size=v.spatial_merge_size, **{k: getattr(self.cfg, k) for k in TOKEN_KEYS})
+                    merge_size=v.spatial_merge_size, **{k: getattr(self.cfg, k) for k in TOKEN_KEYS},
+                    video_layout="per_frame" if self.kind == "qwen3_vl" else "grouped")
 
     def image_tokens(self) -> int:
         raise NotImplementedError(f"{self.family}: an image's token count follows its size (data_format())")
@@ -382,7 +383,7 @@ class QwenVL(ModelAdapter):
     def _boundary(self, region: str, stop: int, micro_batch) -> TensorSpec:
         v, D = self.vision, self.text.hidden_size
         u = v.spatial_merge_size ** 2
-        M = micro_batch.num_patches // u   # merged tokens of every image, filler included
+        M = micro_batch.num_patches // u   # merged tokens of every image (filler included) and video
         if region == VISION:
             k = sum(1 for i in self.deepstack if i < stop)
             if stop == v.depth:

@@ -111,12 +111,17 @@ class QwenTensors:
         B, S = ids.shape
         grid = np.asarray(mb.image_grid_thw, np.int64).reshape(-1, 3)
         self.real_grid = grid[:len(grid) - mb.extra_images]
+        videos = np.asarray(getattr(mb, "video_grid_thw", np.zeros((0, 3))), np.int64).reshape(-1, 3)
+        self.video_grid = videos
+        self.second_per_grid_ts = np.asarray(getattr(mb, "second_per_grid_ts", []), np.float32).reshape(-1)
         segments = getattr(mb, "segments", None)   # data.packing: the samples of each row
         one = mb.unpacked() if segments is not None else mb   # M-RoPE per sample: computed one sample per row
         pos, _ = side.rope_index(np.asarray(one.input_ids, np.int64), np.asarray(one.attention_mask, np.int64),
-                                 self.real_grid if len(self.real_grid) else None, None,
+                                 self.real_grid if len(self.real_grid) else None,
+                                 videos if len(videos) else None,
                                  spatial_merge_size=v.spatial_merge_size, image_token_id=cfg.image_token_id,
                                  video_token_id=cfg.video_token_id, vision_start_token_id=cfg.vision_start_token_id,
+                                 second_per_grid_ts=self.second_per_grid_ts if len(videos) else None,
                                  **side.rope_options(adapter.kind, v))
         if segments is not None:
             pos = side.pack_positions(pos, segments, S)
@@ -124,12 +129,21 @@ class QwenTensors:
         else:
             mask = side.causal_mask(am)
         rows = side.image_rows(ids, cfg.image_token_id)
+        if len(videos):   # video features follow every image's (the filler's too) in the encoder's output
+            u = v.spatial_merge_size ** 2
+            vrows = side.image_rows(ids, cfg.video_token_id)
+            rows = np.where(vrows > 0, vrows + int(grid.prod(axis=1).sum()) // u, rows)
         self.input_ids, self.position_ids = _t(ids), _t(pos)
         self.mask = _t(mask)
         self.image_rows, self.is_image = _t(rows), _t((rows > 0).reshape(B, S, 1))
         self.visual_pos_masks = _t((rows > 0).reshape(B, S))
+        # deepstack features come in the encoder's order; the LLM adds them in position order (mindone's joint
+        # image/video features): the encoder row of each visual position, None where the orders agree
+        order = rows[rows > 0] - 1
+        self.visual_order = _t(order) if len(videos) and not np.array_equal(order, np.arange(len(order))) else None
         self.labels = _t(np.asarray(mb.labels, np.int64))
         self.cache_position = _t(np.arange(S, dtype=np.int64))
+        grid = np.concatenate([grid, videos]) if len(videos) else grid
         self.grid, self._vision, self._pixels = grid, None, None
         self._masks, self._text_rotary, self._targets = None, None, None
         # the scale as a graph input (a Python float would be a graph constant: a compile per distinct value)
@@ -188,7 +202,9 @@ class QwenTensors:
     @property
     def pixel_values(self) -> Tensor:
         if self._pixels is None:
-            self._pixels = _t(np.asarray(self.batch.pixel_values, np.float32))
+            mb = self.batch
+            pixels = mb.encoder_pixels if hasattr(mb, "encoder_pixels") else mb.pixel_values
+            self._pixels = _t(np.asarray(pixels, np.float32))
         return self._pixels
 
 
@@ -415,7 +431,10 @@ class LLMChunk(_Slice):
                 h = layer(h, attention_mask=t.mask, position_ids=t.position_ids[0], past_key_values=None,
                           cache_position=t.cache_position, position_embeddings=pe)
                 if i < self.n_ds:
-                    h = lm._deepstack_process(h, t.visual_pos_masks, ds.pop(0))
+                    feat = ds.pop(0)
+                    if t.visual_order is not None:
+                        feat = ops.gather(feat, t.visual_order, 0)
+                    h = lm._deepstack_process(h, t.visual_pos_masks, feat)
         if self.last:
             logits = self.lm_head(self.norm(h))
             if self._tp is not None:   # this rank's vocabulary slice of the logits (:mod:`.tp`)
@@ -435,7 +454,8 @@ class LLMChunk(_Slice):
 class WholeModel:
     """The single-process reference: mindone's whole model called as users call it,
     ``model(input_ids=..., attention_mask=..., pixel_values=..., image_grid_thw=..., labels=...)``
-    with an explicit attention mask, on the real images only (no filler); with ``model.lora`` the PeftModel
+    with an explicit attention mask, on the real images only (no filler), and a micro-batch's videos as
+    ``pixel_values_videos=..., video_grid_thw=...`` (Qwen2.5-VL: ``second_per_grid_ts=...`` too); with ``model.lora`` the PeftModel
     (``get_peft_model``'s) is called. Its trained parameters are ``trainable_params()``: the adapters alone
     under LoRA."""
 
@@ -459,8 +479,14 @@ class WholeModel:
         real = len(t.real_grid) > 0
         n = int(np.prod(t.real_grid, axis=1).sum()) if real else 0
         pixels = _t(np.asarray(mb.pixel_values, np.float32)[:n]) if real else None
+        videos = {}
+        if len(t.video_grid):
+            videos = dict(pixel_values_videos=_t(np.asarray(mb.pixel_values_videos, np.float32)),
+                          video_grid_thw=_t(t.video_grid))
+            if self.adapter.kind == "qwen2_5_vl":
+                videos["second_per_grid_ts"] = _t(t.second_per_grid_ts)
         model = self.adapter.peft or self.net   # with model.lora: the PeftModel, as users call it
         out = model(input_ids=t.input_ids, attention_mask=_t(np.asarray(mb.attention_mask, np.int64)),
                     pixel_values=pixels, image_grid_thw=_t(t.real_grid) if real else None, labels=t.labels,
-                    use_cache=False)
+                    use_cache=False, **videos)
         return out.loss * loss_scale

@@ -7,7 +7,10 @@ Turns in order (``system_prompt``, when set and the sample has no system turn, c
     gpt    -> <|im_start|>assistant\\n{value}<|im_end|>\\n
 
 Each ``<image>`` placeholder (human or system turn) becomes ``<|vision_start|>``, the image's
-token count of ``<|image_pad|>`` and ``<|vision_end|>``. Special tokens are inserted by id; the
+token count of ``<|image_pad|>`` and ``<|vision_end|>``; a ``<video>`` placeholder the video's
+``<|video_pad|>`` tokens the same way (Qwen2.5-VL: one group of all its frames), or (Qwen3-VL,
+``per_frame``) a group of each temporal grid step's tokens, each after its timestamp as text,
+``<{seconds:.1f} seconds>``, as Qwen3-VL's processor writes it. Special tokens are inserted by id; the
 text between them is encoded piece by piece (as a tokenizer splits at its added tokens).
 Answer tokens, the only ones with labels: a gpt turn's content and its ``<|im_end|>`` (a token
 counts as content when its characters reach past the ``assistant\\n`` header).
@@ -25,10 +28,12 @@ from ...errors import SpecError
 
 ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
 SPECIAL = {"im_start": "<|im_start|>", "im_end": "<|im_end|>", "vision_start": "<|vision_start|>",
-           "vision_end": "<|vision_end|>", "image_pad": "<|image_pad|>", "pad": "<|endoftext|>"}
+           "vision_end": "<|vision_end|>", "image_pad": "<|image_pad|>", "pad": "<|endoftext|>",
+           "video_pad": "<|video_pad|>"}
+OPTIONAL = ("video_pad",)   # a tokenizer without it lays out samples without videos
 # special token -> the data_format() id it must equal
 MODEL_IDS = {"image_pad": "image_token_id", "vision_start": "vision_start_token_id",
-             "vision_end": "vision_end_token_id"}
+             "vision_end": "vision_end_token_id", "video_pad": "video_token_id"}
 _PLACEHOLDER = re.compile(r"(<image>|<video>)")
 
 
@@ -42,6 +47,7 @@ class QwenTokens:
     vision_end: int
     image_pad: int
     pad: int
+    video_pad: Optional[int] = None
 
     @staticmethod
     def of(tok: Tok, fmt) -> "QwenTokens":
@@ -49,12 +55,14 @@ class QwenTokens:
         ids = {}
         for name, token in SPECIAL.items():
             i = tok.token_id(token)
+            if i is None and name in OPTIONAL:
+                continue
             if i is None:
                 use = "the padding" if name == "pad" else "Qwen's chat layout"
                 raise SpecError("data.tokenizer", f"{tok.path} has no {token} token ({use} needs it)")
             ids[name] = int(i)
         for name, key in MODEL_IDS.items():
-            if ids[name] != getattr(fmt, key):
+            if name in ids and ids[name] != getattr(fmt, key):
                 raise SpecError("data.tokenizer", f"{tok.path}: {SPECIAL[name]} is id {ids[name]} but the "
                                                   f"model's {key} is {getattr(fmt, key)}")
         return QwenTokens(**ids)
@@ -62,11 +70,13 @@ class QwenTokens:
 
 @dataclass(frozen=True)
 class QwenEncoded:
-    """One sample: ``ids`` int64, ``answer`` bool (labelled tokens), ``grids`` (t, h, w) per image."""
+    """One sample: ``ids`` int64, ``answer`` bool (labelled tokens), ``grids`` (t, h, w) per image,
+    ``videos`` its :class:`~.video.QwenVideo` s."""
 
     ids: np.ndarray
     answer: np.ndarray
     grids: tuple
+    videos: tuple = ()
 
     @property
     def length(self) -> int:
@@ -74,8 +84,9 @@ class QwenEncoded:
 
 
 def encode_chat(turns, tok: Tok, special: QwenTokens, image_token_counts: Sequence[int],
-                system_prompt: Optional[str] = None) -> List:
-    """(ids, answer marks) of one sample; ``image_token_counts``: pads of each image, in order."""
+                system_prompt: Optional[str] = None, videos: Sequence = ()) -> List:
+    """(ids, answer marks) of one sample; ``image_token_counts``: pads of each image, in order;
+    ``videos``: per video (its groups' pad counts, the text before each group: '' or a timestamp)."""
     if not isinstance(turns, list) or not turns:
         raise SampleProblem("bad_record", "'conversations' must be a non-empty list of turns")
     for j, turn in enumerate(turns):
@@ -85,7 +96,7 @@ def encode_chat(turns, tok: Tok, special: QwenTokens, image_token_counts: Sequen
         turns = [{"from": "system", "value": system_prompt}] + turns
     ids: List[int] = []
     answer: List[bool] = []
-    seen = 0
+    seen = seen_v = 0
 
     def put(xs, is_answer):
         ids.extend(xs)
@@ -103,21 +114,32 @@ def encode_chat(turns, tok: Tok, special: QwenTokens, image_token_counts: Sequen
             answer.extend(end > len(head) for _, end in spans)
             put([special.im_end], True)
         else:
-            for piece in _PLACEHOLDER.split(head + value):
+            pending = ""   # text not yet encoded: a timestamp joins the text before it (one piece, as the
+            for piece in _PLACEHOLDER.split(head + value):   # processor's tokenizer sees it)
                 if piece == VIDEO:
-                    raise SampleProblem("placeholder_mismatch", f"{VIDEO} placeholder but no video")
-                if piece == IMAGE:
+                    if seen_v < len(videos):
+                        for n, before in zip(*videos[seen_v]):
+                            put(tok.encode(pending + before), False)
+                            pending = ""
+                            put([special.vision_start] + [special.video_pad] * int(n) + [special.vision_end], False)
+                    seen_v += 1
+                elif piece == IMAGE:
+                    put(tok.encode(pending), False)
+                    pending = ""
                     if seen < len(image_token_counts):
                         put([special.vision_start] + [special.image_pad] * int(image_token_counts[seen])
                             + [special.vision_end], False)
                     seen += 1
-                elif piece:
-                    put(tok.encode(piece), False)
+                else:
+                    pending += piece
+            put(tok.encode(pending), False)
             put([special.im_end], False)
         put(tok.encode("\n"), False)
     if seen != len(image_token_counts):
         raise SampleProblem("placeholder_mismatch",
                             f"{seen} {IMAGE} placeholder(s) but {len(image_token_counts)} image(s)")
+    if seen_v != len(videos):
+        raise SampleProblem("placeholder_mismatch", f"{seen_v} {VIDEO} placeholder(s) but {len(videos)} video(s)")
     if not any(t["from"] == "gpt" for t in turns):
         raise SampleProblem("no_answer", "no gpt turn (nothing to learn from)")
     return [np.asarray(ids, np.int64), np.asarray(answer, bool)]

@@ -11,8 +11,9 @@ Where it patches (the narrowest points that work; :func:`remove` restores all of
 * the module globals ``mint`` / ``F`` / ``nn`` (and any global bound to a replaced object) of the
   mindone modules in ``MODULES``: they become proxy namespaces that override the names below and
   delegate every other name to the real module. ``mindspore.mint`` itself is never modified;
-* ``Tensor.repeat`` and ``Tensor.clone`` on ``mindspore.Tensor`` (process-wide while applied; both
-  raise on CPU otherwise, so no working code changes behaviour);
+* ``Tensor.repeat``, ``Tensor.clone`` and ``Tensor.new_zeros`` on ``mindspore.Tensor`` (process-wide while
+  applied; the first two raise on CPU otherwise, the third on any device when called torch's way, so no
+  working code changes behaviour);
 * three mindone methods: ``Qwen2_5_VLModel.get_rope_index``, ``Qwen3VLModel.get_rope_index`` and
   ``Qwen3VLTextModel._deepstack_process``.
 
@@ -39,6 +40,9 @@ Replacements (name as mindone calls it -> replacement: the MindSpore CPU behavio
   Tensor.repeat             -> ops.tile               : "'repeat' is not supported on this device"
   Tensor.clone              -> ops.deepcopy           : Clone missing; ops.identity returns the SAME
                                                         object in PyNative (aliasing), so it cannot stand in
+  Tensor.new_zeros(n, d)    -> ops.zeros((n, d))      : Qwen3-VL's joint image + video deepstack features
+                                                        call it torch's way (sizes as arguments, n a 0-d
+                                                        Tensor); MindSpore reads the 2nd as a dtype and raises
   get_rope_index (both)     -> numpy side.rope_index : SILENTLY WRONG: a sum/any over an EMPTY
                                                         tensor returns uninitialised memory, so a text-only
                                                         sample next to an image sample gets garbage image
@@ -233,6 +237,17 @@ def _tensor_repeat(self, *sizes):
     return ops.tile(x, sizes)
 
 
+def _tensor_new_zeros(self, *size, dtype=None, **kwargs):
+    """torch's ``new_zeros(*size)``: the sizes as separate arguments (ints or 0-d Tensors) or one sequence,
+    a dtype after them or by keyword; zeros of ``self``'s dtype by default."""
+    if size and isinstance(size[-1], ms.Type):
+        size, dtype = size[:-1], size[-1]
+    if len(size) == 1 and isinstance(size[0], (list, tuple)):
+        size = tuple(size[0])
+    shape = tuple(int(s.asnumpy()) if isinstance(s, Tensor) else int(s) for s in size)
+    return ops.zeros(shape, dtype if dtype is not None else self.dtype)
+
+
 def _tensor_clone(self, *args, **kwargs):
     return ops.deepcopy(self)   # a copy (gradient passes through unchanged), never an alias
 
@@ -308,7 +323,7 @@ _MINT_NEW = dict(arange=arange, linspace=linspace, ones_like=ones_like, zeros_li
                  outer=outer, repeat_interleave=repeat_interleave, argsort=argsort, split=split)
 REPLACED = tuple([f"mint.{k}" for k in _MINT_NEW] + [f"mint.nn.functional.{k}" for k in _F_NEW]
                  + [f"mint.nn.{k}" for k in _NN_NEW]
-                 + ["Tensor.repeat", "Tensor.clone", "Qwen2_5_VLModel.get_rope_index", "Qwen3VLModel.get_rope_index",
+                 + ["Tensor.repeat", "Tensor.clone", "Tensor.new_zeros", "Qwen2_5_VLModel.get_rope_index", "Qwen3VLModel.get_rope_index",
                     "Qwen3VLTextModel._deepstack_process"])
 
 
@@ -348,6 +363,7 @@ def apply() -> bool:
                 _set(mod, attr, swap[id(val)])
     _set(Tensor, "repeat", _tensor_repeat)
     _set(Tensor, "clone", _tensor_clone)
+    _set(Tensor, "new_zeros", _tensor_new_zeros)
     from mindone.transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as q25
     from mindone.transformers.models.qwen3_vl import modeling_qwen3_vl as q3
     _set(q25.Qwen2_5_VLModel, "get_rope_index", _qwen25_get_rope_index)

@@ -16,8 +16,11 @@ from ...errors import SpecError, whole
 QWEN_VL = "qwen_vl"
 QWEN_KEYS = ("patch_size", "temporal_patch_size", "merge_size", "image_token_id", "video_token_id",
              "vision_start_token_id", "vision_end_token_id")
-KEYS = ("min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config", "system_prompt",
-        "shape_buckets")   # shape_buckets: conversations' own field, read by this layout too (source.fillers)
+KEYS = ("min_pixels", "max_pixels", "image_mean", "image_std", "preprocessor_config", "system_prompt", "fps",
+        "min_frames", "max_frames", "shape_buckets")   # shape_buckets: conversations' own field, read by this layout too
+#: how a video lays out in the token ids: one ``<|vision_start|>`` group of all its frames (Qwen2.5-VL), or a
+#: group per temporal grid step with its timestamp as text before it (Qwen3-VL); the adapter's answer names it
+VIDEO_LAYOUTS = ("grouped", "per_frame")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class QwenVL:
     video_token_id: int
     vision_start_token_id: int
     vision_end_token_id: int
+    video_layout: str = "grouped"
     name = QWEN_VL
 
     @property
@@ -39,13 +43,19 @@ class QwenVL:
 
 def resolve(answer: dict) -> QwenVL:
     lows = {"patch_size": 1, "temporal_patch_size": 1, "merge_size": 1}
-    return QwenVL(**{k: whole(f"model.data_format().{k}", answer.get(k), lows.get(k, 0)) for k in QWEN_KEYS})
+    video = answer.get("video_layout", "grouped")
+    if video not in VIDEO_LAYOUTS:
+        raise SpecError("model.data_format().video_layout", f"{video!r}; allowed: {', '.join(VIDEO_LAYOUTS)}")
+    return QwenVL(**{k: whole(f"model.data_format().{k}", answer.get(k), lows.get(k, 0)) for k in QWEN_KEYS},
+                  video_layout=video)
 
 
 def defaults() -> dict:
     from .image import CLIP_MEAN, CLIP_STD, MAX_PIXELS, MIN_PIXELS
+    from .video import FPS, MAX_FRAMES, MIN_FRAMES
     return {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "image_mean": list(CLIP_MEAN),
-            "image_std": list(CLIP_STD), "preprocessor_config": None, "system_prompt": None}
+            "image_std": list(CLIP_STD), "preprocessor_config": None, "system_prompt": None, "fps": FPS,
+            "min_frames": MIN_FRAMES, "max_frames": MAX_FRAMES}
 
 
 def file_defaults(sec: dict) -> dict:
@@ -63,6 +73,13 @@ def validate(cfg) -> None:
         whole(f"data.{k}", getattr(cfg, k))
     if cfg.min_pixels > cfg.max_pixels:
         raise SpecError("data.min_pixels", f"{cfg.min_pixels} > data.max_pixels {cfg.max_pixels}")
+    fps = cfg.fps
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
+        raise SpecError("data.fps", f"frames sampled per second of a video file: a number > 0, got {fps!r}")
+    whole("data.min_frames", cfg.min_frames, 1)
+    whole("data.max_frames", cfg.max_frames, 1)
+    if cfg.min_frames > cfg.max_frames:
+        raise SpecError("data.min_frames", f"{cfg.min_frames} > data.max_frames {cfg.max_frames}")
     check_rgb("image_mean", cfg.image_mean)
     check_rgb("image_std", cfg.image_std, positive=True)
     if cfg.system_prompt is not None:

@@ -27,13 +27,15 @@ def processor_record(cfg) -> Optional[dict]:
         return None
     return {"tokenizer": os.path.abspath(cfg.tokenizer), "min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels,
             "image_mean": [float(x) for x in cfg.image_mean], "image_std": [float(x) for x in cfg.image_std],
-            "system_prompt": cfg.system_prompt}
+            "system_prompt": cfg.system_prompt, "fps": float(cfg.fps), "min_frames": int(cfg.min_frames),
+            "max_frames": int(cfg.max_frames)}
 
 
 def chat_template(system_prompt: Optional[str] = None) -> str:
     """A Jinja chat template laying messages out as :func:`~.chat.encode_chat`
     does: ``<|im_start|>ROLE\\n CONTENT <|im_end|>\\n`` per turn, an image part as
-    ``<|vision_start|><|image_pad|><|vision_end|>`` (the processor repeats the pad per merged patch), the
+    ``<|vision_start|><|image_pad|><|vision_end|>`` (the processor repeats the pad per merged patch), a video
+    part as ``<|vision_start|><|video_pad|><|vision_end|>`` (Qwen2.5-VL's one group), the
     recipe's ``system_prompt`` first when the messages have no system turn (no default one otherwise)."""
     head = ""
     if system_prompt is not None:
@@ -45,6 +47,7 @@ def chat_template(system_prompt: Optional[str] = None) -> str:
         "{%- if message['content'] is string -%}{{ message['content'] }}"
         "{%- else -%}{%- for part in message['content'] -%}"
         "{%- if part['type'] == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+        "{%- elif part['type'] == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
         "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
         "{%- endfor -%}{%- endif -%}"
         "{{ '<|im_end|>\\n' }}"
@@ -94,7 +97,11 @@ def _write(record: dict, cfg: dict, out: str, arch: str, tok_file: str) -> Tuple
                              pad_token="<|endoftext|>")
     image = Qwen2VLImageProcessor(min_pixels=record["min_pixels"], max_pixels=record["max_pixels"],
                                   image_mean=record["image_mean"], image_std=record["image_std"], **geometry)
-    video = Qwen2VLVideoProcessor(image_mean=record["image_mean"], image_std=record["image_std"], **geometry)
+    frames = {k: record[k] for k in ("fps", "min_frames", "max_frames") if k in record}   # older records: defaults
+    video = Qwen2VLVideoProcessor(image_mean=record["image_mean"], image_std=record["image_std"],
+                                  min_pixels=record["min_pixels"], max_pixels=record["max_pixels"],
+                                  size={"shortest_edge": record["min_pixels"], "longest_edge": record["max_pixels"]},
+                                  **frames, **geometry)
     proc = getattr(mt, PROCESSORS[arch])(image_processor=image, tokenizer=tok, video_processor=video,
                                          chat_template=chat_template(record.get("system_prompt")))
     before = set(os.listdir(out))

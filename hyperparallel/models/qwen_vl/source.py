@@ -4,7 +4,8 @@ Token ids, labels and image grids come from the index (grids from the image head
 are transformers' ``Qwen2VLImageProcessor`` output, computed in the :class:`~hyperparallel.data.pixels.PixelStream`
 read-ahead pipeline or eagerly with the same callable, on the first read of ``pixel_values``.
 An image whose decoded grid is not its header's stops the run (RuntimeError naming the file;
-``data check`` reports it as ``grid_mismatch``).
+``data check`` reports it as ``grid_mismatch``). Videos (:mod:`.video`) are decoded on the first read of
+``pixel_values_videos``, eagerly (PyAV for a file, Pillow for a frame list), and checked the same way.
 """
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ class QwenVLSource(IndexedSource):
         return self.cfg.channels * f.temporal_patch_size * f.patch_size * f.patch_size
 
     def sample_patches(self, s) -> int:
-        """Patches of every image at its own resolution (t*h*w of its grid, from the header's size)."""
-        return int(sum(int(np.prod(g)) for g in s.enc.grids))
+        """Patches of every image at its own resolution and of every video (t*h*w of their grids, from the
+        headers)."""
+        return int(sum(int(np.prod(g)) for g in s.enc.grids) + sum(int(np.prod(v.grid)) for v in s.enc.videos))
 
     def micro_batch(self, step: int, micro: int) -> QwenVLBatch:
         key = (int(step), int(micro))
@@ -68,24 +70,37 @@ class QwenVLSource(IndexedSource):
                 labels[b, off] = IGNORE   # scored by no position (the shift), as the first token unpacked
                 off += L
         grids: List[tuple] = [g for s in samples for g in s.enc.grids]
-        extra = self.fillers(grids, B)
+        videos = [v for s in samples for v in s.enc.videos]
+        extra = self.fillers(grids, B, videos)
         return QwenVLBatch(input_ids=ids, attention_mask=mask, labels=labels,
-                           image_grid_thw=np.asarray(grids + [self.filler_grid] * extra, np.int64),
+                           image_grid_thw=np.asarray(grids + [self.filler_grid] * extra, np.int64).reshape(-1, 3),
                            images_per_sample=[len(s.files) for s in samples], merge_size=self.fmt.merge_size,
                            load=lambda: self.load_pixels(*key), extra_images=extra,
                            sample_ids=[s.id for s in samples], pad_id=self.special.pad,
-                           segments=[[s.enc.length for s in row] for row in rows] if self.packed else None)
+                           segments=[[s.enc.length for s in row] for row in rows] if self.packed else None,
+                           video_grid_thw=np.asarray([v.grid for v in videos], np.int64).reshape(-1, 3),
+                           second_per_grid_ts=[v.second_per_grid_t for v in videos],
+                           videos_per_sample=[len(s.enc.videos) for s in samples],
+                           load_videos=lambda: self.load_videos(*key))
 
-    def fillers(self, grids, batch: int) -> int:
+    def load_videos(self, step: int, micro: int) -> np.ndarray:
+        """(video patches, C*tp*P*P) float32 of one micro-batch's videos, decoded now (PyAV / Pillow)."""
+        videos = [v for s in self.batch_samples(step, micro) for v in s.enc.videos]
+        rows = [self.layout.video_values(v)[0] for v in videos]
+        return np.concatenate(rows).astype(np.float32, copy=False) if rows else np.zeros((0, self.patch_dim),
+                                                                                          np.float32)
+
+    def fillers(self, grids, batch: int, videos=()) -> int:
         """Filler images (grid (1, m, m): one merged token each, zero pixels, no image token) after ``grids``: one
-        when there is no image; with ``data.shape_buckets: pow2`` as many as pad the merged tokens up to a power
-        of two (:func:`~hyperparallel.data.conversations_config.bucket`, capped at ``batch * seq_len``, the most
-        image tokens a micro-batch holds), so a compiled encoder chunk and the LLM's first chunk see at most
-        ``log2`` of the cap input shapes."""
-        extra = 0 if grids else 1
+        when there is neither an image nor a video (the videos are the encoder's work otherwise); with
+        ``data.shape_buckets: pow2`` as many as pad the merged tokens (images' and videos') up to a power of two
+        (:func:`~hyperparallel.data.conversations_config.bucket`, capped at ``batch * seq_len``, the most visual
+        tokens a micro-batch holds), so a compiled encoder chunk and the LLM's first chunk see at most ``log2``
+        of the cap input shapes."""
+        extra = 0 if grids or videos else 1
         if self.cfg.shape_buckets == "pow2":
             m2 = self.fmt.merge_size ** 2
-            tokens = sum(int(np.prod(g)) for g in grids) // m2 + extra
+            tokens = (sum(int(np.prod(g)) for g in grids) + sum(int(np.prod(v.grid)) for v in videos)) // m2 + extra
             extra += bucket(tokens, batch * self.cfg.seq_len) - tokens
         return extra
 
@@ -103,7 +118,8 @@ class QwenVLSource(IndexedSource):
         want = [g for s in samples for g in s.enc.grids]
         out = self.pixels.get(step, micro)
         m2 = self.fmt.merge_size ** 2
-        filler = np.zeros((self.fillers(want, len(samples)) * m2, self.patch_dim), np.float32)
+        videos = [v for s in samples for v in s.enc.videos]
+        filler = np.zeros((self.fillers(want, len(samples), videos) * m2, self.patch_dim), np.float32)
         if not out:
             return filler
         for path, (_, grid), w in zip(files, out, want):
