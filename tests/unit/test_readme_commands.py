@@ -57,7 +57,11 @@ def test_readme_starts_with_the_two_set_up_commands_then_the_venv():
 def test_readme_first_run_trains_and_checks_against_the_reference():
     """README's first real run writes the demo data, checks it, and trains it both on ranks and as the
     single-process reference (the same recipe)."""
-    cmds = [argv for _, argv in doc_commands("README.md")]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = f.read().splitlines()
+    start = lines.index("## A first real run") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("## ")) + 1
+    cmds = [argv for n, argv in doc_commands("README.md") if start < n < end]   # that section's commands
     assert ["python", "tools/make_demo_data.py", "data/demo"] in cmds
     trains = [a for a in cmds if a[:2] == ["hyperparallel", "train"]]
     assert any("--reference" not in a for a in trains) and any("--reference" in a for a in trains), trains
