@@ -2,6 +2,7 @@
 (:func:`run_cli`), and small builders. Fixtures and process set-up stay in ``conftest.py``."""
 import contextlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -357,3 +358,12 @@ def assert_memory_predicted(case: dict, recipe) -> None:
             assert (m["params_bytes"], m["grads_bytes"], m["optimizer_bytes"]) == static[d], where
             assert peak_grads is None or m["peak_grad_bytes"] == peak_grads[d], where
             assert m["optimizer_global_bytes"] >= 0, where
+
+
+def compile_stats(case: dict, ranks=(0, 1)) -> list:
+    """The compile records (``compile_rank{R}.json``: each chunk body's mode and compile count) of a case's ranks."""
+    out = []
+    for rank in ranks:
+        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
+            out += json.load(f)
+    return out

@@ -8,7 +8,6 @@ compared with ``mindspore.value_and_grad`` over the whole model in this process.
 MindFormers' logs go to a temporary folder (``LOCAL_DEFAULT_PATH``), never into the repository.
 """
 import importlib.util
-import json
 import os
 import tempfile
 
@@ -23,7 +22,7 @@ if importlib.util.find_spec("mindformers") is None:
 # workers inherit it
 os.environ.setdefault("LOCAL_DEFAULT_PATH", tempfile.mkdtemp(prefix="hp_mindformers_logs_"))
 
-from helpers import assert_equivalent, case_name, dumped, job_case, launch_cases, reference_run  # noqa: E402
+from helpers import assert_equivalent, case_name, compile_stats, dumped, job_case, launch_cases, reference_run  # noqa: E402
 from hyperparallel.recipe import load_recipe  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -115,14 +114,6 @@ def two_rank(tmp_path_factory):
     cases += [_case(tmp, LLAMA, s, False, ex) for s, ex in TIED_CASES]
     _run(tmp, cases, 2)
     return {c["name"]: c for c in cases}
-
-
-def compile_stats(case):
-    out = []
-    for rank in (0, 1):
-        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
-            out += json.load(f)
-    return out
 
 
 @pytest.mark.msrun

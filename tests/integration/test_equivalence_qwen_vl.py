@@ -23,7 +23,7 @@ pytest.importorskip("mindspore", reason="mindspore is not installed")
 pytest.importorskip("mindone", reason="mindone is not installed")
 
 from helpers import (LAST_STEP_TOL, _assert_grads, assert_equivalent, assert_memory_predicted,  # noqa: E402
-                     measured_memory, case_name, dumped, job_case, launch_cases,
+                     measured_memory, case_name, compile_stats, dumped, job_case, launch_cases,
                      reference_run)
 from hyperparallel.recipe import load_recipe  # noqa: E402
 
@@ -226,14 +226,6 @@ def test_qwen2_5_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, fro
     assert_matches(demo, case)
 
 
-def _compile_stats(case):
-    out = []
-    for rank in (0, 1):
-        with open(os.path.join(case["dump_dir"], f"compile_rank{rank}.json")) as f:
-            out += json.load(f)
-    return out
-
-
 @pytest.mark.msrun
 @pytest.mark.parametrize("path,schedule,frozen,extra", JIT_CASES, ids=JIT_IDS)
 def test_compiled_chunks_train_like_mindones_model(two_rank, demo, path, schedule, frozen, extra):
@@ -245,14 +237,14 @@ def test_compiled_chunks_train_like_mindones_model(two_rank, demo, path, schedul
     case = cases[_name(path, schedule, frozen, extra)]
     assert case["raw"]["mpipe"]["compile"] == "jit"
     assert_matches(demo, case)
-    stats = _compile_stats(case)
+    stats = compile_stats(case)
     assert {s["chunk"].split("/")[0] for s in stats} == {"vision", "llm"}, stats
     assert all(s["mode"] == "jit" and s["compiles"] + s["reused"] >= 1 for s in stats), stats
     assert all(s["compiles"] + s["reused"] <= 2 * s["shapes"] for s in stats), stats   # on and off the tape at most
     if path == Q25:   # (Qwen3-VL's later LLM chunk here also receives deepstack features: their rows vary)
         assert all(s["shapes"] == 1 for s in stats if s["chunk"].startswith("llm/") and s["chunk"] != "llm/0"), stats
     if BUCKETS[0] in extra:   # fewer encoder input shapes than the same micro-batches unpadded (1f1b, jit)
-        plain = _compile_stats(cases[_name(Q25, "1f1b", False, JIT)])
+        plain = compile_stats(cases[_name(Q25, "1f1b", False, JIT)])
         shapes = {s["chunk"]: s["shapes"] for s in stats}
         assert shapes["vision/0"] < {s["chunk"]: s["shapes"] for s in plain}["vision/0"], (stats, plain)
 
@@ -382,7 +374,7 @@ def test_qwen3_vl_two_ranks_match_mindones_model(two_rank, demo, schedule, extra
     assert any(k.startswith("model.visual.deepstack_merger_list.") for k in grads)
     # these cases ask mpipe.compile: eager (the compiled ones: test_compiled_chunks_train_like_mindones_model), and
     # every rank's log record says so, per chunk
-    stats = _compile_stats(case)
+    stats = compile_stats(case)
     assert stats and all(s["asked"] == "eager" and s["mode"] == "eager" and s["compiles"] == 0 for s in stats), stats
     if extra:   # deepstack layer 1 is in the second LLM chunk: its feature crossed the boundary
         assert [c["stop"] - c["start"] for c in case["plan"]["chunks"] if c["region"] == "llm"] == [1, 3]

@@ -272,29 +272,11 @@ def test_whole_llm_from_side_inputs_is_bit_exact(kind):
     cfg, model = tiny_model(kind)
     b = make_batch(cfg, [(1, 8, 12), None, (1, 4, 4)], [(3, 4), (2, 6), (1, 1)], pad_left=True)
     ref = model(**tensors(b)).loss
-    lm, inner = model.model.language_model, model.model
-    vis_out = inner.visual(Tensor(b["pixel_values"]), grid_thw=Tensor(b["image_grid_thw"]))
-    feats, ds = (vis_out, []) if kind == "25" else vis_out
     pos, _ = side.rope_index(b["input_ids"], b["attention_mask"], b["image_grid_thw"], None, **_ids(cfg),
                              **side.rope_options(KIND[kind], cfg.vision_config))
-    rows = side.image_rows(b["input_ids"], IMAGE)
-    bsz, s = b["input_ids"].shape
-    h = lm.embed_tokens(Tensor(b["input_ids"]))
-    table = ops.concat((ops.zeros((1, 64), ms.float32), feats), axis=0)
-    h = ops.where(Tensor((rows > 0).reshape(bsz, s, 1)), ops.gather(table, Tensor(rows), 0).reshape(bsz, s, 64), h)
-    pos_t, mask = Tensor(pos), Tensor(side.causal_mask(b["attention_mask"]))
-    pe = lm.rotary_emb(h, pos_t)
-    for i, layer in enumerate(lm.layers):
-        if kind == "25":
-            h = layer(h, attention_mask=mask, position_ids=pos_t[0], position_embeddings=pe)[0]
-        else:
-            h = layer(h, attention_mask=mask, position_ids=pos_t[0], past_key_values=None,
-                      cache_position=Tensor(np.arange(s)), position_embeddings=pe)
-            if i < len(ds):
-                h = lm._deepstack_process(h, Tensor((rows > 0).reshape(bsz, s)), ds[i])
-    logits = model.lm_head(lm.norm(h)).float()
-    loss = mc.cross_entropy(logits.reshape(-1, 256), Tensor(side.shift_labels(b["labels"]).reshape(-1)))
-    assert float(loss.asnumpy()) == float(ref.asnumpy())
+    loss = _llm_loss(kind, cfg, model, b["input_ids"], b["labels"], pos, side.causal_mask(b["attention_mask"]),
+                     b["pixel_values"], b["image_grid_thw"])
+    assert loss == float(ref.asnumpy())
 
 
 def _pack(b, rows, seq_len):
