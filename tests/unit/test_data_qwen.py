@@ -937,3 +937,26 @@ def test_encoder_work_and_boundaries_follow_the_videos_grids(with_video):
     assert model.boundary("vision", depth, mb).shape == (mb.num_patches // 4, model.text.hidden_size)
     assert model.boundary("vision", 1, mb).shape == (mb.num_patches, model.vision.hidden_size)
     src.close()
+
+
+def test_a_packed_micro_batch_keeps_its_videos_when_unpacked():
+    """Packing and videos together: the unpacked form (M-RoPE per sample, the reference's call) holds the same
+    videos in the same order, their frame spacing, and the packed batch's decoded video pixels (one decode)."""
+    calls = []
+
+    def load_videos():
+        calls.append(1)
+        return np.arange(2 * 16 * 4, dtype=np.float32).reshape(32, 4)
+
+    ids = np.zeros((1, 12), np.int64)
+    mb = QwenVLBatch(ids, np.ones((1, 12), np.int64), np.full((1, 12), -100, np.int64), np.zeros((0, 3)), [0, 0], 2,
+                     load=lambda: np.zeros((0, 4), np.float32), segments=[[5, 7]],
+                     video_grid_thw=[(2, 2, 4), (2, 4, 2)], second_per_grid_ts=[1.0, 0.5], videos_per_sample=[1, 1],
+                     load_videos=load_videos)
+    u = mb.unpacked()
+    assert u.segments is None and u.input_ids.shape == (2, 12)
+    np.testing.assert_array_equal(u.video_grid_thw, mb.video_grid_thw)
+    np.testing.assert_array_equal(u.second_per_grid_ts, [1.0, 0.5])
+    assert u.videos_per_sample == [1, 1] and u.num_video_tokens == mb.num_video_tokens == 8
+    np.testing.assert_array_equal(u.pixel_values_videos, mb.pixel_values_videos)
+    assert len(calls) == 1
