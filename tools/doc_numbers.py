@@ -519,7 +519,7 @@ def compile_bench() -> str:
     out = ["| recipe | schedule | eager (ms) | jit (ms) | jit speed-up | over repeats | predicted eager / jit (error) "
            "| compiles (all ranks) | compile time (s) |", "|---|---|---|---|---|---|---|---|---|"]
     worst, errs, cmds = [], [], []
-    for name in ("bench_compile_encoder_heavy.json", "bench_compile_mf_llama.json"):
+    for name in ("bench_compile_encoder_heavy.json", "bench_compile_mf_llama.json", "bench_compile_qwen_vl.json"):
         d = bench(name)
         cmds.append(d["command"])
         stem = os.path.splitext(os.path.basename(d["recipe"]))[0]
