@@ -220,6 +220,9 @@ _REFUSED = (
     ("lr_scale", _true, "false: no batch-size learning-rate scale"),
     ("profile", _true, "false: measure with hyperparallel profile / bench"),
     ("moe_config.expert_num", _more_than_one, "1: no mixture-of-experts models"),
+    ("model.model_config.mtp_depth", lambda v: v not in (None, 0, False),
+     "0: no multi-token-prediction layers (plan counts them in the layout, as MindFormers does; no model here "
+     "builds them)"),
     ("recompute", _on, "false: no recompute (and MindFormers 1.9.0 reads recompute_config.recompute, not this "
                        "1.0-1.2 top-level key)"),
 )

@@ -139,6 +139,9 @@ def test_mtp_layers_count_in_the_layer_layout(capsys, tmp_path):
                              "{num_layers: 4, mtp_depth: -1}\n")
     rc, out, err = _main(capsys, "plan", f)
     assert rc == 2 and err.strip() == "error: model.model_config.mtp_depth: must be a whole number >= 0, got -1", err
+    found = dict(schema.train_refusals(load_recipe(ADAMW, ["model.model_config.mtp_depth=2"]).raw, "CPU"))
+    assert found["model.model_config.mtp_depth"].startswith("2 is not supported; give 0: no multi-token-prediction")
+    assert "model.model_config.mtp_depth" not in dict(schema.train_refusals(load_recipe(ADAMW).raw, "CPU"))
 
 
 def test_pretrained_model_dir_gives_the_sizes_where_it_holds_a_config(capsys, tmp_path):
