@@ -190,7 +190,8 @@ def data() -> str:
 def refused() -> str:
     rows = ["| key | refused when | give instead |", "|---|---|---|"]
     when = {"_more_than_one": "> 1", "_true": "true", "_on": "true, a list with a layer count or an op pattern",
-            "_named": "true or a name", "_false": "false", "_not_off": "not `OFF`"}
+            "_named": "true or a name", "_false": "false", "_not_off": "not `OFF`",
+            "_nonzero": "> 0"}
     for key, bad, instead in schema._REFUSED:
         rows.append(f"| `{key}` | {when[bad.__name__]} | {instead} |")
     rows += ["| `run_mode` | not `train`/`finetune` | `train` |",

@@ -178,6 +178,10 @@ def _on(v) -> bool:
     return v is not None
 
 
+def _nonzero(v) -> bool:
+    return v not in (None, 0, False)
+
+
 def _named(v) -> bool:
     """true, or a string naming something (``resume_training: checkpoint_name``); not false or empty."""
     return v is True or (isinstance(v, str) and v.strip().lower() not in ("", "false"))
@@ -220,7 +224,7 @@ _REFUSED = (
     ("lr_scale", _true, "false: no batch-size learning-rate scale"),
     ("profile", _true, "false: measure with hyperparallel profile / bench"),
     ("moe_config.expert_num", _more_than_one, "1: no mixture-of-experts models"),
-    ("model.model_config.mtp_depth", lambda v: v not in (None, 0, False),
+    ("model.model_config.mtp_depth", _nonzero,
      "0: no multi-token-prediction layers (plan counts them in the layout, as MindFormers does; no model here "
      "builds them)"),
     ("recompute", _on, "false: no recompute (and MindFormers 1.9.0 reads recompute_config.recompute, not this "
